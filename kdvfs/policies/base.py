@@ -1,0 +1,67 @@
+"""The one interface every search strategy implements: ask / tell / best.
+
+Policies see numbers only: a candidate set of clock configurations (normalised to [0, 1]),
+and per task (a kernel or group of kernels) its features and measured reference. They never
+import runtime/ or touch hardware.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The candidate clock configurations of a device.
+
+    configs_mhz: (n, 2) array of (core_mhz, mem_mhz), the device grid's order.
+    reference: index of the config the reference runs at when the reference is a grid pair
+    (the highest pair on a recorded table); None when the reference is the card's auto mode.
+    """
+
+    configs_mhz: np.ndarray
+    reference: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.configs_mhz.shape[0])
+
+    @property
+    def unit(self) -> np.ndarray:
+        """Configs scaled to [0, 1] per column by the grid's own min and max."""
+        lo = self.configs_mhz.min(axis=0)
+        span = np.maximum(self.configs_mhz.max(axis=0) - lo, 1e-9)
+        return (self.configs_mhz - lo) / span
+
+
+@dataclass(frozen=True)
+class Task:
+    """One thing to tune: a kernel (or a group of kernels) with its measured reference.
+
+    The task's goal is least energy per launch with time_s <= (1 + budget) * ref_time_s.
+    features: numeric description for strategies that share knowledge across tasks.
+    """
+
+    key: str
+    ref_time_s: float
+    ref_energy_j: float
+    budget: float
+    features: tuple[float, ...] = ()
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A search strategy over a SearchSpace, for many tasks at once."""
+
+    name: str
+
+    def ask(self, task: Task) -> int | None:
+        """The next config index to measure for this task, or None when it has converged."""
+
+    def tell(self, task: Task, config: int, time_s: float, energy_j: float) -> None:
+        """Report one measurement (per launch) of this task at a config."""
+
+    def best(self, task: Task) -> int | None:
+        """The least-energy config so far whose time is within the task's budget, if any."""
