@@ -1,0 +1,67 @@
+"""Isolated-replay measurement: one kernel repeated at one clock setting for >= a window.
+
+A real card's energy counter advances only every ~100 ms (h200-probe/README.md), so the
+energy of a microsecond kernel cannot be read around one launch. Instead the kernel runs back
+to back in short chunks; the counter is read after each chunk; the window starts and ends at
+observed counter updates, so the energy difference is exact up to when the update was seen
+(at most one chunk late, at both ends). Mean power over the window times the time per launch
+(from the launch timings, as CUDA events give it) is the energy per launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kdvfs.runtime.device import RunnableDevice
+from kdvfs.runtime.types import ClockPair, Kernel, Measurement
+
+CHUNK_S = 0.01
+"""Kernel time between counter reads (the NVML energy read itself takes ~4 ms on an H200)."""
+
+
+@dataclass(frozen=True)
+class IsolatedResult:
+    """A measurement and the device seconds it cost (warm-up and alignment included)."""
+
+    measurement: Measurement
+    cost_s: float
+
+
+def measure_isolated(
+    device: RunnableDevice,
+    kernel: Kernel,
+    pair: ClockPair | None,
+    window_s: float = 1.0,
+) -> IsolatedResult:
+    """Measure one launch of `kernel` at a locked pair (None: stock clocks)."""
+    start_s = device.now_s()
+    if pair is None:
+        device.reset_clocks()
+    else:
+        device.set_clocks(pair)
+    first_s = device.run(kernel, 1)
+    launches = max(1, int(CHUNK_S / first_s))
+    # warm up past the switch latency, then wait for a counter update to open the window
+    _run_for(device, kernel, launches, device.switch_latency_s + 2 * CHUNK_S)
+    energy_a = device.energy_j()
+    while device.energy_j() == energy_a:
+        device.run(kernel, launches)
+    energy_a, t_a = device.energy_j(), device.now_s()
+    busy_s, count = 0.0, 0
+    while device.now_s() - t_a < window_s:
+        busy_s += device.run(kernel, launches)
+        count += launches
+    energy_b = device.energy_j()
+    while device.energy_j() == energy_b:
+        busy_s += device.run(kernel, launches)
+        count += launches
+    energy_b, t_b = device.energy_j(), device.now_s()
+    time_s = busy_s / count
+    power_w = (energy_b - energy_a) / (t_b - t_a)
+    return IsolatedResult(Measurement(time_s, power_w * time_s, device.source), device.now_s() - start_s)
+
+
+def _run_for(device: RunnableDevice, kernel: Kernel, launches: int, duration_s: float) -> None:
+    end_s = device.now_s() + duration_s
+    while device.now_s() < end_s:
+        device.run(kernel, launches)
