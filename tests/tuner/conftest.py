@@ -1,0 +1,111 @@
+"""Shared fixtures for tuner tests: a real sqlite MLflow store and a real `mlflow server`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SERVER_START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listened on a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` subprocess on 127.0.0.1 that a test can kill and restart.
+
+    The store (sqlite) and the artifacts live in `root`, so a restart finds the same runs.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log_path = root / "server.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        # The server's background job runner is not needed for tracking and costs start time.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        command = [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+        ]
+        with self.log_path.open("ab") as log:
+            # A session of its own, so kill() reaches the uvicorn worker the CLI spawns.
+            self._process = subprocess.Popen(command, stdout=log, stderr=log, env=env, start_new_session=True)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                pytest.fail(f"mlflow server exited early: {self.log_path.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        self.kill()
+        pytest.fail(f"mlflow server did not answer /health within {SERVER_START_TIMEOUT_S} s")
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group: a crash, not a clean shutdown."""
+        if self._process is None:
+            return
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._process.wait()
+        self._process = None
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One server per test module (it takes several seconds to start); alive at the start of each use."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def live_mlflow_server(mlflow_server: MlflowServer) -> MlflowServer:
+    """The module's server, restarted if an earlier test killed it."""
+    if not mlflow_server.running:
+        mlflow_server.start()
+    return mlflow_server
+
+
+@pytest.fixture(scope="module")
+def sqlite_tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A sqlite store shared by a module (creating its tables takes ~2 s); use one experiment per test."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow-sqlite') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def http_client_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast-failing MLflow HTTP settings for this test only (restored afterwards)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
