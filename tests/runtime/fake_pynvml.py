@@ -1,0 +1,215 @@
+"""A fake `pynvml` for tests: an H200-like card with no hardware behind it.
+
+It re-exports the real pynvml's constants and exception classes (NVML_*, NVMLError*,
+nvmlClocksEventReason*/nvmlClocksThrottleReason*), so code that catches
+`pynvml.NVMLError_NoPermission` or reads `NVML_CLOCK_SM` behaves as against the real module.
+
+In-process: `monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)` after `configure()`.
+In a subprocess: PYTHONPATH holding this folder and KDVFS_NVML_MODULE=fake_pynvml; the
+environment variables below configure it, and every Set/Reset call is appended as one JSON
+line to the file named by KDVFS_FAKE_NVML_CALLS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import pynvml as _real
+
+for _name in dir(_real):
+    if _name.startswith(("NVML_", "NVMLError", "nvmlClocksEventReason", "nvmlClocksThrottleReason")):
+        globals()[_name] = getattr(_real, _name)
+
+CALLS_ENV = "KDVFS_FAKE_NVML_CALLS"
+NO_PERMISSION_ENV = "KDVFS_FAKE_NVML_NO_PERMISSION"
+NOT_SUPPORTED_ENV = "KDVFS_FAKE_NVML_NOT_SUPPORTED"
+
+MEM_CLOCKS_MHZ = (3201, 2201)
+GRAPHICS_CLOCKS_MHZ = (1980, 1755, 1410, 990, 345)
+ENERGY_UPDATE_PERIOD_S = 0.1
+
+
+@dataclass
+class FakeState:
+    """What the fake card does and what was done to it."""
+
+    gpu_count: int = 1
+    init_error: int | None = None  # an NVML_ERROR_* code that nvmlInit raises
+    no_permission: bool = False  # Set*/Reset* raise NVMLError_NoPermission
+    not_supported: frozenset[str] = frozenset()  # function names that raise NotSupported
+    missing: frozenset[str] = frozenset()  # function names the "driver" lacks
+    calls_file: str | None = None
+    power_mw: int = 82_799
+    clock_event_reasons: int = 0x1  # gpu_idle
+    calls: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    locked_gpu_mhz: dict[int, tuple[int, int]] = field(default_factory=dict)
+    locked_mem_mhz: dict[int, tuple[int, int]] = field(default_factory=dict)
+    init_count: int = 0
+    start_s: float = field(default_factory=time.monotonic)
+
+
+STATE = FakeState()
+
+
+def configure(**changes: object) -> FakeState:
+    """Start a fresh fake card (its counters at zero) with the given FakeState fields."""
+    global STATE
+    STATE = FakeState(**changes)  # type: ignore[arg-type]
+    return STATE
+
+
+def _configure_from_env() -> None:
+    configure(
+        no_permission=os.environ.get(NO_PERMISSION_ENV) == "1",
+        not_supported=frozenset(filter(None, os.environ.get(NOT_SUPPORTED_ENV, "").split(","))),
+        calls_file=os.environ.get(CALLS_ENV),
+    )
+
+
+class Handle:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _check(fn_name: str) -> None:
+    if STATE.init_count <= 0:
+        raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+    if fn_name in STATE.missing:
+        raise _real.NVMLError(_real.NVML_ERROR_FUNCTION_NOT_FOUND)
+    if fn_name in STATE.not_supported:
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+
+
+def _change(fn_name: str, handle: Handle, args: tuple[int, ...]) -> None:
+    """Record a Set/Reset attempt; refuse it when permission is off."""
+    STATE.calls.append((fn_name, args))
+    if STATE.calls_file:
+        with open(STATE.calls_file, "a") as f:
+            f.write(json.dumps({"fn": fn_name, "index": handle.index, "args": list(args)}) + "\n")
+    _check(fn_name)
+    if STATE.no_permission:
+        raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
+
+
+# --- session ---------------------------------------------------------------------------------
+def nvmlInit() -> None:
+    if STATE.init_error is not None:
+        raise _real.NVMLError(STATE.init_error)
+    STATE.init_count += 1
+
+
+def nvmlShutdown() -> None:
+    _check("nvmlShutdown")
+    STATE.init_count -= 1
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    _check("nvmlSystemGetDriverVersion")
+    return "580.159.04"
+
+
+def nvmlDeviceGetCount() -> int:
+    _check("nvmlDeviceGetCount")
+    return STATE.gpu_count
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> Handle:
+    _check("nvmlDeviceGetHandleByIndex")
+    if not 0 <= index < STATE.gpu_count:
+        raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+    return Handle(index)
+
+
+def nvmlDeviceGetName(handle: Handle) -> str:
+    _check("nvmlDeviceGetName")
+    return "NVIDIA H200"
+
+
+def nvmlDeviceGetUUID(handle: Handle) -> str:
+    _check("nvmlDeviceGetUUID")
+    return f"GPU-fa4e0000-0000-0000-0000-{handle.index:012d}"
+
+
+# --- clocks ----------------------------------------------------------------------------------
+def nvmlDeviceGetSupportedMemoryClocks(handle: Handle) -> list[int]:
+    _check("nvmlDeviceGetSupportedMemoryClocks")
+    return list(MEM_CLOCKS_MHZ)
+
+
+def nvmlDeviceGetSupportedGraphicsClocks(handle: Handle, mem_mhz: int) -> list[int]:
+    _check("nvmlDeviceGetSupportedGraphicsClocks")
+    if mem_mhz not in MEM_CLOCKS_MHZ:
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+    return list(GRAPHICS_CLOCKS_MHZ)
+
+
+def nvmlDeviceSetGpuLockedClocks(handle: Handle, min_mhz: int, max_mhz: int) -> None:
+    _change("nvmlDeviceSetGpuLockedClocks", handle, (min_mhz, max_mhz))
+    STATE.locked_gpu_mhz[handle.index] = (min_mhz, max_mhz)
+
+
+def nvmlDeviceSetMemoryLockedClocks(handle: Handle, min_mhz: int, max_mhz: int) -> None:
+    _change("nvmlDeviceSetMemoryLockedClocks", handle, (min_mhz, max_mhz))
+    STATE.locked_mem_mhz[handle.index] = (min_mhz, max_mhz)
+
+
+def nvmlDeviceResetGpuLockedClocks(handle: Handle) -> None:
+    _change("nvmlDeviceResetGpuLockedClocks", handle, ())
+    STATE.locked_gpu_mhz.pop(handle.index, None)
+
+
+def nvmlDeviceResetMemoryLockedClocks(handle: Handle) -> None:
+    _change("nvmlDeviceResetMemoryLockedClocks", handle, ())
+    STATE.locked_mem_mhz.pop(handle.index, None)
+
+
+def nvmlDeviceGetClockInfo(handle: Handle, clock_type: int) -> int:
+    _check("nvmlDeviceGetClockInfo")
+    if clock_type == _real.NVML_CLOCK_MEM:
+        return STATE.locked_mem_mhz.get(handle.index, (MEM_CLOCKS_MHZ[0],))[0]
+    return STATE.locked_gpu_mhz.get(handle.index, (GRAPHICS_CLOCKS_MHZ[-1],))[0]
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: Handle) -> int:
+    _check("nvmlDeviceGetCurrentClocksEventReasons")
+    return STATE.clock_event_reasons
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: Handle) -> int:
+    _check("nvmlDeviceGetCurrentClocksThrottleReasons")
+    return STATE.clock_event_reasons
+
+
+# --- sensors ---------------------------------------------------------------------------------
+def nvmlDeviceGetTotalEnergyConsumption(handle: Handle) -> int:
+    """mJ at constant power, advancing only every ENERGY_UPDATE_PERIOD_S as on a real card."""
+    _check("nvmlDeviceGetTotalEnergyConsumption")
+    elapsed_s = time.monotonic() - STATE.start_s
+    ticks = int(elapsed_s / ENERGY_UPDATE_PERIOD_S)
+    return 2_760_605 + int(STATE.power_mw * ticks * ENERGY_UPDATE_PERIOD_S)
+
+
+def nvmlDeviceGetPowerUsage(handle: Handle) -> int:
+    _check("nvmlDeviceGetPowerUsage")
+    return STATE.power_mw
+
+
+def nvmlDeviceGetTemperature(handle: Handle, sensor: int) -> int:
+    _check("nvmlDeviceGetTemperature")
+    return 37
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: Handle) -> int:
+    _check("nvmlDeviceGetEnforcedPowerLimit")
+    return 700_000
+
+
+def nvmlDeviceGetPowerManagementLimitConstraints(handle: Handle) -> list[int]:
+    _check("nvmlDeviceGetPowerManagementLimitConstraints")
+    return [200_000, 700_000]
+
+
+_configure_from_env()
