@@ -8,6 +8,7 @@ what plans are evaluated against.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from kdvfs.runtime.types import ClockGrid, ClockPair, Kernel, Source
@@ -65,3 +66,8 @@ class RunnableDevice(Device, Protocol):
     def expected(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         """Noiseless (time_s, energy_j) of one launch at a locked pair, or at the reference
         (pair=None: stock auto mode on a simulated card, the highest pair on a table)."""
+
+    def expected_iteration(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+        """Noiseless (time_s, energy_j) of one training iteration run over and over: items are
+        (kernel, pair, launches). Unlike a sum of expected(), this is at the temperature the
+        iteration itself settles at (a plan that draws less power runs cooler)."""

@@ -5,7 +5,8 @@ energy of a microsecond kernel cannot be read around one launch. Instead the ker
 to back in short chunks; the counter is read after each chunk; the window starts and ends at
 observed counter updates, so the energy difference is exact up to when the update was seen
 (at most one chunk late, at both ends). Mean power over the window times the time per launch
-(from the launch timings, as CUDA events give it) is the energy per launch.
+(from the launch timings, as CUDA events give it) is the energy per launch. The card's
+throttle reasons at the end of the window mark a measurement whose clocks did not hold.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.types import ClockPair, Kernel, Measurement
+
+THROTTLES = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
+"""Clock-event reasons that mean the card ran below the asked clocks (NVML's names)."""
 
 CHUNK_S = 0.01
 """Kernel time between counter reads (the NVML energy read itself takes ~4 ms on an H200)."""
@@ -58,7 +62,8 @@ def measure_isolated(
     energy_b, t_b = device.energy_j(), device.now_s()
     time_s = busy_s / count
     power_w = (energy_b - energy_a) / (t_b - t_a)
-    return IsolatedResult(Measurement(time_s, power_w * time_s, device.source), device.now_s() - start_s)
+    throttled = bool(device.throttle_reasons() & THROTTLES)
+    return IsolatedResult(Measurement(time_s, power_w * time_s, device.source, throttled), device.now_s() - start_s)
 
 
 def _run_for(device: RunnableDevice, kernel: Kernel, launches: int, duration_s: float) -> None:

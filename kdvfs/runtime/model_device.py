@@ -12,6 +12,7 @@ Subclasses supply the physics: `_launch_cost(kernel, pair_or_None)`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -115,6 +116,14 @@ class ModelDevice:
         if pair is not None and pair not in self.grid:
             raise KdvfsError(f"{self.name}: unsupported clock pair {pair}")
         return self._launch_cost(kernel, pair)
+
+    def expected_iteration(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+        time_s = energy_j = 0.0
+        for kernel, pair, launches in items:
+            t, e = self.expected(kernel, pair)
+            time_s += t * launches
+            energy_j += e * launches
+        return time_s, energy_j
 
     # --- for subclasses -----------------------------------------------------------------
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:

@@ -24,6 +24,7 @@ slowdown). Temperature is a first-order state driven by power.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kdvfs.runtime.model_device import ModelDevice
@@ -133,6 +134,10 @@ def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> f
     return static + core + p.mem_w * (mem_mhz / p.max_mem_mhz) * p.mem_base_rel
 
 
+THERMAL_FIXED_POINT_STEPS = 6
+"""Iterations of T -> power -> T; each shrinks the error ~R_th x dP/dT (~0.1): 6 is plenty."""
+
+
 class SimulatedDevice(ModelDevice):
     """A simulated GPU (source "simulated"), the embedded default.
 
@@ -221,6 +226,19 @@ class SimulatedDevice(ModelDevice):
             self.grid.index(pair)
         op = self.point(kernel, pair)
         return op.time_s, op.energy_j
+
+    def expected_iteration(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+        """At the iteration's own steady temperature: ambient + R_th x its mean power (a fixed
+        point: power depends on temperature through leakage and the cap)."""
+        for pair in {pair for _, pair, _ in items} - {None}:
+            self.grid.index(pair)
+        temp_c = self.operating_temperature_c()
+        for _ in range(THERMAL_FIXED_POINT_STEPS):
+            points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
+            time_s = sum(op.time_s * n for op, n in points)
+            energy_j = sum(op.energy_j * n for op, n in points)
+            temp_c = self.ambient_c + self.preset.r_th_c_per_w * energy_j / time_s
+        return time_s, energy_j
 
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         op = self.point(kernel, pair, self._temp_c)

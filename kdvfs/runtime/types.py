@@ -146,11 +146,16 @@ class Workload:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Time and energy of one launch of a kernel (or one pass of a group) at a clock setting."""
+    """Time and energy of one launch of a kernel (or one pass of a group) at a clock setting.
+
+    throttled: the card reported a power-cap or thermal throttle during the measurement, so
+    it did not hold the asked clocks and its speed depends on temperature.
+    """
 
     time_s: float
     energy_j: float
     source: Source
+    throttled: bool = False
 
     @property
     def power_w(self) -> float:

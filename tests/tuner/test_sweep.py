@@ -1,0 +1,100 @@
+"""The full-sweep baseline: the paper's regime on the simulated 3080 Ti, budgets, replay."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kdvfs.cli import main
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.tuner.sweep import evaluate, kernel_level_choice, pass_level_choice, run_sweep
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+GTX1080TI = DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
+
+
+@pytest.fixture(scope="module")
+def rtx_sweep():
+    device = open_device("sim:rtx3080ti", seed=0)
+    workload = open_workload("gpt3-xl-layer")
+    return device, workload, run_sweep(device, workload)
+
+
+def test_sweep_lands_in_the_founding_papers_regime(rtx_sweep):
+    device, workload, grid = rtx_sweep
+    assert grid.measurements == 44 * 50 + 3 * 44
+    kernel = evaluate(device, workload, kernel_level_choice(grid, workload, 0.01))
+    passes = evaluate(device, workload, pass_level_choice(grid, workload, 0.01))
+    assert 0.08 <= kernel.energy_saving <= 0.20
+    assert kernel.slowdown <= 0.01
+    assert passes.slowdown <= 0.01
+    assert passes.energy_saving < kernel.energy_saving - 0.03
+
+
+def test_plans_follow_the_kernels_needs(rtx_sweep):
+    """GEMMs keep a high memory clock and lower core; memory-bound kernels keep the memory
+    clock and drop the core clock."""
+    device, workload, grid = rtx_sweep
+    choice = kernel_level_choice(grid, workload, 0.01)
+    for k in workload.kernels:
+        if k.name in ("softmax_fwd", "gelu_fwd", "adamw_fc", "ln1_fwd"):
+            assert choice[k.name].mem_mhz == 9501 and choice[k.name].core_mhz <= 1470
+        if k.name in ("fc_fwd", "qkv_fwd"):
+            assert choice[k.name].mem_mhz >= 5001 and choice[k.name].core_mhz < 2100
+
+
+def test_a_tighter_budget_saves_less_and_holds(rtx_sweep):
+    device, workload, grid = rtx_sweep
+    tight = evaluate(device, workload, kernel_level_choice(grid, workload, 0.0))
+    loose = evaluate(device, workload, kernel_level_choice(grid, workload, 0.05))
+    assert tight.slowdown <= 0.0 + 1e-9
+    assert loose.slowdown <= 0.05 and loose.energy_saving > tight.energy_saving
+
+
+@pytest.mark.skipif(not GTX1080TI.exists(), reason="shared data not present")
+@pytest.mark.parametrize("noise", [0.0, 0.03])
+def test_replay_sweep_plan_is_within_budget(noise):
+    device = open_device(f"replay:{GTX1080TI}", seed=1, noise=noise)
+    workload = open_workload("table", device)
+    grid = run_sweep(device, workload)
+    plan = evaluate(device, workload, kernel_level_choice(grid, workload, 0.01))
+    assert plan.slowdown <= 0.01
+    assert plan.energy_saving >= 0.0
+
+
+def test_cli_sweep_json_and_determinism(tmp_path):
+    out = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path in out:
+        assert main(["sweep", "--device", "sim:a100", "--budget", "0.02", "--seed", "7", "--json", str(path)]) == 0
+    a, b = (json.loads(p.read_text()) for p in out)
+    assert a == b
+    assert a["source"] == "simulated"
+    assert set(a["kernel_level"]) >= {"energy_saving", "slowdown", "plan"}
+    assert set(a["pass_level"]) >= {"energy_saving", "slowdown"}
+    assert a["measurements"] == 44 * len(open_device("sim:a100").grid) + 3 * 44
+    assert len(a["kernel_level"]["plan"]) == 44
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--device", "sim:v100"], "unknown simulated GPU preset 'v100'"),
+    (["sweep", "--device", "gpu:0"], "unknown device 'gpu:0'"),
+    (["sweep", "--workload", "gpt3-xl-layer:batch=x"], "bad option 'batch=x'"),
+    (["sweep", "--device", "replay:/nonexistent.csv", "--workload", "table"], "/nonexistent.csv"),
+    (["sweep", "--workload", "table"], "needs a replay:CSV device"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_usage_errors_and_help_import_nothing_heavy():
+    code = ("import sys; from kdvfs.cli import build_parser; build_parser(); "
+            "heavy = [m for m in ('torch', 'botorch', 'mlflow', 'gymnasium', 'numpy') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == ""
+    bad = subprocess.run([sys.executable, "-m", "kdvfs.cli", "sweep", "--budget", "lots"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "budget must be a number" in bad.stderr
