@@ -1,0 +1,52 @@
+"""Epsilon-greedy over the config set, with a time constraint and safe exploration."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kdvfs.policies._common import SafeExplorer, TaskLog, steps_since_improvement
+from kdvfs.policies.base import SearchSpace, Task
+from kdvfs.policies.beliefs import BeliefModel, safe_candidates
+
+
+class EpsilonGreedyPolicy(SafeExplorer):
+    """With probability epsilon a random safe config, else the safe config of least believed
+    energy among those believed within budget (beliefs: BeliefModel).
+
+    Converged after `patience` measurements in a row that did not lower the best energy by
+    more than tol, or when no safe config is left. Never re-measures a config.
+    """
+
+    name = "egreedy"
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        seed: int,
+        *,
+        max_per_task: int | None = None,
+        epsilon: float = 0.1,
+        patience: int = 5,
+        kappa: float = 1.0,
+        margin: float = 0.1,
+        tol: float = 0.002,
+    ) -> None:
+        super().__init__(space, seed, max_per_task=max_per_task, margin=margin, tol=tol)
+        self.epsilon = epsilon
+        self.patience = patience
+        self.kappa = kappa
+        self.model = BeliefModel(self.facts)
+
+    def _pick(self, task: Task, log: TaskLog) -> int | None:
+        if steps_since_improvement(log, task, self.tol) >= self.patience:
+            return None
+        beliefs = self.model.posterior(log, task)
+        safe = safe_candidates(self.facts, log, task, beliefs, self.kappa, self.margin)
+        if not safe.any():
+            return None
+        rng = self.rng(task)
+        if rng.random() < self.epsilon:
+            return int(rng.choice(np.flatnonzero(safe)))
+        within = safe & (beliefs.mean_t <= np.log1p(task.budget))
+        pool = within if within.any() else safe
+        return int(np.argmin(np.where(pool, beliefs.mean_e, np.inf)))
