@@ -1,0 +1,71 @@
+"""BoTorch strategy: learns (beats random at equal measurement counts), warm-started refits,
+and the CPU micro-benchmark."""
+
+import numpy as np
+
+from kdvfs.policies.bench import botorch_ask_cpu_ms
+from kdvfs.policies.botorch_bo import BotorchPolicy
+from kdvfs.policies.random_search import RandomPolicy
+from tests.policies.synthetic import KINDS, Kind, grid_space, optimum, run, table, task_for
+
+WIDE = grid_space(tuple(range(600, 2001, 70)), (5000, 6000, 7000, 8000, 9000))  # 21 x 5
+
+
+def jittered_kinds(seed: int, per_kind: int) -> list[tuple[str, Kind]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, k in KINDS.items():
+        for i in range(per_kind):
+            u = rng.uniform(0.85, 1.15, size=4)
+            out.append((f"{name}{i}", Kind(k.compute * u[0], k.memory * u[1], k.core_activity * u[2],
+                                           k.mem_activity * u[3], k.fixed)))
+    return out
+
+
+def regret(policy, task, time_s, energy_j) -> float:
+    """Energy above the true constrained optimum of the config best() reports (the reference's
+    when it reports none or one truly over budget)."""
+    best = policy.best(task)
+    if best is None or time_s[best] > (1 + task.budget) * task.ref_time_s:
+        best = WIDE.reference
+    return float(energy_j[best] / energy_j[optimum(time_s, energy_j, task)] - 1)
+
+
+def test_botorch_beats_random_at_equal_measurement_counts():
+    bo, rnd = BotorchPolicy(WIDE, seed=0, max_per_task=12), RandomPolicy(WIDE, seed=0)
+    regrets_bo, regrets_rnd, counts = [], [], []
+    for key, kind in jittered_kinds(seed=0, per_kind=2):
+        time_s, energy_j = table(kind, WIDE)
+        task = task_for(key, kind, WIDE, budget=0.05)
+        n = len(run(bo, task, time_s, energy_j, noise=0.005, seed=1))
+        rnd.max_per_task = n
+        run(rnd, task, time_s, energy_j, noise=0.005, seed=1)
+        counts.append(n)
+        regrets_bo.append(regret(bo, task, time_s, energy_j))
+        regrets_rnd.append(regret(rnd, task, time_s, energy_j))
+    assert max(counts) <= 12
+    assert np.mean(regrets_bo) < 0.01
+    assert np.mean(regrets_bo) < 0.25 * np.mean(regrets_rnd), (regrets_bo, regrets_rnd)
+
+
+def test_hyperparameters_are_refitted_only_every_refit_every_points():
+    policy = BotorchPolicy(WIDE, seed=0, refit_every=3, tol=0.0)
+    kind = KINDS["norm"]
+    time_s, energy_j = table(kind, WIDE)
+    task = task_for("norm", kind, WIDE, budget=0.05)
+    fitted_at = []
+    for _ in range(10):
+        config = policy.ask(task)
+        if config is None:
+            break
+        policy.tell(task, config, float(time_s[config]), float(energy_j[config]))
+        if policy._fits.get(task.key) is not None:
+            fitted_at.append(policy._fits[task.key].n_obs)
+    steps = sorted(set(fitted_at))
+    assert len(steps) >= 2 and all(b - a >= 3 for a, b in zip(steps, steps[1:]))
+
+
+def test_bench_reports_cpu_ms_per_ask():
+    result = botorch_ask_cpu_ms(n_obs=12, asks=3)
+    assert result["asks"] == 3 and result["n_obs_end"] == 15
+    assert 0 < result["median_ms"] <= result["max_ms"]
