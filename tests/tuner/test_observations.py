@@ -1,0 +1,67 @@
+"""The observation table: plans from partial measurements, throttled pairs, the safety margin."""
+
+import numpy as np
+import pytest
+
+from kdvfs.runtime.simulator import SimulatedDevice
+from kdvfs.runtime.types import ClockPair, Kernel, Measurement, Workload
+from kdvfs.tuner.observations import Observations, measure_cell
+
+PAIRS = (ClockPair(1000, 5000), ClockPair(2000, 5000))
+WL = Workload("w", (Kernel("a"), Kernel("b", launches=2)))
+
+
+def m(t, e, throttled=False):
+    return Measurement(t, e, "simulated", throttled)
+
+
+def test_unexplored_kernels_stay_at_stock_and_launches_count():
+    obs = Observations(WL, PAIRS)
+    obs.add(0, None, m(1.0, 10.0), 1.0)
+    obs.add(1, None, m(1.0, 10.0), 1.0)
+    obs.add(0, PAIRS[0], m(1.005, 6.0), 1.0)
+    assert obs.ref_time_s.tolist() == [1.0, 2.0]
+    assert obs.kernel_level_choice(0.01) == {"a": PAIRS[0], "b": None}
+    assert obs.kernel_level_choice(0.0) == {"a": None, "b": None}
+    assert obs.measurements == 3 and obs.cost_s == 3.0
+
+
+def test_repeats_average_and_reference_repeats_set_the_margin():
+    obs = Observations(WL, PAIRS)
+    for k in (0, 1):
+        obs.add(k, None, m(1.0, 10.0), 0.0)
+    assert obs.time_rel_sd() == 0.0
+    assert obs.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)
+    obs.add(0, None, m(1.02, 10.0), 0.0)
+    assert obs.time_rel_sd() == pytest.approx(0.02 / np.sqrt(2))
+    assert obs.time_limit_s(0.01) < 1.01 * 3.0
+    obs.add(0, PAIRS[1], m(0.9, 8.0), 0.0)
+    obs.add(0, PAIRS[1], m(1.1, 12.0), 0.0)
+    assert obs.time_s[0, 1] == pytest.approx(1.0) and obs.energy_j[0, 1] == pytest.approx(10.0)
+
+
+def test_throttled_pair_is_planned_by_its_ratio_to_a_paired_stock_measurement():
+    obs = Observations(WL, PAIRS)
+    obs.add(0, None, m(1.0, 10.0), 0.0)
+    obs.add(1, None, m(1.0, 10.0), 0.0)
+    # measured cool: looks 2% faster than the reference, but stock measured right after it
+    # was 4% faster still, so in training it runs 2% slower than the reference
+    obs.add_paired(0, PAIRS[1], m(0.98, 9.0), m(0.96, 9.6), 2.0)
+    time_s, energy_j = obs.plannable()
+    assert time_s[0, 1] == pytest.approx(0.98 / 0.96)
+    assert energy_j[0, 1] == pytest.approx(10.0 * 9.0 / 9.6)
+    # +0.021 s on a 3 s iteration: over a 0.5% budget (raw, 0.98 s, it would have fitted)
+    assert obs.kernel_level_choice(0.005)["a"] is None
+    assert obs.kernel_level_choice(0.01)["a"] == PAIRS[1]
+    assert obs.measurements == 4 and obs.throttled == 1
+
+
+def test_measure_cell_pairs_a_throttled_measurement_with_stock():
+    dev = SimulatedDevice("h200", noise=0)
+    gemm = Kernel("gemm", flops=2 * 8192**3, bytes_moved=3 * 8192**2 * 2, tensor_core=True)
+    obs = Observations(Workload("g", (gemm,)), (ClockPair(1980, 3201), ClockPair(1005, 3201)))
+    measure_cell(dev, obs, 0, None, 0.3)
+    measure_cell(dev, obs, 0, ClockPair(1980, 3201), 0.3)     # over the 700 W cap: throttles
+    measure_cell(dev, obs, 0, ClockPair(1005, 3201), 0.3)     # holds
+    assert obs.throttled == 1 and obs.measurements == 4
+    assert not np.isnan(obs.paired_ratio[0, 0, 0]) and np.isnan(obs.paired_ratio[0, 1, 0])
