@@ -46,7 +46,7 @@ def test_throttled_pair_is_planned_by_its_ratio_to_a_paired_stock_measurement():
     obs.add(1, None, m(1.0, 10.0), 0.0)
     # measured cool: looks 2% faster than the reference, but stock measured right after it
     # was 4% faster still, so in training it runs 2% slower than the reference
-    obs.add_paired(0, PAIRS[1], m(0.98, 9.0), m(0.96, 9.6), 2.0)
+    obs.add_paired(0, PAIRS[1], m(0.98, 9.0, throttled=True), m(0.96, 9.6), 2.0)
     time_s, energy_j = obs.plannable()
     assert time_s[0, 1] == pytest.approx(0.98 / 0.96)
     assert energy_j[0, 1] == pytest.approx(10.0 * 9.0 / 9.6)
