@@ -155,9 +155,10 @@ class BotorchPolicy(SafeExplorer):
     def curves(self, task: Task) -> tuple[np.ndarray, np.ndarray]:
         """Predicted log time and log energy ratios at every config (measured ones as measured)."""
         log = self.log(task)
-        with torch_threads(self.threads), torch.no_grad():
-            post = self.model(task, log).posterior(self._x_all)
-            mean = post.mean.numpy()
+        with torch_threads(self.threads):
+            model = self.model(task, log)  # may refit: needs gradients
+            with torch.no_grad():
+                mean = model.posterior(self._x_all).mean.numpy()
         idx, y_t, y_e = log_ratios(log, task)
         mean_t, mean_e = mean[:, TIME].copy(), mean[:, ENERGY].copy()
         mean_t[idx], mean_e[idx] = y_t, y_e

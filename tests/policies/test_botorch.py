@@ -69,3 +69,20 @@ def test_bench_reports_cpu_ms_per_ask():
     result = botorch_ask_cpu_ms(n_obs=12, asks=3)
     assert result["asks"] == 3 and result["n_obs_end"] == 15
     assert 0 < result["median_ms"] <= result["max_ms"]
+
+
+def test_curves_match_measurements_and_refit_when_due():
+    policy = BotorchPolicy(WIDE, seed=0, refit_every=2)
+    kind = KINDS["gemm"]
+    time_s, energy_j = table(kind, WIDE)
+    task = task_for("gemm", kind, WIDE, budget=0.05)
+    run(policy, task, time_s, energy_j)
+    for config in (0, 1, 2):  # enough new data that curves() must refit first
+        policy.tell(task, config, float(time_s[config]), float(energy_j[config]))
+    log_t, log_e = policy.curves(task)
+    assert policy._fits[task.key].n_obs == policy.log(task).measured.sum()
+    measured = policy.log(task).measured
+    assert np.allclose(np.exp(log_t[measured]) * task.ref_time_s, time_s[measured])
+    assert np.allclose(np.exp(log_e[measured]) * task.ref_energy_j, energy_j[measured])
+    slow = int(np.argmax(np.where(measured, 0.0, time_s)))  # the slowest unmeasured config
+    assert log_t[slow] > np.log(1.5)  # predicted from its slow measured neighbours
