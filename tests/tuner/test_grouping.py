@@ -11,7 +11,7 @@ import pytest
 
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockGrid, Kernel, KdvfsError
-from kdvfs.tuner.grouping import evaluate_grouping, group_kernels
+from kdvfs.tuner.grouping import _Planner, evaluate_grouping, group_kernels
 
 PAIRS = 3
 
@@ -78,20 +78,47 @@ def test_plans_reproduce_under_evaluation_and_every_group_takes_effect(seed):
         assert [g.start for g in got.groups][0] == 0 and got.groups[-1].end == 6
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_slack_dp_is_exact_for_a_boundary_pair(seed):
+    """Integer times and a slack of whole units: the discretised DP loses nothing."""
+    rng = np.random.default_rng(300 + seed)
+    n = 3 + seed % 4
+    t = rng.integers(1, 5, (n, PAIRS)).astype(float)
+    e = rng.uniform(0.5, 2.0, (n, PAIRS))
+    latency_s = [0.5, 1.5, 2.0, 3.5][seed % 4]  # 2.0: kernels that start exactly at the latency
+    plans = []
+    for groups in all_groupings(n):
+        g = evaluate_grouping(t, e, groups, latency_s)
+        if g.unsettled == 0:
+            plans.append((g.energy_j, g.time_s, g.groups[-1].pair_index))
+    for slack in (1, 3, 5):
+        limit_s = t.min(axis=1).sum() + slack
+        for p0 in range(PAIRS):
+            fits = [energy for energy, time_s, last in plans if last == p0 and time_s <= limit_s]
+            got = _Planner(t, e, latency_s).within(limit_s, p0, slack)
+            if not fits:
+                assert got is None
+                continue
+            assert got.time_s <= limit_s and got.groups[-1].pair_index == p0
+            assert got.energy_j == pytest.approx(min(fits), rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_without_latency_it_is_the_per_kernel_knapsack(seed):
-    t, e = instance(200 + seed, 6)
+    rng = np.random.default_rng(200 + seed)
+    t = rng.integers(1, 5, (6, PAIRS)).astype(float)
+    e = rng.uniform(0.5, 2.0, (6, PAIRS))
     choices = np.array(list(itertools.product(range(PAIRS), repeat=6)))
-    rows = np.arange(6)
-    knap_t = t[rows, choices].sum(axis=1)
-    knap_e = e[rows, choices].sum(axis=1)
-    for lam in (0.3, 1.0, 2.0):
-        vertex = np.argmin(knap_e + lam * knap_t)
-        limit_s = knap_t[vertex] * (1 + 1e-12)
-        got = group_kernels(t, e, 0.0, limit_s, 0.0)
-        assert got.energy_j == pytest.approx(knap_e[vertex], rel=1e-9)
+    knap_t = t[np.arange(6), choices].sum(axis=1)
+    knap_e = e[np.arange(6), choices].sum(axis=1)
+    for slack in (0, 2, 5, 9):
+        limit_s = t.min(axis=1).sum() + slack
+        fits = knap_t <= limit_s
+        best = int(np.flatnonzero(fits)[np.argmin(knap_e[fits])])
+        got = group_kernels(t, e, 0.0, limit_s, 0.0, resolution=max(slack, 1))
+        assert got.energy_j == pytest.approx(knap_e[best], rel=1e-12)
         kernel_pairs = [g.pair_index for g in got.groups for _ in range(g.start, g.end)]
-        assert kernel_pairs == choices[vertex].tolist()
+        assert e[np.arange(6), kernel_pairs].sum() == pytest.approx(knap_e[best], rel=1e-12)
         assert got.switches == sum(a != b for a, b in zip(kernel_pairs, kernel_pairs[1:] + kernel_pairs[:1]))
 
 
