@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar, get_args
 from urllib.parse import unquote
 
 import mlflow
@@ -38,11 +38,12 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
 from kdvfs.runtime.types import KdvfsError
 
 RunEndStatus = Literal["FINISHED", "FAILED", "KILLED"]
-END_STATUSES: tuple[RunEndStatus, ...] = ("FINISHED", "FAILED", "KILLED")
+END_STATUSES: tuple[RunEndStatus, ...] = get_args(RunEndStatus)
 
 LOCAL_ID_TAG = "kdvfs.local_run_id"
 """Tag naming the spool id of a run, so a replay finds a run that an earlier attempt created."""
@@ -308,7 +309,9 @@ class RunHandle:
             try:
                 values[str(key)] = float(value)
             except (TypeError, ValueError):
-                self.tracker._warn_once(f"metric {key!r} of run {self._header['name']!r} is not a number ({value!r}); dropped")
+                self.tracker._warn_once(
+                    f"metric {key!r} of run {self._header['name']!r} is not a number ({value!r}); dropped"
+                )
         if values:
             self._submit({"kind": "metrics", "step": int(step), "timestamp_ms": _now_ms(), "metrics": values})
 
@@ -386,20 +389,36 @@ class RunHandle:
     def _deliver(self) -> None:
         if self.run_id is None:
             self._create()
+        limit = MAX_METRICS_PER_BATCH  # halved after a rejected batch, to find and drop only the bad item
         while self._pending:
-            item = self._pending[0]
+            count = min(self._batch_length(), limit)
             try:
-                self._send(item)
+                self._send(self._pending[:count])
             except Exception as exc:
                 if not _is_rejection(exc):
                     raise
+                if count > 1:
+                    limit = count // 2
+                    continue
                 self.tracker._warn_once(
-                    f"MLflow rejected {item['kind']} of run {self._header['name']!r}: {_one_line(exc)}; dropped"
+                    f"MLflow rejected {self._pending[0]['kind']} of run {self._header['name']!r}: "
+                    f"{_one_line(exc)}; dropped"
                 )
-            self._pending.pop(0)
-            if self._on_disk:
-                self._on_disk -= 1
-                self._disk_stale = True
+                limit = MAX_METRICS_PER_BATCH
+            del self._pending[:count]
+            delivered_from_disk = min(count, self._on_disk)
+            self._on_disk -= delivered_from_disk
+            self._disk_stale = self._disk_stale or delivered_from_disk > 0
+
+    def _batch_length(self) -> int:
+        """How many leading pending items go in one request: consecutive metric items up to one log_batch."""
+        length, metric_count = 0, 0
+        for item in self._pending:
+            if item["kind"] != "metrics" or (length and metric_count + len(item["metrics"]) > MAX_METRICS_PER_BATCH):
+                break
+            length += 1
+            metric_count += len(item["metrics"])
+        return max(length, 1)
 
     def _create(self) -> None:
         header = self._header
@@ -432,17 +451,20 @@ class RunHandle:
             raise KdvfsError(f"parent run {parent_local_id} is not in {self.tracker.uri}; replay its spool first")
         return found
 
-    def _send(self, item: dict[str, Any]) -> None:
-        client, run_id = self.tracker.client, str(self.run_id)
+    def _send(self, items: list[dict[str, Any]]) -> None:
+        """Deliver one item, or several metric items in one log_batch."""
+        client, run_id, item = self.tracker.client, str(self.run_id), items[0]
         match item["kind"]:
+            case "metrics":
+                metrics = [
+                    Metric(key, value, each["timestamp_ms"], each["step"])
+                    for each in items
+                    for key, value in each["metrics"].items()
+                ]
+                client.log_batch(run_id, metrics=metrics, synchronous=True)
             case "params":
                 params = [Param(key, value) for key, value in item["params"].items()]
                 client.log_batch(run_id, params=params, synchronous=True)
-            case "metrics":
-                metrics = [
-                    Metric(key, value, item["timestamp_ms"], item["step"]) for key, value in item["metrics"].items()
-                ]
-                client.log_batch(run_id, metrics=metrics, synchronous=True)
             case "dict":
                 client.log_dict(run_id, item["obj"], item["artifact_file"])
             case "figure":
