@@ -1,4 +1,5 @@
-"""Isolated-replay measurement: one kernel repeated at one clock setting for >= a window.
+"""Measurement as a real card allows it: isolated replay of one kernel at one clock setting,
+and the reference measured as training iterations at stock clocks.
 
 A real card's energy counter advances only every ~100 ms (h200-probe/README.md), so the
 energy of a microsecond kernel cannot be read around one launch. Instead the kernel runs back
@@ -11,13 +12,19 @@ throttle reasons at the end of the window mark a measurement whose clocks did no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.types import ClockPair, Kernel, Measurement
 
 THROTTLES = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 """Clock-event reasons that mean the card ran below the asked clocks (NVML's names)."""
+
+SUB_WINDOW_S = 1.0
+"""Sub-window of a reference run whose spread estimates the measurement noise."""
 
 CHUNK_S = 0.01
 """Kernel time between counter reads (the NVML energy read itself takes ~4 ms on an H200)."""
@@ -70,3 +77,58 @@ def _run_for(device: RunnableDevice, kernel: Kernel, launches: int, duration_s: 
     end_s = device.now_s() + duration_s
     while device.now_s() < end_s:
         device.run(kernel, launches)
+
+
+@dataclass(frozen=True)
+class IterationReference:
+    """The reference measured in training conditions: iterations at stock clocks after the
+    card has settled to its training temperature. kernel_time_s: each kernel's time per
+    iteration (launches included), from launch timings; time_rel_sd: relative s.d. of the
+    iteration time between 1-s sub-windows (the measurement noise, without thermal drift)."""
+
+    kernel_time_s: np.ndarray
+    iteration_time_s: float
+    iteration_energy_j: float
+    time_rel_sd: float
+    iterations: int
+    cost_s: float
+
+
+def measure_reference_iterations(
+    device: RunnableDevice, kernels: Sequence[Kernel], warmup_s: float = 60.0, window_s: float = 5.0
+) -> IterationReference:
+    """Run the iteration at stock clocks for warmup_s (thermal settling: a few time constants
+    of a card's ~20-30 s), then measure window_s of it."""
+    start_s = device.now_s()
+    device.reset_clocks()
+    while device.now_s() - start_s < warmup_s:
+        _iteration(device, kernels)
+    energy_a = device.energy_j()
+    while device.energy_j() == energy_a:
+        _iteration(device, kernels)
+    energy_a, t_a = device.energy_j(), device.now_s()
+    totals = np.zeros(len(kernels))
+    sub_means: list[float] = []
+    sub_t, sub_n, iterations = 0.0, 0, 0
+    while device.now_s() - t_a < window_s or device.energy_j() == energy_a:
+        times = _iteration(device, kernels)
+        totals += times
+        iterations += 1
+        sub_t += times.sum()
+        sub_n += 1
+        if sub_t >= SUB_WINDOW_S:
+            sub_means.append(sub_t / sub_n)
+            sub_t, sub_n = 0.0, 0
+        if device.now_s() - t_a >= window_s and device.energy_j() != energy_a:
+            break
+    power_w = (device.energy_j() - energy_a) / (device.now_s() - t_a)
+    kernel_time_s = totals / iterations
+    rel_sd = float(np.std(sub_means, ddof=1) / np.mean(sub_means)) if len(sub_means) > 1 else 0.0
+    return IterationReference(
+        kernel_time_s, float(kernel_time_s.sum()), power_w * float(kernel_time_s.sum()),
+        rel_sd, iterations, device.now_s() - start_s,
+    )
+
+
+def _iteration(device: RunnableDevice, kernels: Sequence[Kernel]) -> np.ndarray:
+    return np.array([device.run(k, k.launches) for k in kernels])

@@ -138,6 +138,7 @@ class ModelDevice:
 
     # --- internals ----------------------------------------------------------------------
     def _request(self, pair: ClockPair | None) -> None:
+        self._apply_due_switch()
         if self.switch_latency_s <= 0.0:
             self._pending = None
             self._set_in_effect(pair)

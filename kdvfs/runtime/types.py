@@ -128,10 +128,11 @@ class Workload:
 
     @property
     def signature(self) -> str:
-        """Stable hash of the kernel sequence (names, passes, launches), 16 hex digits."""
+        """Stable hash of the kernel sequence (names, passes, launches, sizes to 4 significant
+        digits), 16 hex digits: a plan made for one batch size does not pass for another."""
         h = hashlib.sha256()
         for k in self.kernels:
-            h.update(f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1e".encode())
+            h.update(f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1f{k.flops:.4g}\x1f{k.bytes_moved:.4g}\x1e".encode())
         return h.hexdigest()[:16]
 
     def kernel(self, name: str) -> Kernel:

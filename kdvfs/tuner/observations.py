@@ -3,15 +3,19 @@
 The sweep fills every cell; a search strategy fills few. Either way the per-kernel plan is
 the exact least-energy choice under the iteration's time limit (solver.solve_budget), with
 "stock" (the card's auto mode, the reference) always an option, so a kernel not yet explored
-simply stays at stock. The time limit carries a safety margin: SAFETY_Z standard deviations
-of the measured-time error of plan and reference, from repeated reference measurements.
+stays at stock.
 
-A pair measured while the card throttled (its power cap or temperature pulled the clocks
-below the lock) runs the card's own cap controller, like stock, and its speed depends on the
-temperature it was measured at; isolated replay measures cooler than training, so it would
-look faster than it runs. Such a pair is measured with a paired stock measurement of the same
-kernel right after (same temperature), and a plan uses its ratio to that stock measurement
-times the kernel's reference (measure_cell).
+Two references, because temperature matters. The iteration's reference time comes from
+training iterations at stock after the card settled to its training temperature
+(measure.measure_reference_iterations: per-kernel times from launch timings); its noise sets
+the safety margin (SAFETY_Z standard deviations of plan and reference time). Each kernel's
+isolated stock measurement, taken when its search starts, is the energy reference and the
+baseline its search is judged against. Isolated replay runs cooler than training. A pair the
+card held has a time that does not depend on temperature, so its measured time is used as
+is. A pair at which the card throttled (its cap or temperature pulled the clocks below the
+lock) runs the card's cap controller, like stock, and looks faster when cool; it is
+measured with a paired stock measurement right after it (same temperature), and a plan
+uses its ratio to that measurement times the kernel's training reference (measure_cell).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.measure import measure_isolated
+from kdvfs.runtime.measure import IterationReference, measure_isolated
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.solver import solve_budget
 
@@ -30,19 +34,18 @@ SAFETY_Z = 2.0
 
 @dataclass
 class Observations:
-    """Per-iteration (launches included) mean time and energy per (kernel, pair); NaN where
-    unmeasured. ref_*: the measured reference per kernel; ref_repeats: (kernel, time_s)
-    pairs of repeated reference measurements, for the noise estimate."""
+    """Per-iteration (launches included) mean time and energy per (kernel, pair), NaN where
+    unmeasured, with the references (see the module docstring)."""
 
     workload: Workload
     pairs: tuple[ClockPair, ...]
+    reference: IterationReference
     time_s: np.ndarray = field(init=False)
     energy_j: np.ndarray = field(init=False)
     counts: np.ndarray = field(init=False)
     paired_ratio: np.ndarray = field(init=False)   # (time, energy) / stock's, where throttled
-    ref_time_s: np.ndarray = field(init=False)
-    ref_energy_j: np.ndarray = field(init=False)
-    ref_repeats: list[tuple[int, float]] = field(default_factory=list)
+    stock_time_s: np.ndarray = field(init=False)   # isolated stock measurement per kernel
+    stock_energy_j: np.ndarray = field(init=False)
     measurements: int = 0
     throttled: int = 0
     cost_s: float = 0.0
@@ -53,21 +56,25 @@ class Observations:
         self.energy_j = np.full(shape, np.nan)
         self.counts = np.zeros(shape, dtype=int)
         self.paired_ratio = np.full(shape + (2,), np.nan)
-        self.ref_time_s = np.full(len(self.workload), np.nan)
-        self.ref_energy_j = np.full(len(self.workload), np.nan)
+        self.stock_time_s = np.full(len(self.workload), np.nan)
+        self.stock_energy_j = np.full(len(self.workload), np.nan)
+        self.cost_s = self.reference.cost_s
         self._pair_index = {p: j for j, p in enumerate(self.pairs)}
 
+    @property
+    def ref_time_s(self) -> np.ndarray:
+        """Each kernel's time per iteration at stock, in training."""
+        return self.reference.kernel_time_s
+
     def add(self, k: int, pair: ClockPair | None, m: Measurement, cost_s: float) -> None:
-        """Record one measurement (per launch) of kernel k; pair None is the reference."""
+        """Record one isolated measurement (per launch) of kernel k; pair None is stock."""
         launches = self.workload.kernels[k].launches
         t, e = m.time_s * launches, m.energy_j * launches
         self.measurements += 1
         self.cost_s += cost_s
         if pair is None:
-            if np.isnan(self.ref_time_s[k]):
-                self.ref_time_s[k], self.ref_energy_j[k] = t, e
-            else:
-                self.ref_repeats.append((k, t))
+            if np.isnan(self.stock_time_s[k]):
+                self.stock_time_s[k], self.stock_energy_j[k] = t, e
             return
         self.throttled += m.throttled
         j = self._pair_index[pair]
@@ -75,20 +82,6 @@ class Observations:
         self.time_s[k, j] = t if n == 0 else (self.time_s[k, j] * n + t) / (n + 1)
         self.energy_j[k, j] = e if n == 0 else (self.energy_j[k, j] * n + e) / (n + 1)
         self.counts[k, j] = n + 1
-
-    def time_rel_sd(self) -> float:
-        """Relative s.d. of one time measurement, from the reference repeats (0 if none)."""
-        if not self.ref_repeats:
-            return 0.0
-        rel = [t / self.ref_time_s[k] - 1.0 for k, t in self.ref_repeats]
-        return float(np.sqrt(np.mean(np.square(rel)) / 2.0))   # a difference of two draws
-
-    def time_limit_s(self, budget: float) -> float:
-        """(1 + budget) x reference iteration time, less SAFETY_Z s.d. of the error of plan
-        and reference time."""
-        ref = self.ref_time_s
-        sd_s = self.time_rel_sd() * np.sqrt(2.0 * np.sum(ref**2))
-        return (1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s
 
     def add_paired(self, k: int, pair: ClockPair, m: Measurement, stock: Measurement, cost_s: float) -> None:
         """A throttled pair's measurement with the stock one taken right after it."""
@@ -102,17 +95,26 @@ class Observations:
 
     def plannable(self) -> tuple[np.ndarray, np.ndarray]:
         """(time, energy) per kernel and pair that a plan may use: NaN where unmeasured; for a
-        throttled pair, its paired ratio to stock times the kernel's reference."""
+        throttled pair, its paired ratio to stock times the kernel's references."""
         paired = ~np.isnan(self.paired_ratio[..., 0])
         time_s = np.where(paired, self.paired_ratio[..., 0] * self.ref_time_s[:, None], self.time_s)
-        energy_j = np.where(paired, self.paired_ratio[..., 1] * self.ref_energy_j[:, None], self.energy_j)
+        energy_j = np.where(paired, self.paired_ratio[..., 1] * self.stock_energy_j[:, None], self.energy_j)
         return time_s, energy_j
 
+    def time_limit_s(self, budget: float) -> float:
+        """(1 + budget) x the training reference, less SAFETY_Z s.d. of the error of plan and
+        reference time."""
+        ref = self.ref_time_s
+        sd_s = self.reference.time_rel_sd * np.sqrt(2.0 * np.sum(ref**2))
+        return (1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s
+
     def kernel_level_choice(self, budget: float) -> dict[str, ClockPair | None]:
-        """Least measured energy per kernel within the time limit; stock where best or unknown."""
+        """Least measured energy per kernel within the time limit; stock where best, and for
+        kernels not measured yet."""
         time_s, energy_j = self.plannable()
+        stock_e = np.where(np.isnan(self.stock_energy_j), 0.0, self.stock_energy_j)
         times = np.column_stack([time_s, self.ref_time_s])
-        energies = np.column_stack([energy_j, self.ref_energy_j])
+        energies = np.column_stack([energy_j, stock_e])
         sol = solve_budget(list(times), list(energies), self.time_limit_s(budget))
         options = (*self.pairs, None)
         return {k.name: options[c] for k, c in zip(self.workload.kernels, sol.choice)}
