@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from kdvfs.runtime.measure import IterationReference
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, Kernel, Measurement, Workload
 from kdvfs.tuner.observations import Observations, measure_cell
@@ -11,41 +12,43 @@ PAIRS = (ClockPair(1000, 5000), ClockPair(2000, 5000))
 WL = Workload("w", (Kernel("a"), Kernel("b", launches=2)))
 
 
+def reference(times=(1.0, 2.0), rel_sd=0.0):
+    t = np.array(times)
+    return IterationReference(t, float(t.sum()), 30.0, rel_sd, iterations=10, cost_s=5.0)
+
+
 def m(t, e, throttled=False):
     return Measurement(t, e, "simulated", throttled)
 
 
 def test_unexplored_kernels_stay_at_stock_and_launches_count():
-    obs = Observations(WL, PAIRS)
+    obs = Observations(WL, PAIRS, reference())
     obs.add(0, None, m(1.0, 10.0), 1.0)
-    obs.add(1, None, m(1.0, 10.0), 1.0)
     obs.add(0, PAIRS[0], m(1.005, 6.0), 1.0)
-    assert obs.ref_time_s.tolist() == [1.0, 2.0]
+    assert obs.stock_time_s.tolist()[0] == 1.0 and np.isnan(obs.stock_time_s[1])
     assert obs.kernel_level_choice(0.01) == {"a": PAIRS[0], "b": None}
     assert obs.kernel_level_choice(0.0) == {"a": None, "b": None}
-    assert obs.measurements == 3 and obs.cost_s == 3.0
+    obs.add(1, PAIRS[1], m(0.5, 1.0), 1.0)
+    assert obs.time_s[1, 1] == 1.0            # two launches per iteration
+    assert obs.measurements == 3 and obs.cost_s == 5.0 + 3.0
 
 
-def test_repeats_average_and_reference_repeats_set_the_margin():
-    obs = Observations(WL, PAIRS)
-    for k in (0, 1):
-        obs.add(k, None, m(1.0, 10.0), 0.0)
-    assert obs.time_rel_sd() == 0.0
-    assert obs.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)
-    obs.add(0, None, m(1.02, 10.0), 0.0)
-    assert obs.time_rel_sd() == pytest.approx(0.02 / np.sqrt(2))
-    assert obs.time_limit_s(0.01) < 1.01 * 3.0
-    obs.add(0, PAIRS[1], m(0.9, 8.0), 0.0)
-    obs.add(0, PAIRS[1], m(1.1, 12.0), 0.0)
-    assert obs.time_s[0, 1] == pytest.approx(1.0) and obs.energy_j[0, 1] == pytest.approx(10.0)
+def test_reference_noise_sets_the_margin_and_repeats_average():
+    quiet = Observations(WL, PAIRS, reference())
+    assert quiet.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)
+    noisy = Observations(WL, PAIRS, reference(rel_sd=0.01))
+    assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0 - 2.0 * 0.01 * np.sqrt(2 * 5.0))
+    quiet.add(0, PAIRS[1], m(0.9, 8.0), 0.0)
+    quiet.add(0, PAIRS[1], m(1.1, 12.0), 0.0)
+    assert quiet.time_s[0, 1] == pytest.approx(1.0) and quiet.energy_j[0, 1] == pytest.approx(10.0)
 
 
 def test_throttled_pair_is_planned_by_its_ratio_to_a_paired_stock_measurement():
-    obs = Observations(WL, PAIRS)
-    obs.add(0, None, m(1.0, 10.0), 0.0)
+    obs = Observations(WL, PAIRS, reference())
+    obs.add(0, None, m(0.97, 10.0), 0.0)
     obs.add(1, None, m(1.0, 10.0), 0.0)
-    # measured cool: looks 2% faster than the reference, but stock measured right after it
-    # was 4% faster still, so in training it runs 2% slower than the reference
+    # measured cool: 0.98 s looks 2% faster than training's 1.0 s, but stock measured right
+    # after it took 0.96 s, so in training it runs 2% slower than the reference
     obs.add_paired(0, PAIRS[1], m(0.98, 9.0, throttled=True), m(0.96, 9.6), 2.0)
     time_s, energy_j = obs.plannable()
     assert time_s[0, 1] == pytest.approx(0.98 / 0.96)
@@ -59,7 +62,7 @@ def test_throttled_pair_is_planned_by_its_ratio_to_a_paired_stock_measurement():
 def test_measure_cell_pairs_a_throttled_measurement_with_stock():
     dev = SimulatedDevice("h200", noise=0)
     gemm = Kernel("gemm", flops=2 * 8192**3, bytes_moved=3 * 8192**2 * 2, tensor_core=True)
-    obs = Observations(Workload("g", (gemm,)), (ClockPair(1980, 3201), ClockPair(1005, 3201)))
+    obs = Observations(Workload("g", (gemm,)), (ClockPair(1980, 3201), ClockPair(1005, 3201)), reference((1.7e-3,)))
     measure_cell(dev, obs, 0, None, 0.3)
     measure_cell(dev, obs, 0, ClockPair(1980, 3201), 0.3)     # over the 700 W cap: throttles
     measure_cell(dev, obs, 0, ClockPair(1005, 3201), 0.3)     # holds
