@@ -2,19 +2,22 @@
 
 A training step has few kinds of kernels (GEMMs, norms, elementwise, attention) repeated many
 times, and kernels of a kind respond alike to clocks once time and energy are taken relative to
-their own reference. So each task is first probed at the first few configs of the shared
-initial design. Then:
-- If earlier tasks (tuned to convergence by BO) are close, in those probes and in
-  task.features, the task is a "transfer" task: its predicted curves are the similarity-weighted
-  mean of the neighbours' log time / log energy curves over the whole grid, shifted to agree
-  with its own measurements on average. It measures the config of least predicted energy
-  among those that could be within budget, and stops when no unmeasured config could beat
-  its best measured energy by more than tol ("could": within the curves' RMS error at the
-  task's own measurements). If its measurements drift from the
-  neighbours' curves, it falls back to BO.
-- Otherwise it is tuned by BotorchPolicy (which sees all its measurements), and its final
-  GP curves join the library of known tasks.
-Later tasks of a known kind so need a handful of measurements instead of a full BO run.
+their own reference. The policy keeps a library of tasks BO has tuned: their log time / log
+energy ratio curves over the whole grid (BotorchPolicy.curves).
+
+A new task is similar to a known one when its task.features are close (relative RMS
+difference <= feature_rms) and its measurements so far agree with the known curves (RMS log
+ratio difference <= match_rms); a gate without data (no features, nothing measured yet)
+passes, but at least one must have data. Tasks with features go straight to matching; tasks
+without are first probed at the first configs of the shared initial design. Then:
+- "transfer" when similar tasks exist: the predicted curves are the similarity-weighted mean
+  of theirs, shifted to agree with the task's own measurements on average. It measures the
+  config of least predicted energy among those that could be within budget, and stops when
+  no unmeasured config could beat its best measured energy by more than tol ("could": within
+  the curves' RMS error at the task's measurements). Once its measurements stop agreeing with
+  every known task it falls back to BO, which sees everything measured so far.
+- "bo" otherwise: BotorchPolicy tunes it, and its final curves join the library.
+Later tasks of a known kind so need one to a few measurements instead of a full BO run.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from kdvfs.policies.botorch_bo import BotorchPolicy
 
 @dataclass(frozen=True)
 class KnownTask:
-    """A task tuned to convergence: its log time / log energy ratio curves over the grid."""
+    """A task BO finished: its log time / log energy ratio curves over the grid."""
 
     key: str
     log_t: np.ndarray
@@ -50,13 +53,11 @@ class _Prior:
 
 
 class CrossKernelPolicy(SafeExplorer):
-    """BO for tasks unlike any seen; transfer from similar converged tasks otherwise.
+    """BO for tasks unlike any seen; transfer from similar known tasks otherwise.
 
-    probes: how many configs of the initial design every task measures before matching.
-    match_rms: largest distance (RMS difference in log time and log energy ratios at the task's
-    measured configs, plus task.features, see _distance) for a known task to count as similar.
-    neighbours: how many similar tasks are averaged.
-    bo_opts: options of the inner BotorchPolicy.
+    feature_rms, match_rms: the similarity gates (module docstring). probes: how many configs
+    of the initial design a task without features measures before matching. neighbours: how
+    many similar tasks are averaged. bo_opts: options of the inner BotorchPolicy.
     """
 
     name = "crosskernel"
@@ -70,19 +71,21 @@ class CrossKernelPolicy(SafeExplorer):
         margin: float = 0.1,
         tol: float = 0.002,
         probes: int = 3,
+        feature_rms: float = 0.25,
         match_rms: float = 0.03,
         neighbours: int = 3,
         **bo_opts: Any,
     ) -> None:
         super().__init__(space, seed, max_per_task=max_per_task, margin=margin, tol=tol)
         self.probes = probes
+        self.feature_rms = feature_rms
         self.match_rms = match_rms
         self.neighbours = neighbours
         self.bo = BotorchPolicy(
             space, seed, max_per_task=max_per_task, margin=margin, tol=tol, **bo_opts
         )
         self.library: list[KnownTask] = []
-        self._mode: dict[str, str] = {}  # task key -> "transfer" | "bo", once probed
+        self._mode: dict[str, str] = {}  # task key -> "transfer" | "bo", once decided
 
     def mode(self, task: Task) -> str:
         """How the task is being tuned: "probe" (not decided yet), "transfer" or "bo"."""
@@ -94,7 +97,7 @@ class CrossKernelPolicy(SafeExplorer):
 
     def _choose(self, task: Task, log: TaskLog) -> int | None:
         if self.mode(task) == "probe":
-            config = self.facts.next_design(log, task, self.probes)
+            config = None if task.features else self.facts.next_design(log, task, self.probes)
             if config is not None:
                 return config
             self._mode[task.key] = "transfer" if self._prior(task, log) is not None else "bo"
@@ -113,8 +116,7 @@ class CrossKernelPolicy(SafeExplorer):
 
     def _transfer_pick(self, task: Task, log: TaskLog, prior: _Prior) -> int | None:
         """The unmeasured config of least predicted energy that could be within budget, if it
-        could beat the best measured energy by more than tol. "Could": the predictions are
-        trusted to within their RMS error at this task's measured configs."""
+        could beat the best measured energy by more than tol."""
         open_ = ~log.measured & ~self.facts.known_infeasible(log, task)
         lower_t, upper_t = self.facts.log_time_bounds(log, task)
         log_t = np.clip(prior.log_t, lower_t, upper_t) - prior.err_t
@@ -128,41 +130,43 @@ class CrossKernelPolicy(SafeExplorer):
         return config
 
     def _prior(self, task: Task, log: TaskLog) -> _Prior | None:
-        """Predicted curves from similar known tasks, None if none is similar."""
+        """Predicted curves from the similar known tasks, None if none is similar."""
         idx, y_t, y_e = log_ratios(log, task)
         if self.space.reference is not None:  # its ratios are 0 for every task: no information
             keep = idx != self.space.reference
             idx, y_t, y_e = idx[keep], y_t[keep], y_e[keep]
-        if idx.size == 0 or not self.library:
+        if not self.library or (idx.size == 0 and not task.features):
             return None
-        dist = np.array([self._distance(task, known, idx, y_t, y_e) for known in self.library])
-        near = np.argsort(dist)[: self.neighbours]
-        near = near[dist[near] <= self.match_rms]
-        if near.size == 0:
+        scores = [self._dissimilarity(task, known, idx, y_t, y_e) for known in self.library]
+        similar = sorted((s, i) for i, s in enumerate(scores) if s is not None)[: self.neighbours]
+        if not similar:
             return None
-        weight = 1.0 / (dist[near] + 0.1 * self.match_rms)
+        weight = np.array([1.0 / (s + 0.1) for s, _ in similar])
         weight /= weight.sum()
-        log_t = sum(w * self.library[i].log_t for w, i in zip(weight, near))
-        log_e = sum(w * self.library[i].log_e for w, i in zip(weight, near))
+        log_t = sum(w * self.library[i].log_t for w, (_, i) in zip(weight, similar))
+        log_e = sum(w * self.library[i].log_e for w, (_, i) in zip(weight, similar))
+        if idx.size == 0:
+            return _Prior(log_t, log_e, 0.0, 0.0)
         log_t = log_t + np.mean(y_t - log_t[idx])
         log_e = log_e + np.mean(y_e - log_e[idx])
         return _Prior(log_t, log_e, _rms(y_t - log_t[idx]), _rms(y_e - log_e[idx]))
 
-    def _distance(
+    def _dissimilarity(
         self, task: Task, known: KnownTask, idx: np.ndarray, y_t: np.ndarray, y_e: np.ndarray
-    ) -> float:
-        """RMS log-ratio difference at the measured configs, plus the feature difference.
-
-        Each feature is compared relative to its larger magnitude; a feature that differs by
-        its whole size adds as much as a log-ratio difference of match_rms.
-        """
-        sq = np.mean((y_t - known.log_t[idx]) ** 2 + (y_e - known.log_e[idx]) ** 2)
+    ) -> float | None:
+        """Distance in units of the gates (RMS of feature and measurement distances over their
+        thresholds), or None when a gate fails."""
+        parts = []
         if task.features and len(task.features) == len(known.features):
             mine, theirs = np.array(task.features), np.array(known.features)
             size = np.maximum(np.maximum(np.abs(mine), np.abs(theirs)), 1e-12)
-            rel = np.abs(mine - theirs) / size
-            sq += self.match_rms**2 * np.mean(rel**2)
-        return float(np.sqrt(sq))
+            parts.append(_rms((mine - theirs) / size) / self.feature_rms)
+        if idx.size:
+            diff = np.concatenate([y_t - known.log_t[idx], y_e - known.log_e[idx]])
+            parts.append(_rms(diff) * np.sqrt(2.0) / self.match_rms)
+        if not parts or max(parts) > 1.0:
+            return None
+        return _rms(np.array(parts))
 
     def _learn(self, task: Task) -> None:
         """Add a task BO has finished (converged or capped) to the library: once, and only if
@@ -174,5 +178,5 @@ class CrossKernelPolicy(SafeExplorer):
         self.library.append(KnownTask(task.key, log_t, log_e, tuple(task.features)))
 
 
-def _rms(residual: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(residual**2)))
+def _rms(values: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(values**2)))
