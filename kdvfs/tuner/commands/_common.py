@@ -59,3 +59,8 @@ def write_json(path: Path | None, payload: dict[str, Any]) -> None:
 
 def pct(x: float) -> str:
     return f"{100.0 * x:+.2f}%"
+
+
+def plan_json(choice) -> dict[str, Any]:
+    """{kernel: [core_mhz, mem_mhz]}, or "stock" for a kernel left at the card's auto mode."""
+    return {k: "stock" if p is None else p.as_list() for k, p in choice.items()}

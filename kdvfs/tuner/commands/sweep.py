@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kdvfs.tuner.commands._common import SOURCE_LABEL, add_budget, add_device_workload, add_json, open_from_args, pct, write_json
+from kdvfs.tuner.commands._common import SOURCE_LABEL, add_budget, add_device_workload, add_json, open_from_args, pct, plan_json, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,13 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kdvfs.tuner.progress import Progress
-    from kdvfs.tuner.sweep import evaluate, kernel_level_choice, pass_level_choice, run_sweep
+    from kdvfs.tuner.sweep import evaluate, pass_level_choice, run_sweep
 
     device, workload = open_from_args(args)
     with Progress("sweep", unit="measurements") as bar:
         grid = run_sweep(device, workload, args.window_s, progress=bar.update)
-    kernel = evaluate(device, workload, kernel_level_choice(grid, workload, args.budget))
-    passes = evaluate(device, workload, pass_level_choice(grid, workload, args.budget))
+    kernel = evaluate(device, workload, grid.kernel_level_choice(args.budget))
+    passes = evaluate(device, workload, pass_level_choice(grid, args.budget))
     source = device.source
     label = SOURCE_LABEL[source]
     print(f"full sweep: {device.name} ({args.device}), workload {workload.name} ({len(workload)} kernels, signature {workload.signature}), budget {pct(args.budget)}")
@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         "measurements": grid.measurements,
         "explore_seconds": grid.cost_s,
         "kernel_level": {"energy_saving": kernel.energy_saving, "slowdown": kernel.slowdown,
-                         "plan": {k: p.as_list() for k, p in kernel.choice.items()}},
+                         "plan": plan_json(kernel.choice)},
         "pass_level": {"energy_saving": passes.energy_saving, "slowdown": passes.slowdown,
-                       "plan": {k: p.as_list() for k, p in passes.choice.items()}},
+                       "plan": plan_json(passes.choice)},
     })
     return 0
 
@@ -58,4 +58,5 @@ def print_plan_table(device, workload, choice) -> None:
         rt, re = device.expected(k, None)
         pair = choice[k.name]
         _, e = device.expected(k, pair)
-        print(f"  {k.name[:28]:28s} {k.pass_name:9s} {rt * k.launches * 1e3:8.3f}ms {pair.core_mhz:>6d}/{pair.mem_mhz:<6d} {pct(1 - e / re):>8s}")
+        clocks = "stock" if pair is None else f"{pair.core_mhz}/{pair.mem_mhz}"
+        print(f"  {k.name[:28]:28s} {k.pass_name:9s} {rt * k.launches * 1e3:8.3f}ms {clocks:>13s} {pct(1 - e / re):>8s}")
