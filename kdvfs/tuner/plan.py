@@ -30,17 +30,18 @@ GroupSpan = tuple[int, int, ClockPair, float, float]
 
 @dataclass(frozen=True)
 class PlanGroup:
-    """Consecutive kernels that run at one clock pair; expected figures per iteration."""
+    """Consecutive kernels that run at one clock pair, or at stock clocks (the card's auto
+    mode; core_mhz and mem_mhz None, null in JSON); expected figures per iteration."""
 
     kernels: tuple[str, ...]
-    core_mhz: int
-    mem_mhz: int
+    core_mhz: int | None
+    mem_mhz: int | None
     expected_time_s: float
     expected_energy_j: float
 
     @property
-    def pair(self) -> ClockPair:
-        return ClockPair(self.core_mhz, self.mem_mhz)
+    def pair(self) -> ClockPair | None:
+        return None if self.core_mhz is None else ClockPair(self.core_mhz, self.mem_mhz)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Plan:
     created: str
     per_kernel: tuple[tuple[str, ClockPair], ...] = ()
 
-    def kernel_pairs(self) -> dict[str, ClockPair]:
+    def kernel_pairs(self) -> dict[str, ClockPair | None]:
         """The pair each kernel's group runs at."""
         return {name: g.pair for g in self.groups for name in g.kernels}
 
@@ -125,7 +126,9 @@ class Plan:
             raise KdvfsError(f"per_kernel has {len(per_kernel)} pairs for {len(names)} kernels")
         if not (reference_time_s > 0 and reference_energy_j > 0):
             raise KdvfsError(f"reference time and energy must be > 0, got {reference_time_s} s and {reference_energy_j} J")
-        built = tuple(PlanGroup(tuple(names[s:e]), p.core_mhz, p.mem_mhz, float(t), float(en)) for s, e, p, t, en in groups)
+        built = tuple(
+            PlanGroup(tuple(names[s:e]), p and p.core_mhz, p and p.mem_mhz, float(t), float(en)) for s, e, p, t, en in groups
+        )
         time_s = sum(g.expected_time_s for g in built)
         energy_j = sum(g.expected_energy_j for g in built)
         plan = cls(
@@ -382,12 +385,15 @@ class _Reader:
 
     def group(self, value: Any, path: str, grid: ClockGrid) -> PlanGroup:
         g = self.obj(value, path, {"kernels", "core_mhz", "mem_mhz", "expected_time_s", "expected_energy_j"})
-        core = self.integer(g["core_mhz"], f"{path}.core_mhz", 1)
-        mem = self.integer(g["mem_mhz"], f"{path}.mem_mhz", 1)
-        if core not in grid.core_levels_mhz:
-            raise self.fail(f"{path}.core_mhz", f"{core} MHz is not a core clock of the plan's grid")
-        if ClockPair(core, mem) not in grid:
-            raise self.fail(f"{path}.mem_mhz", f"{ClockPair(core, mem)} is not a pair of the plan's clock grid")
+        if g["core_mhz"] is None and g["mem_mhz"] is None:
+            core = mem = None       # stock clocks
+        else:
+            core = self.integer(g["core_mhz"], f"{path}.core_mhz", 1)
+            mem = self.integer(g["mem_mhz"], f"{path}.mem_mhz", 1)
+            if core not in grid.core_levels_mhz:
+                raise self.fail(f"{path}.core_mhz", f"{core} MHz is not a core clock of the plan's grid")
+            if ClockPair(core, mem) not in grid:
+                raise self.fail(f"{path}.mem_mhz", f"{ClockPair(core, mem)} is not a pair of the plan's clock grid")
         return PlanGroup(
             kernels=tuple(self.text(v, f"{path}.kernels[{i}]") for i, v in enumerate(self.array(g["kernels"], f"{path}.kernels"))),
             core_mhz=core,

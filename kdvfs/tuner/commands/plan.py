@@ -59,7 +59,8 @@ def show(path: Path, plan: Plan) -> None:
     print(f"  {'#':>3s} {'kernels':>7s}  {'first .. last':40s} {'core/mem MHz':>13s} {'time ms':>10s} {'energy J':>10s}")
     for i, g in enumerate(plan.groups):
         span = g.kernels[0] if len(g.kernels) == 1 else f"{g.kernels[0]} .. {g.kernels[-1]}"
-        print(f"  {i:3d} {len(g.kernels):7d}  {span[:40]:40s} {g.core_mhz:>6d}/{g.mem_mhz:<6d} "
+        clocks = "stock" if g.pair is None else f"{g.core_mhz}/{g.mem_mhz}"
+        print(f"  {i:3d} {len(g.kernels):7d}  {span[:40]:40s} {clocks:>13s} "
               f"{g.expected_time_s * 1e3:10.4f} {g.expected_energy_j:10.4f}")
 
 
@@ -80,7 +81,7 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     if not isinstance(device, RunnableDevice):
         print("  no re-evaluation: a real GPU has no noiseless model; measure the plan with `kdvfs tune`")
         return True
-    pairs = sorted({g.pair for g in plan.groups})
+    pairs = list(dict.fromkeys(g.pair for g in plan.groups))
     column = {p: c for c, p in enumerate(pairs)}
     time_s = np.empty((len(workload), len(pairs)))
     energy_j = np.empty_like(time_s)
