@@ -90,22 +90,27 @@ class IterationReference:
     iteration_time_s: float
     iteration_energy_j: float
     time_rel_sd: float
-    iterations: int
+    iterations: int        # in the measured window
+    all_iterations: int    # warm-up included
     cost_s: float
 
 
 def measure_reference_iterations(
-    device: RunnableDevice, kernels: Sequence[Kernel], warmup_s: float = 60.0, window_s: float = 5.0
+    device: RunnableDevice, kernels: Sequence[Kernel], warmup_s: float = 120.0, window_s: float = 20.0
 ) -> IterationReference:
-    """Run the iteration at stock clocks for warmup_s (thermal settling: a few time constants
-    of a card's ~20-30 s), then measure window_s of it."""
+    """Run the iteration at stock clocks for warmup_s (thermal settling: four time constants of
+    a card's ~20-30 s), then measure window_s of it (an energy counter read over 20 s averages
+    20 one-second noise periods). In a training job these are ordinary iterations at stock."""
     start_s = device.now_s()
     device.reset_clocks()
-    while device.now_s() - start_s < warmup_s:
+    warmup = 0
+    while device.now_s() - start_s < warmup_s or warmup == 0:
         _iteration(device, kernels)
+        warmup += 1
     energy_a = device.energy_j()
     while device.energy_j() == energy_a:
         _iteration(device, kernels)
+        warmup += 1
     energy_a, t_a = device.energy_j(), device.now_s()
     totals = np.zeros(len(kernels))
     sub_means: list[float] = []
@@ -126,7 +131,7 @@ def measure_reference_iterations(
     rel_sd = float(np.std(sub_means, ddof=1) / np.mean(sub_means)) if len(sub_means) > 1 else 0.0
     return IterationReference(
         kernel_time_s, float(kernel_time_s.sum()), power_w * float(kernel_time_s.sum()),
-        rel_sd, iterations, device.now_s() - start_s,
+        rel_sd, iterations, warmup + iterations, device.now_s() - start_s,
     )
 
 

@@ -112,6 +112,24 @@ class ModelDevice:
             if step_s == 0.0:
                 self._apply_due_switch()
 
+    def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
+        """Fast-forward: what the device did since start_s happens `times` more times (steady
+        state: a training iteration repeated). Its noise is redrawn for the whole stretch, with
+        the s.d. of a mean over the noise periods it spans, as that many iterations would
+        average. Returns the seconds added."""
+        span_s = self._now_s - start_s
+        if times <= 0 or span_s <= 0:
+            return 0.0
+        time_f, energy_f = self._noise
+        power_w = (self._true_energy_j - start_true_energy_j) / span_s * time_f / energy_f
+        periods = max(1.0, span_s * times / self.noise_period_s)
+        z_time, z_energy = self._rng.standard_normal(2) / math.sqrt(periods)
+        new_time_f = max(0.5, 1.0 + self.time_noise * z_time)
+        new_energy_f = max(0.5, 1.0 + self.energy_noise * z_energy)
+        duration_s = span_s / time_f * new_time_f * times
+        self._advance(duration_s, power_w * new_energy_f / new_time_f)
+        return duration_s
+
     def expected(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         if pair is not None and pair not in self.grid:
             raise KdvfsError(f"{self.name}: unsupported clock pair {pair}")

@@ -103,10 +103,12 @@ class Observations:
 
     def time_limit_s(self, budget: float) -> float:
         """(1 + budget) x the training reference, less SAFETY_Z s.d. of the error of plan and
-        reference time."""
+        reference time over the kernels measured at some pair (a kernel left at stock runs as
+        the reference did), never below the reference itself (all-stock is always a plan)."""
         ref = self.ref_time_s
-        sd_s = self.reference.time_rel_sd * np.sqrt(2.0 * np.sum(ref**2))
-        return (1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s
+        explored = self.counts.sum(axis=1) > 0
+        sd_s = self.reference.time_rel_sd * np.sqrt(2.0 * np.sum(ref[explored] ** 2))
+        return max((1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s, float(ref.sum()))
 
     def kernel_level_choice(self, budget: float) -> dict[str, ClockPair | None]:
         """Least measured energy per kernel within the time limit; stock where best, and for

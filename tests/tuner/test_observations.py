@@ -14,7 +14,7 @@ WL = Workload("w", (Kernel("a"), Kernel("b", launches=2)))
 
 def reference(times=(1.0, 2.0), rel_sd=0.0):
     t = np.array(times)
-    return IterationReference(t, float(t.sum()), 30.0, rel_sd, iterations=10, cost_s=5.0)
+    return IterationReference(t, float(t.sum()), 30.0, rel_sd, iterations=10, all_iterations=20, cost_s=5.0)
 
 
 def m(t, e, throttled=False):

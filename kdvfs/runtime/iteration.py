@@ -1,0 +1,76 @@
+"""Training iterations on a device whose kernels we run: a schedule of clock groups applied.
+
+On a real GPU the training loop runs the kernels and a controller applies the schedule
+(runtime/torch_integration.py); here the simulated or replayed device runs the workload's
+kernels itself. A schedule requests each group's clocks at its first kernel (only when they
+differ from the last request: a repeated request is no switch), so a switch lands
+switch_latency_s later, the old clocks running meanwhile, exactly as the grouping planner
+(tuner/grouping.py) models it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.types import ClockPair, Workload
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Clock requests of one iteration: (index of a group's first kernel, pair or None for
+    stock clocks), the first group starting at kernel 0."""
+
+    groups: tuple[tuple[int, ClockPair | None], ...]
+
+    @classmethod
+    def stock(cls) -> "Schedule":
+        return cls(((0, None),))
+
+    def pair_per_kernel(self, n: int) -> list[ClockPair | None]:
+        """The pair each of n kernels requests (its group's)."""
+        out: list[ClockPair | None] = []
+        for (start, pair), nxt in zip(self.groups, [g[0] for g in self.groups[1:]] + [n]):
+            out.extend([pair] * (nxt - start))
+        return out
+
+
+class IterationRunner:
+    """Runs training iterations of a workload on a ModelDevice under a schedule."""
+
+    def __init__(self, device: ModelDevice, workload: Workload) -> None:
+        self.device = device
+        self.workload = workload
+        self._requested: ClockPair | None | str = "unset"
+
+    def run(self, schedule: Schedule, iterations: int) -> tuple[np.ndarray, float]:
+        """(each kernel's time in the last iteration run kernel by kernel, launches included, as
+        launch timings give it; total seconds of all the iterations). Iterations run kernel by
+        kernel until one starts in steady state (no clock change from outside the schedule
+        still landing: after an isolated measurement, the second); the rest repeat that one
+        (ModelDevice.repeat_since), which keeps long runs cheap."""
+        starts = dict(schedule.groups)
+        t0 = self.device.now_s()
+        exact = 1 if self._requested != "unset" else 2
+        for i in range(min(exact, iterations)):
+            t_it, e_it = self.device.now_s(), self.device.true_energy_j()
+            times = np.empty(len(self.workload))
+            for k, kernel in enumerate(self.workload.kernels):
+                if k in starts and starts[k] != self._requested:
+                    self._request(starts[k])
+                times[k] = self.device.run(kernel, kernel.launches)
+        self.device.repeat_since(t_it, e_it, iterations - min(exact, iterations))
+        return times, self.device.now_s() - t0
+
+    def _request(self, pair: ClockPair | None) -> None:
+        if pair is None:
+            self.device.reset_clocks()
+        else:
+            self.device.set_clocks(pair)
+        self._requested = pair
+
+    def forget_requests(self) -> None:
+        """Someone else set the clocks (an isolated measurement): request again next time."""
+        self._requested = "unset"

@@ -1,0 +1,342 @@
+"""Online tuning: clocks tuned while the training job runs, never slower than the budget.
+
+The session, iteration by iteration:
+1. Reference: the first iterations run at stock clocks (the card's auto mode); once the card
+   has settled to its training temperature their per-kernel times (launch timings) and
+   energy (counter) are the reference (measure.measure_reference_iterations).
+2. Exploration is paid from the budget, not borrowed: the account allows (1 + budget) x the
+   reference time of the iterations run so far; each iteration whose schedule is faster than
+   that adds the difference to the slack, and an exploration measurement is made only when
+   the slack covers its whole device time (isolated replay of one kernel at one clock pair,
+   observations.measure_cell: on a card whose clock switch takes tens of ms, no kernel can run
+   alone at a clock inside a training iteration, and the energy counter cannot see a kernel).
+   So the cumulative slowdown of the run, exploration and switches included, stays within the
+   budget at every reported point.
+3. Kernels are explored one at a time, longest first (most of the saving comes early), by the
+   search strategy (policies/, the objective of tuner/search.py).
+4. The training runs a grouped schedule: consecutive kernels share one clock pair, chosen by
+   the switch-cost-aware planner (grouping.group_kernels) from what has been measured, with
+   pessimistic fill-ins for pairs a kernel was not measured at (time scaled by the larger
+   clock ratio, power as at stock: no saving assumed), re-planned each time a kernel
+   converges. While exploring, the schedule may use half the budget (EXPLORE_PLAN_SHARE);
+   the rest pays for exploration.
+5. Completion: a group shares one pair, which most of its kernels were never measured at.
+   Once every kernel has converged, the COMPLETION_PAIRS pairs the per-kernel plan uses most
+   (time-weighted) and the COMPLETION_PAIRS pairs that do best as one pair for many kernels
+   are measured for every kernel of at least SIGNIFICANT_SHARE of the iteration, paid from the
+   slack like exploration. The final schedule then uses the whole
+   budget, less the noise margin, planned from measured cells (pessimistic fill-ins elsewhere).
+6. A schedule whose measured slowdown overshoots is dropped for stock and re-planned with
+   less budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdvfs.policies.base import Task
+from kdvfs.policies.registry import make_policy
+from kdvfs.runtime.iteration import IterationRunner, Schedule
+from kdvfs.runtime.measure import measure_reference_iterations
+from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.types import ClockPair, Workload
+from kdvfs.tuner.grouping import Grouping, group_kernels
+from kdvfs.tuner.observations import Observations, measure_cell
+from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
+
+EXPLORE_PLAN_SHARE = 0.5
+SIGNIFICANT_SHARE = 0.005
+COMPLETION_PAIRS = 3
+COVERAGE = 0.3
+CHUNK_S = 2.0
+"""Training seconds between reported points while nothing else happens."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One reported point of the run, as the tuner measured it."""
+
+    iteration: int
+    device_s: float
+    slowdown: float            # cumulative: run time / (reference time x iterations) - 1
+    energy_saving: float       # cumulative: 1 - energy / (reference energy x iterations)
+    budget_left_s: float
+    measurements: int
+    kernels_converged: int
+    groups: int
+
+
+@dataclass
+class BudgetAccount:
+    """Time allowed vs time spent, from the tuner's own measurements."""
+
+    ref_time_s: float
+    budget: float
+    iterations: int = 0
+    spent_s: float = 0.0
+
+    def charge(self, seconds: float, iterations: int = 0) -> None:
+        self.spent_s += seconds
+        self.iterations += iterations
+
+    def slack_s(self) -> float:
+        return (1.0 + self.budget) * self.ref_time_s * self.iterations - self.spent_s
+
+    def slowdown(self) -> float:
+        return self.spent_s / (self.ref_time_s * self.iterations) - 1.0
+
+
+@dataclass
+class TuneState:
+    """What the session has learned and is running."""
+
+    obs: Observations
+    schedule: Schedule
+    grouping: Grouping | None
+    plan_budget: float
+    converged: set[int] = field(default_factory=set)
+    completion: list[tuple[int, ClockPair]] = field(default_factory=list)
+    completion_rounds: int = 0
+    converged_at_iteration: int | None = None
+    points: list[Point] = field(default_factory=list)
+
+
+class OnlineTuner:
+    """A tuning session on a device whose kernels we run (simulated or replayed)."""
+
+    def __init__(
+        self,
+        device: ModelDevice,
+        workload: Workload,
+        *,
+        strategy: str = "botorch",
+        budget: float = 0.01,
+        seed: int = 0,
+        window_s: float = 0.5,
+        warmup_s: float = 120.0,
+    ) -> None:
+        self.device, self.workload, self.budget, self.window_s = device, workload, budget, window_s
+        self.strategy = strategy
+        self.runner = IterationRunner(device, workload)
+        self.policy = make_policy(strategy, search_space(device), seed=seed)
+        self._t0, self._e0 = device.now_s(), device.energy_j()
+        ref = measure_reference_iterations(device, workload.kernels, warmup_s=warmup_s)
+        self.reference = ref
+        self.account = BudgetAccount(ref.iteration_time_s, budget)
+        self.account.charge(ref.cost_s, ref.all_iterations)
+        self.state = TuneState(Observations(workload, device.grid.pairs, ref), Schedule.stock(), None, EXPLORE_PLAN_SHARE * budget)
+        self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
+        self._features = kernel_features(workload)
+        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        self._measure_cost_s = 2.0 * (window_s + 0.3)     # a throttled pair needs a paired stock measurement
+        self._task: Task | None = None
+        self.runner.forget_requests()
+
+    # --- the loop --------------------------------------------------------------------------
+    def run(self, iterations: int, on_point: Callable[[Point], None] | None = None) -> TuneState:
+        """Run until `iterations` training iterations have run (reference ones included)."""
+        st = self.state
+        while self.account.iterations < iterations:
+            if self._exploring() and self.account.slack_s() >= self._measure_cost_s:
+                self._explore_one()
+            else:
+                self._train(iterations)
+            point = self._point()
+            st.points.append(point)
+            if on_point is not None:
+                on_point(point)
+        return st
+
+    def _exploring(self) -> bool:
+        """Kernels left to explore, or completion cells left to measure."""
+        st = self.state
+        return len(st.converged) < len(self.workload) or bool(st.completion)
+
+    def _train(self, target_iterations: int) -> None:
+        """Run a chunk of iterations: CHUNK_S, or what it takes to pay for the next
+        exploration measurement, at most what is left."""
+        iter_s = float(self.state.obs.ref_time_s.sum())
+        n = max(1, int(CHUNK_S / iter_s))
+        if self._exploring():
+            rate = max(self.account.budget - self._schedule_slowdown(), 1e-4) * self.account.ref_time_s
+            need = self._measure_cost_s - self.account.slack_s()
+            n = max(n, min(int(math.ceil(need / rate)), int(60.0 / iter_s)))
+        n = min(n, target_iterations - self.account.iterations)
+        _, total_s = self.runner.run(self.state.schedule, n)
+        self.account.charge(total_s, n)
+        measured = total_s / n / self.account.ref_time_s - 1.0
+        if measured > self.state.plan_budget + 3.0 * self.reference.time_rel_sd + 1e-3 and self.state.grouping is not None:
+            self.state.plan_budget *= 0.5           # the schedule runs slower than planned: back off
+            self._replan()
+
+    def _schedule_slowdown(self) -> float:
+        g = self.state.grouping
+        return 0.0 if g is None else g.time_s / float(self.state.obs.ref_time_s.sum()) - 1.0
+
+    def _explore_one(self) -> None:
+        st = self.state
+        before_s = self.device.now_s()
+        if len(st.converged) == len(self.workload):
+            k, pair = st.completion.pop(0)
+            measure_cell(self.device, st.obs, k, pair, self.window_s)
+            if not st.completion:
+                self._complete()
+            self._charge_exploration(before_s)
+            return
+        k = next(k for k in self._order if k not in st.converged)
+        kernel = self.workload.kernels[k]
+        obs = st.obs
+        if self._task is None or self._task.key != kernel.name:
+            measure_cell(self.device, obs, k, None, self.window_s)
+            self._task = Task(
+                key=kernel.name,
+                ref_time_s=obs.stock_time_s[k] / kernel.launches,
+                ref_energy_j=(obs.stock_energy_j[k] + self._lam * obs.stock_time_s[k]) / kernel.launches,
+                budget=TASK_SLOWDOWN,
+                features=self._features[k],
+            )
+        else:
+            config = self.policy.ask(self._task)
+            if config is None:
+                st.converged.add(k)
+                self._task = None
+                if len(st.converged) == len(self.workload):
+                    self._complete()
+                else:
+                    self._replan()
+            else:
+                measure_cell(self.device, obs, k, obs.pairs[config], self.window_s)
+                time_s, energy_j = obs.plannable()
+                cost = energy_j[k, config] + self._lam * time_s[k, config]
+                self.policy.tell(self._task, config, time_s[k, config] / kernel.launches, cost / kernel.launches)
+        self._charge_exploration(before_s)
+
+    def _charge_exploration(self, before_s: float) -> None:
+        spent = self.device.now_s() - before_s
+        self._measure_cost_s = max(self._measure_cost_s, spent)
+        self.account.charge(spent)
+        self.runner.forget_requests()
+
+    def _complete(self) -> None:
+        """Queue, once, the cells of the COMPLETION_PAIRS pairs the per-kernel plan uses most
+        (time-weighted) for every significant kernel not measured there; when done, settle on
+        the final schedule."""
+        st = self.state
+        needed: list[tuple[int, ClockPair]] = []
+        if st.completion_rounds == 0:
+            st.completion_rounds = 1
+            obs = st.obs
+            share = obs.ref_time_s / obs.ref_time_s.sum()
+            weight: dict[ClockPair, float] = {}
+            for k, pair in enumerate(obs.kernel_level_choice(self.budget).values()):
+                if pair is not None:
+                    weight[pair] = weight.get(pair, 0.0) + share[k]
+            for pair in self._completion_pairs(weight):
+                j = obs.pairs.index(pair)
+                needed += [(k, pair) for k in self._order if share[k] >= SIGNIFICANT_SHARE and obs.counts[k, j] == 0]
+        st.completion = needed
+        if not st.completion:
+            st.converged_at_iteration = self.account.iterations
+            st.plan_budget = self.budget
+            self._replan()
+
+    def _completion_pairs(self, plan_weight: dict[ClockPair, float]) -> list[ClockPair]:
+        """The pairs the per-kernel plan uses most (time-weighted), and the pairs that do best
+        as one pair for many kernels: the largest mean gain in energy + lambda x time over the
+        kernels measured there (covering at least COVERAGE of the iteration's time), which is
+        what a group of mixed kernels needs."""
+        obs = self.state.obs
+        share = obs.ref_time_s / obs.ref_time_s.sum()
+        time_m, energy_m = obs.plannable()
+        stock_e = np.where(np.isnan(obs.stock_energy_j), np.nan, obs.stock_energy_j)
+        gain = (stock_e[:, None] + self._lam * obs.ref_time_s[:, None]) - (energy_m + self._lam * time_m)
+        measured = ~np.isnan(gain)
+        covered = (measured * share[:, None]).sum(axis=0)
+        mean_gain = np.where(covered >= COVERAGE, np.nansum(np.where(measured, gain, 0.0), axis=0) / np.maximum(covered, 1e-12), -np.inf)
+        shared = [obs.pairs[j] for j in np.argsort(-mean_gain)[:COMPLETION_PAIRS] if np.isfinite(mean_gain[j])]
+        preferred = sorted(plan_weight, key=plan_weight.get, reverse=True)[:COMPLETION_PAIRS]
+        return list(dict.fromkeys(preferred + shared))
+
+    # --- planning --------------------------------------------------------------------------
+    def candidate_matrices(self, budget: float) -> tuple[np.ndarray, np.ndarray, list[ClockPair | None]]:
+        """Per kernel x candidate setting (the pairs the per-kernel plan uses, the pairs measured
+        for kernels carrying most of the time, and stock): time and energy per iteration,
+        measured where known, pessimistic fill-ins elsewhere (time scaled by the larger clock
+        ratio, power as at stock)."""
+        obs = self.state.obs
+        ideal = obs.kernel_level_choice(budget)
+        share = obs.ref_time_s / obs.ref_time_s.sum()
+        covered = ((obs.counts > 0) * share[:, None]).sum(axis=0)
+        common = [obs.pairs[j] for j in np.argsort(-covered)[:8] if covered[j] > 0]
+        columns: list[ClockPair | None] = list(dict.fromkeys([p for p in ideal.values() if p is not None] + common)) + [None]
+        time_m, energy_m = obs.plannable()
+        ref_t = obs.ref_time_s
+        mean_power_w = self.reference.iteration_energy_j / self.reference.iteration_time_s
+        stock_e = np.where(np.isnan(obs.stock_energy_j), ref_t * mean_power_w, obs.stock_energy_j)
+        top_core = max(self.device.grid.core_levels_mhz)
+        top_mem = max(self.device.grid.mem_levels_mhz)
+        t = np.empty((len(self.workload), len(columns)))
+        e = np.empty_like(t)
+        for c, pair in enumerate(columns):
+            if pair is None:
+                t[:, c], e[:, c] = ref_t, stock_e
+                continue
+            j = obs.pairs.index(pair)
+            fill_t = ref_t * max(top_core / pair.core_mhz, top_mem / pair.mem_mhz, 1.0)
+            fill_e = stock_e / ref_t * fill_t
+            t[:, c] = np.where(np.isnan(time_m[:, j]), fill_t, time_m[:, j])
+            e[:, c] = np.where(np.isnan(energy_m[:, j]), fill_e, energy_m[:, j])
+        return t, e, columns
+
+    def _replan(self) -> None:
+        st = self.state
+        t, e, columns = self.candidate_matrices(st.plan_budget)
+        limit_s = st.obs.time_limit_s(st.plan_budget)
+        grouping = group_kernels(t, e, self.device.switch_latency_s, limit_s, 0.0)
+        if not grouping.feasible:
+            st.schedule, st.grouping = Schedule.stock(), None
+            return
+        st.grouping = grouping
+        st.schedule = Schedule(tuple((g.start, columns[g.pair_index]) for g in grouping.groups))
+
+    def _point(self) -> Point:
+        acc = self.account
+        energy_j = self.device.energy_j() - self._e0
+        return Point(
+            iteration=acc.iterations,
+            device_s=self.device.now_s() - self._t0,
+            slowdown=acc.slowdown(),
+            energy_saving=1.0 - energy_j / (self.reference.iteration_energy_j * acc.iterations),
+            budget_left_s=acc.slack_s(),
+            measurements=self.state.obs.measurements,
+            kernels_converged=len(self.state.converged),
+            groups=len(self.state.schedule.groups),
+        )
+
+
+def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule) -> tuple[float, float]:
+    """Noiseless (energy saving, slowdown) of a schedule run over and over, against stock, at
+    the iteration's own steady temperature: each kernel at the pair in effect when it starts
+    (a switch lands switch_latency_s after its group's first kernel starts, as on the card)."""
+    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    requested = schedule.pair_per_kernel(len(workload))
+    starts = {s for s, _ in schedule.groups}
+    in_effect, pending, clock_s = requested[-1], None, 0.0
+    items = []
+    for _ in range(2):      # the second iteration starts in steady state
+        items = []
+        for k, kernel in enumerate(workload.kernels):
+            if pending is not None and clock_s >= pending[0]:
+                in_effect, pending = pending[1], None
+            if k in starts and requested[k] != (pending[1] if pending else in_effect):
+                pending = (clock_s + device.switch_latency_s, requested[k])
+                if device.switch_latency_s <= 0:
+                    in_effect, pending = requested[k], None
+            items.append((kernel, in_effect, kernel.launches))
+            clock_s += device.expected(kernel, in_effect)[0] * kernel.launches
+    t, e = device.expected_iteration(items)
+    return 1.0 - e / ref_e, t / ref_t - 1.0
