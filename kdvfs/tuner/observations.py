@@ -104,15 +104,17 @@ class Observations:
     def time_limit_s(self, budget: float) -> float:
         """(1 + budget) x the training reference, less SAFETY_Z s.d. of the error of plan and
         reference time over the kernels measured at some pair (a kernel left at stock runs as
-        the reference did), never below the reference itself (all-stock is always a plan)."""
+        the reference did). Below the reference, only the all-stock plan is safe."""
         ref = self.ref_time_s
         explored = self.counts.sum(axis=1) > 0
         sd_s = self.reference.time_rel_sd * np.sqrt(2.0 * np.sum(ref[explored] ** 2))
-        return max((1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s, float(ref.sum()))
+        return (1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s
 
     def kernel_level_choice(self, budget: float) -> dict[str, ClockPair | None]:
         """Least measured energy per kernel within the time limit; stock where best, and for
-        kernels not measured yet."""
+        kernels not measured yet; all stock when the noise margin leaves no budget."""
+        if self.time_limit_s(budget) < float(self.ref_time_s.sum()):
+            return {k.name: None for k in self.workload.kernels}
         time_s, energy_j = self.plannable()
         stock_e = np.where(np.isnan(self.stock_energy_j), 0.0, self.stock_energy_j)
         times = np.column_stack([time_s, self.ref_time_s])

@@ -294,8 +294,11 @@ class OnlineTuner:
 
     def _replan(self) -> None:
         st = self.state
-        t, e, columns = self.candidate_matrices(st.plan_budget)
         limit_s = st.obs.time_limit_s(st.plan_budget)
+        if limit_s < float(st.obs.ref_time_s.sum()):
+            st.schedule, st.grouping = Schedule.stock(), None
+            return
+        t, e, columns = self.candidate_matrices(st.plan_budget)
         grouping = group_kernels(t, e, self.device.switch_latency_s, limit_s, 0.0)
         if not grouping.feasible:
             st.schedule, st.grouping = Schedule.stock(), None

@@ -37,7 +37,13 @@ def test_reference_noise_sets_the_margin_and_repeats_average():
     quiet = Observations(WL, PAIRS, reference())
     assert quiet.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)
     noisy = Observations(WL, PAIRS, reference(rel_sd=0.01))
+    assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)      # nothing explored: no error
+    noisy.add(1, PAIRS[0], m(1.0, 5.0), 0.0)                          # kernel b (2 s) explored
+    assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0 - 2.0 * 0.01 * np.sqrt(2 * 4.0))
+    noisy.add(0, PAIRS[0], m(1.0, 5.0), 0.0)
     assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0 - 2.0 * 0.01 * np.sqrt(2 * 5.0))
+    assert noisy.time_limit_s(0.001) < 3.0
+    assert set(noisy.kernel_level_choice(0.001).values()) == {None}    # margin > budget: all stock
     quiet.add(0, PAIRS[1], m(0.9, 8.0), 0.0)
     quiet.add(0, PAIRS[1], m(1.1, 12.0), 0.0)
     assert quiet.time_s[0, 1] == pytest.approx(1.0) and quiet.energy_j[0, 1] == pytest.approx(10.0)
