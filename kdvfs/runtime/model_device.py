@@ -128,6 +128,8 @@ class ModelDevice:
         new_energy_f = max(0.5, 1.0 + self.energy_noise * z_energy)
         duration_s = span_s / time_f * new_time_f * times
         self._advance(duration_s, power_w * new_energy_f / new_time_f)
+        if self._pending is not None:    # a switch still in flight stays in flight, as it would each time
+            self._pending = (self._pending[0] + duration_s, self._pending[1])
         return duration_s
 
     def expected(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:

@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan-out", type=Path, help="write the final plan here")
     parser.add_argument("--mlflow-uri", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the full sweep run for comparison at the end")
     add_json(parser)
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print("kdvfs tune: interrupted: stock clocks restored, the plan so far is kept", file=sys.stderr)
     finally:
         device.reset_clocks()
-    report = tune_report(tuner, args.budget, sweep_device_spec=args.device if status == "FINISHED" else None,
+    report = tune_report(tuner, args.budget, sweep_device_spec=args.device if status == "FINISHED" and not args.no_sweep else None,
                          seed=args.seed, full_grid=args.full_grid)
     report.print(label)
     if args.plan_out is not None:
