@@ -1,19 +1,22 @@
-"""`kdvfs demo`: the main job on the simulated RTX 3080 Ti with the GPT-3-XL layer."""
+"""`kdvfs demo`: the main job on the simulated GPU: `kdvfs tune` on the RTX 3080 Ti with the
+GPT-3-XL layer, the full sweep beside it, the run in MLflow."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+DEMO = ["tune", "--device", "sim:rtx3080ti", "--workload", "gpt3-xl-layer", "--strategy", "ucb",
+        "--budget", "0.01", "--iterations", "1200000", "--plan-out", "kdvfs-demo-plan.json"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write machine-readable results here")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.tuner.commands import sweep
+    from kdvfs.cli import main
 
-    sweep_args = argparse.Namespace(
-        command="sweep", device="sim:rtx3080ti", workload="gpt3-xl-layer", full_grid=False, noise=None,
-        seed=args.seed, budget=0.01, json=None, window_s=1.0, table=True,
-    )
-    return sweep.run(sweep_args)
+    print("kdvfs demo: " + " ".join(["kdvfs", *DEMO]))
+    return main([*DEMO, "--seed", str(args.seed), *(["--json", str(args.json)] if args.json else [])])

@@ -1,0 +1,92 @@
+"""`kdvfs tune` end to end: JSON, plan file, MLflow contents, a tracking server that dies, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+from kdvfs.cli import main
+from kdvfs.tuner.plan import load_plan
+from kdvfs.tuner.tracking import Tracker
+
+ARGS = ["tune", "--device", "sim:rtx3080ti-fastswitch", "--strategy", "ucb", "--no-sweep", "--seed", "1"]
+
+
+def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out, plan_path = tmp_path / "t.json", tmp_path / "plan.json"
+    assert main([*ARGS, "--iterations", "150000", "--mlflow-uri", uri, "--json", str(out), "--plan-out", str(plan_path)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["source"] == "simulated" and doc["iterations"] == 150_000
+    assert set(doc) >= {"energy_saving", "slowdown", "measurements", "ideal_per_kernel", "grouped", "max_cumulative_slowdown"}
+    assert doc["max_cumulative_slowdown"] <= 0.01 and doc["measurements"] > 0
+    plan = load_plan(plan_path)
+    assert plan.workload_signature == doc["signature"] and plan.source == "simulated"
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-tune").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["strategy"] == "ucb" and run.data.params["budget"] == "0.01"
+    history = client.get_metric_history(run.info.run_id, "slowdown_so_far")
+    assert len(history) > 10 and max(m.value for m in history) <= 0.01
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
+        a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plan.json", "tune.json", "plots/convergence.png", "plots/time_energy_points.png"} <= artifacts
+
+
+def _spawn(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.Popen([sys.executable, "-m", "kdvfs.cli", *ARGS, *extra], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_run(uri: str, experiment: str, timeout_s: float = 60.0):
+    client = MlflowClient(uri)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        exp = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        if runs:
+            return runs[0]
+        time.sleep(0.2)
+    raise AssertionError("the tune run never appeared in MLflow")
+
+
+def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(tmp_path, live_mlflow_server):
+    proc = _spawn(tmp_path, "--iterations", "1500000", "--mlflow-uri", live_mlflow_server.uri, "--json", "t.json")
+    run = _wait_for_run(live_mlflow_server.uri, "kdvfs-tune")
+    live_mlflow_server.kill()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert json.loads((tmp_path / "t.json").read_text())["iterations"] == 1_500_000
+    assert "Traceback" not in err
+    spools = list((tmp_path / "kdvfs-spool").glob("*.jsonl"))
+    assert spools, "metrics were not kept on disk"
+    live_mlflow_server.start()
+    Tracker(live_mlflow_server.uri).replay_spool(spools[0])
+    client = MlflowClient(live_mlflow_server.uri)
+    history = client.get_metric_history(run.info.run_id, "slowdown_so_far")
+    assert history and max(m.step for m in history) > 1_000_000
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _spawn(tmp_path, "--iterations", "50000000", "--mlflow-uri", uri, "--plan-out", "plan.json", "--json", "t.json")
+    _wait_for_run(uri, "kdvfs-tune")
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted: stock clocks restored" in err and "Traceback" not in err
+    assert load_plan(tmp_path / "plan.json").measurements >= 0
+    assert json.loads((tmp_path / "t.json").read_text())["iterations"] < 50_000_000
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-tune").experiment_id])
+    assert run.info.status == "KILLED"
