@@ -22,9 +22,9 @@ The session, iteration by iteration:
    the rest pays for exploration.
 5. Completion: a group shares one pair, which most of its kernels were never measured at.
    Once every kernel has converged, the COMPLETION_PAIRS pairs the per-kernel plan uses most
-   (time-weighted) and the COMPLETION_PAIRS pairs that do best as one pair for many kernels
-   are measured for every kernel of at least SIGNIFICANT_SHARE of the iteration, paid from the
-   slack like exploration. The final schedule then uses the whole
+   (time-weighted) and the pairs a group of mixed kernels can share (top memory clock, core
+   below its top) are measured for every kernel of at least SIGNIFICANT_SHARE of the
+   iteration, paid from the slack like exploration. The final schedule then uses the whole
    budget, less the noise margin, planned from measured cells (pessimistic fill-ins elsewhere).
 6. A schedule whose measured slowdown overshoots is dropped for stock and re-planned with
    less budget.
@@ -51,7 +51,7 @@ from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, sea
 EXPLORE_PLAN_SHARE = 0.5
 SIGNIFICANT_SHARE = 0.005
 COMPLETION_PAIRS = 3
-COVERAGE = 0.3
+SHARED_CORE_FRACTIONS = (0.9, 0.8, 0.7)
 CHUNK_S = 2.0
 """Training seconds between reported points while nothing else happens."""
 
@@ -245,19 +245,14 @@ class OnlineTuner:
             self._replan()
 
     def _completion_pairs(self, plan_weight: dict[ClockPair, float]) -> list[ClockPair]:
-        """The pairs the per-kernel plan uses most (time-weighted), and the pairs that do best
-        as one pair for many kernels: the largest mean gain in energy + lambda x time over the
-        kernels measured there (covering at least COVERAGE of the iteration's time), which is
-        what a group of mixed kernels needs."""
-        obs = self.state.obs
-        share = obs.ref_time_s / obs.ref_time_s.sum()
-        time_m, energy_m = obs.plannable()
-        stock_e = np.where(np.isnan(obs.stock_energy_j), np.nan, obs.stock_energy_j)
-        gain = (stock_e[:, None] + self._lam * obs.ref_time_s[:, None]) - (energy_m + self._lam * time_m)
-        measured = ~np.isnan(gain)
-        covered = (measured * share[:, None]).sum(axis=0)
-        mean_gain = np.where(covered >= COVERAGE, np.nansum(np.where(measured, gain, 0.0), axis=0) / np.maximum(covered, 1e-12), -np.inf)
-        shared = [obs.pairs[j] for j in np.argsort(-mean_gain)[:COMPLETION_PAIRS] if np.isfinite(mean_gain[j])]
+        """The pairs the per-kernel plan uses most (time-weighted), and the pairs a group of
+        mixed kernels can share: the top memory clock (memory-bound kernels need it) with the
+        core a step or more below its top (SHARED_CORE_FRACTIONS: compute-bound kernels lose
+        little there, and under a power cap may even gain)."""
+        grid = self.device.grid
+        top_mem = max(grid.mem_levels_mhz)
+        cores = sorted(p.core_mhz for p in grid.pairs if p.mem_mhz == top_mem)
+        shared = [ClockPair(min(cores, key=lambda c: abs(c - f * cores[-1])), top_mem) for f in SHARED_CORE_FRACTIONS]
         preferred = sorted(plan_weight, key=plan_weight.get, reverse=True)[:COMPLETION_PAIRS]
         return list(dict.fromkeys(preferred + shared))
 
