@@ -54,6 +54,8 @@ COMPLETION_PAIRS = 3
 SHARED_CORE_FRACTIONS = (0.9, 0.8, 0.7)
 CHUNK_S = 2.0
 """Training seconds between reported points while nothing else happens."""
+JUDGE_S = 20.0
+"""Training seconds under a schedule before its measured slowdown is held against it."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class OnlineTuner:
         self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         self._measure_cost_s = 2.0 * (window_s + 0.3)     # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
+        self._since_plan = (0.0, 0)      # training seconds and iterations under the current schedule
         self.runner.forget_requests()
 
     # --- the loop --------------------------------------------------------------------------
@@ -168,10 +171,14 @@ class OnlineTuner:
         n = min(n, target_iterations - self.account.iterations)
         _, total_s = self.runner.run(self.state.schedule, n)
         self.account.charge(total_s, n)
-        measured = total_s / n / self.account.ref_time_s - 1.0
-        if measured > self.state.plan_budget + 3.0 * self.reference.time_rel_sd + 1e-3 and self.state.grouping is not None:
-            self.state.plan_budget *= 0.5           # the schedule runs slower than planned: back off
-            self._replan()
+        self._since_plan = (self._since_plan[0] + total_s, self._since_plan[1] + n)
+        run_s, runs = self._since_plan
+        if run_s >= JUDGE_S and self.state.grouping is not None:
+            measured = run_s / runs / self.account.ref_time_s - 1.0
+            noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)     # sub-window s.d. is per ~1 s
+            if measured > self.state.plan_budget + noise + 1e-3:
+                self.state.plan_budget *= 0.5       # the schedule runs slower than planned: back off
+                self._replan()
 
     def _schedule_slowdown(self) -> float:
         g = self.state.grouping
@@ -289,6 +296,7 @@ class OnlineTuner:
 
     def _replan(self) -> None:
         st = self.state
+        self._since_plan = (0.0, 0)
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None
