@@ -28,6 +28,19 @@ The session, iteration by iteration:
    budget, less the noise margin, planned from measured cells (pessimistic fill-ins elsewhere).
 6. A schedule whose measured slowdown overshoots is dropped for stock and re-planned with
    less budget.
+7. Drift watch (issue 6), once settled: every training chunk of >= CHUNK_S is a window of the
+   iteration time (launch timings, total / n) and of each group's time (the chunk's kernel by
+   kernel iteration); the energy counter, which advances only every 100 ms, gives the energy
+   per iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM)
+   watches them. On an alarm the stock reference is measured again in training (shorter
+   warm-up); the budget account allows (1 + budget) x the new stock time for the iterations
+   from then on; exploration re-opens for the kernels of the groups that moved (all of them
+   when only the iteration time or the energy moved), and the schedule is re-planned.
+8. Plan reuse (plan_store): after the reference the store's plan for this GPU, grid and
+   workload, if any, runs for VERIFY_S of training; if its measured slowdown is within the
+   budget plus noise it is kept as the settled schedule (no exploration, drift watch on),
+   else the session cold-starts. A plan the store cannot vouch for (corrupt, or made for
+   another GPU / workload under this key) is refused, noted in state.store_note.
 """
 
 from __future__ import annotations
@@ -43,9 +56,12 @@ from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
-from kdvfs.runtime.types import ClockPair, Workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.tuner.drift import DriftMonitor
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
+from kdvfs.tuner.plan import Plan
+from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
 
 EXPLORE_PLAN_SHARE = 0.5
@@ -56,6 +72,14 @@ CHUNK_S = 2.0
 """Training seconds between reported points while nothing else happens."""
 JUDGE_S = 20.0
 """Training seconds under a schedule before its measured slowdown is held against it."""
+ENERGY_WINDOW_S = 10.0
+"""Shortest energy window of the drift watch: 100 counter periods, so the counter's 100 ms
+steps and read alignment stay below the noise."""
+REMEASURE_WARMUP_S = 30.0
+"""Warm-up of the stock reference measured again after a drift alarm (the card is already at
+its training temperature, near enough)."""
+VERIFY_S = JUDGE_S
+"""Training seconds a stored plan runs before it is kept or refused."""
 
 
 @dataclass(frozen=True)
@@ -80,16 +104,32 @@ class BudgetAccount:
     budget: float
     iterations: int = 0
     spent_s: float = 0.0
+    ref_total_s: float = 0.0
+    """Reference time of the iterations run, each at the reference in force when it ran."""
 
     def charge(self, seconds: float, iterations: int = 0) -> None:
         self.spent_s += seconds
         self.iterations += iterations
+        self.ref_total_s += self.ref_time_s * iterations
+
+    def rebase(self, ref_time_s: float) -> None:
+        """The stock time changed (drift): iterations from now on are allowed against it."""
+        self.ref_time_s = ref_time_s
 
     def slack_s(self) -> float:
-        return (1.0 + self.budget) * self.ref_time_s * self.iterations - self.spent_s
+        return (1.0 + self.budget) * self.ref_total_s - self.spent_s
 
     def slowdown(self) -> float:
-        return self.spent_s / (self.ref_time_s * self.iterations) - 1.0
+        return self.spent_s / self.ref_total_s - 1.0
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """A drift alarm: after how many iterations, which streams, which kernels re-opened."""
+
+    iteration: int
+    streams: tuple[str, ...]
+    reopened: tuple[int, ...]
 
 
 @dataclass
@@ -105,6 +145,11 @@ class TuneState:
     completion_rounds: int = 0
     converged_at_iteration: int | None = None
     points: list[Point] = field(default_factory=list)
+    alarms: list[Alarm] = field(default_factory=list)
+    reconverged_at: list[int] = field(default_factory=list)   # after each alarm's re-tuning
+    watch_windows: int = 0          # time windows the drift watch judged
+    plan_source: str = "tuned"      # "store": a stored plan verified and kept
+    store_note: str | None = None   # what the plan store lookup found, when not a usable plan
 
 
 class OnlineTuner:
@@ -120,9 +165,11 @@ class OnlineTuner:
         seed: int = 0,
         window_s: float = 0.5,
         warmup_s: float = 120.0,
+        drift_watch: bool = True,
+        plan_store: PlanStore | None = None,
     ) -> None:
         self.device, self.workload, self.budget, self.window_s = device, workload, budget, window_s
-        self.strategy = strategy
+        self.strategy, self.seed, self.drift_watch = strategy, seed, drift_watch
         self.runner = IterationRunner(device, workload)
         self.policy = make_policy(strategy, search_space(device), seed=seed)
         self._t0, self._e0 = device.now_s(), device.energy_j()
@@ -137,7 +184,12 @@ class OnlineTuner:
         self._measure_cost_s = 2.0 * (window_s + 0.3)     # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
         self._since_plan = (0.0, 0)      # training seconds and iterations under the current schedule
+        self._watch: DriftMonitor | None = None
+        self._time_window = (0.0, 0)     # training seconds and iterations of the open time window
+        self._energy_window = (0.0, 0.0, 0)   # counter, seconds, iterations at/since its opening
         self.runner.forget_requests()
+        if plan_store is not None:
+            self._try_stored_plan(plan_store)
 
     # --- the loop --------------------------------------------------------------------------
     def run(self, iterations: int, on_point: Callable[[Point], None] | None = None) -> TuneState:
@@ -164,14 +216,18 @@ class OnlineTuner:
         exploration measurement, at most what is left."""
         iter_s = float(self.state.obs.ref_time_s.sum())
         n = max(1, int(CHUNK_S / iter_s))
+        if self._settled():
+            n = max(1, math.ceil(CHUNK_S / iter_s))      # a whole window per chunk
         if self._exploring():
             rate = max(self.account.budget - self._schedule_slowdown(), 1e-4) * self.account.ref_time_s
             need = self._measure_cost_s - self.account.slack_s()
             n = max(n, min(int(math.ceil(need / rate)), int(60.0 / iter_s)))
         n = min(n, target_iterations - self.account.iterations)
-        _, total_s = self.runner.run(self.state.schedule, n)
+        times, total_s = self.runner.run(self.state.schedule, n)
         self.account.charge(total_s, n)
         self._since_plan = (self._since_plan[0] + total_s, self._since_plan[1] + n)
+        if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
+            return
         run_s, runs = self._since_plan
         if run_s >= JUDGE_S and self.state.grouping is not None:
             measured = run_s / runs / self.account.ref_time_s - 1.0
@@ -179,6 +235,113 @@ class OnlineTuner:
             if measured > self.state.plan_budget + noise + 1e-3:
                 self.state.plan_budget *= 0.5       # the schedule runs slower than planned: back off
                 self._replan()
+
+    def _settled(self) -> bool:
+        """Converged (or a stored plan kept) and nothing left to explore."""
+        return self.state.converged_at_iteration is not None and not self._exploring()
+
+    # --- drift watch -----------------------------------------------------------------------
+    @property
+    def watch_ready(self) -> bool:
+        """The drift watch has the baselines of all its streams (it can alarm)."""
+        return self._watch is not None and self._watch.ready
+
+    def _group_spans(self) -> list[tuple[int, int]]:
+        groups = self.state.schedule.groups
+        ends = [s for s, _ in groups[1:]] + [len(self.workload)]
+        return [(s, e) for (s, _), e in zip(groups, ends)]
+
+    def _watch_chunk(self, times: np.ndarray, total_s: float, n: int) -> bool:
+        """Feed one training chunk to the drift watch; on an alarm re-tune. True on an alarm."""
+        ref_t = self.state.obs.ref_time_s
+        spans = self._group_spans()
+        if self._watch is None:
+            names = ["iteration", "energy"] + [f"g{i}" for i in range(len(spans))]
+            self._watch = DriftMonitor(names)
+            self._time_window = (0.0, 0)
+            self._energy_window = (self.device.energy_j(), 0.0, 0)
+            return False
+        values: dict[str, float] = {}
+        expected: dict[str, float] = {}
+        win_s, win_n = self._time_window[0] + total_s, self._time_window[1] + n
+        if win_s >= CHUNK_S:
+            values["iteration"], expected["iteration"] = win_s / win_n, float(ref_t.sum())
+            for i, (a, b) in enumerate(spans):
+                values[f"g{i}"], expected[f"g{i}"] = float(times[a:b].sum()), float(ref_t[a:b].sum())
+            win_s, win_n = 0.0, 0
+            self.state.watch_windows += 1
+        self._time_window = (win_s, win_n)
+        e0, e_s, e_n = self._energy_window
+        e_s, e_n = e_s + total_s, e_n + n
+        if e_s >= ENERGY_WINDOW_S:
+            now_j = self.device.energy_j()
+            values["energy"], expected["energy"] = (now_j - e0) / e_n, self.reference.iteration_energy_j
+            e0, e_s, e_n = now_j, 0.0, 0
+        self._energy_window = (e0, e_s, e_n)
+        if not values:
+            return False
+        moved = self._watch.update(values, expected)
+        if moved:
+            self._on_drift(moved, spans)
+        return bool(moved)
+
+    def _on_drift(self, streams: list[str], spans: list[tuple[int, int]]) -> None:
+        """Re-measure the stock reference, re-open the kernels of the groups that moved (all
+        when no group did, or when the running plan came from the store and has no cells),
+        forget their cells, and re-plan."""
+        st = self.state
+        moved_groups = [int(name[1:]) for name in streams if name.startswith("g")]
+        if moved_groups and st.obs.counts.any():
+            reopen = sorted({k for i in moved_groups for k in range(*spans[i])})
+        else:
+            reopen = list(range(len(self.workload)))
+        st.alarms.append(Alarm(self.account.iterations, tuple(streams), tuple(reopen)))
+        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=REMEASURE_WARMUP_S)
+        self.account.rebase(ref.iteration_time_s)
+        self.account.charge(ref.cost_s, ref.all_iterations)
+        self.reference = ref
+        obs = st.obs
+        obs.reference = ref
+        obs.cost_s += ref.cost_s
+        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        for k in reopen:
+            st.converged.discard(k)
+            obs.time_s[k], obs.energy_j[k], obs.counts[k], obs.paired_ratio[k] = np.nan, np.nan, 0, np.nan
+            obs.stock_time_s[k], obs.stock_energy_j[k] = np.nan, np.nan
+        self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
+        self.policy = make_policy(self.strategy, search_space(self.device), seed=self.seed + len(st.alarms))
+        self._task = None
+        st.completion, st.completion_rounds = [], 0
+        st.plan_budget = EXPLORE_PLAN_SHARE * self.budget
+        self.runner.forget_requests()
+        self._replan()
+
+    # --- plan reuse ------------------------------------------------------------------------
+    def _try_stored_plan(self, store: PlanStore) -> None:
+        """Run the store's plan for this GPU, grid and workload for VERIFY_S of training; keep
+        it when its measured slowdown is within the budget plus noise."""
+        st = self.state
+        try:
+            plan = store.get(self.device.name, self.device.grid, self.workload.signature)
+        except KdvfsError as exc:
+            st.store_note = f"stored plan refused: {exc}"
+            return
+        if plan is None:
+            st.store_note = "no stored plan for this GPU, clock grid and workload"
+            return
+        schedule = plan_schedule(plan)
+        iter_s = float(st.obs.ref_time_s.sum())
+        n = max(1, math.ceil(VERIFY_S / iter_s))
+        _, total_s = self.runner.run(schedule, n)
+        self.account.charge(total_s, n)
+        measured = total_s / n / self.account.ref_time_s - 1.0
+        noise = 3.0 * self.reference.time_rel_sd / math.sqrt(total_s)
+        if measured > self.budget + noise + 1e-3:
+            st.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
+            return
+        st.schedule, st.plan_source, st.plan_budget = schedule, "store", self.budget
+        st.converged = set(range(len(self.workload)))
+        st.converged_at_iteration = self.account.iterations
 
     def _schedule_slowdown(self) -> float:
         g = self.state.grouping
@@ -247,7 +410,10 @@ class OnlineTuner:
                 needed += [(k, pair) for k in self._order if share[k] >= SIGNIFICANT_SHARE and obs.counts[k, j] == 0]
         st.completion = needed
         if not st.completion:
-            st.converged_at_iteration = self.account.iterations
+            if st.converged_at_iteration is None:
+                st.converged_at_iteration = self.account.iterations
+            else:
+                st.reconverged_at.append(self.account.iterations)
             st.plan_budget = self.budget
             self._replan()
 
@@ -297,6 +463,7 @@ class OnlineTuner:
     def _replan(self) -> None:
         st = self.state
         self._since_plan = (0.0, 0)
+        self._watch = None           # new groups, new baselines
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None
@@ -322,6 +489,15 @@ class OnlineTuner:
             kernels_converged=len(self.state.converged),
             groups=len(self.state.schedule.groups),
         )
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """A plan document's groups as the schedule an IterationRunner applies."""
+    groups, start = [], 0
+    for g in plan.groups:
+        groups.append((start, g.pair))
+        start += len(g.kernels)
+    return Schedule(tuple(groups))
 
 
 def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule) -> tuple[float, float]:

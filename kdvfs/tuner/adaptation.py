@@ -1,0 +1,267 @@
+"""Drift scenarios run against the online tuner, and plan reuse on a restart (issue 6).
+
+run_scenario: the tuner runs to convergence with its drift watch ready (or to --at-iteration),
+the scenario lands (runtime/scenarios.py), and the run continues for `after` iterations.
+ambient-step and power-cap change the card in place: the same session must notice (its drift
+watch) and re-tune. gpu-swap and workload-change restart the job: a new session on the new
+card / workload asks the plan store first; the stored plan is for another GPU or workload
+signature, so the store has none for the new key and the session cold-starts (detection is
+the restart itself). Figures, per scenario:
+- detected_after_iterations: iterations from the change to the first drift alarm (0 on a
+  restart; None when nothing alarmed);
+- recovered_after_iterations: first iteration after the change at which the running
+  schedule's noiseless saving (schedule_figures under the new conditions) is >= RECOVERED_SHARE
+  of the oracle's; None when never;
+- max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
+  force) at any reported point after the change; budget_violations: how many points exceed it;
+- energy_saving_after: noiseless saving of the schedule running at the end;
+- oracle_saving_after: the best grouped schedule under the new conditions from full
+  information: a full sweep on a fresh device with the change applied, group_kernels over
+  every pair and stock within the same time limit rule, evaluated by schedule_figures;
+- false_alarms_stable: alarms of a separate run of the same length without the change.
+measure_restart: a cold start that stores its plan, then a restart on a fresh card of the
+same kind that reuses it: iterations each needs until its schedule reaches the old saving.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.scenarios import get_scenario
+from kdvfs.runtime.types import KdvfsError, Workload
+from kdvfs.tuner.grouping import group_kernels
+from kdvfs.tuner.online import OnlineTuner, Point, schedule_figures
+from kdvfs.tuner.plan_store import PlanStore
+from kdvfs.tuner.report import TuneReport
+from kdvfs.tuner.sweep import run_sweep
+
+RECOVERED_SHARE = 0.95
+READY_STEP_S = 20.0
+"""Training seconds run at a time while waiting for convergence and a ready drift watch."""
+READY_LIMIT_S = 20_000.0
+"""Training seconds after which a session that has not settled is an error."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """How to open the simulated job: device spec, workload spec, tuner settings."""
+
+    device_spec: str
+    workload_spec: str
+    strategy: str = "ucb"
+    budget: float = 0.01
+    seed: int = 0
+    warmup_s: float = 120.0
+    workload: Workload | None = None
+    """A workload object instead of workload_spec (tests use small slices)."""
+
+    def open(self, seed: int | None = None) -> tuple[ModelDevice, Workload]:
+        device = open_device(self.device_spec, seed=self.seed if seed is None else seed)
+        return device, self.workload or open_workload(self.workload_spec, device)
+
+    def tuner(self, device: ModelDevice, workload: Workload, store: PlanStore | None, seed_offset: int = 0) -> OnlineTuner:
+        return OnlineTuner(device, workload, strategy=self.strategy, budget=self.budget, seed=self.seed + seed_offset,
+                           warmup_s=self.warmup_s, plan_store=store)
+
+
+class SavingTrace:
+    """The running schedule's noiseless saving, point by point (evaluated when it changes)."""
+
+    def __init__(self, tuner: OnlineTuner, offset: int = 0) -> None:
+        self.tuner, self.offset = tuner, offset
+        self._cache: dict[Schedule, tuple[float, float]] = {}
+        self.points: list[tuple[int, float, float]] = []     # (iteration, saving, slowdown)
+
+    def figures(self) -> tuple[float, float]:
+        t = self.tuner
+        schedule = t.state.schedule
+        if schedule not in self._cache:
+            self._cache[schedule] = schedule_figures(t.device, t.workload, schedule)
+        return self._cache[schedule]
+
+    def __call__(self, point: Point) -> None:
+        saving, slowdown = self.figures()
+        self.points.append((point.iteration + self.offset, saving, slowdown))
+
+    def first_reaching(self, saving: float, after: int = 0) -> int | None:
+        """First recorded iteration (>= after) whose schedule saves at least `saving`."""
+        return next((it for it, s, _ in self.points if it >= after and s >= saving), None)
+
+
+def settle(tuner: OnlineTuner, on_point: Callable[[Point], None] | None = None) -> int:
+    """Run until the session converged and its drift watch can alarm; the iterations run."""
+    step = max(1, int(READY_STEP_S / tuner.reference.iteration_time_s))
+    limit = int(READY_LIMIT_S / tuner.reference.iteration_time_s)
+    while not tuner.watch_ready:
+        if tuner.account.iterations >= limit:
+            raise KdvfsError(f"{tuner.workload.name} on {tuner.device.name}: not settled after {limit} iterations")
+        tuner.run(tuner.account.iterations + step, on_point)
+    return tuner.account.iterations
+
+
+def oracle_saving(session: Session, scenario_name: str) -> tuple[float, Schedule]:
+    """Best grouped schedule under the changed conditions from a full sweep (see module doc)."""
+    device, workload = session.open()
+    device, workload = get_scenario(scenario_name).apply(device, workload, seed=session.seed + 1)
+    obs = run_sweep(device, workload)
+    time_m, energy_m = obs.plannable()
+    t = np.column_stack([time_m, obs.ref_time_s])
+    e = np.column_stack([energy_m, obs.stock_energy_j])
+    columns = [*obs.pairs, None]
+    grouping = group_kernels(t, e, device.switch_latency_s, obs.time_limit_s(session.budget), 0.0)
+    if not grouping.feasible:
+        schedule = Schedule.stock()
+    else:
+        schedule = Schedule(tuple((g.start, columns[g.pair_index]) for g in grouping.groups))
+    return schedule_figures(device, workload, schedule)[0], schedule
+
+
+def store_plan(tuner: OnlineTuner, store: PlanStore) -> Path | None:
+    """Store the session's plan when it has converged; its file."""
+    if tuner.state.converged_at_iteration is None:
+        return None
+    return store.put(TuneReport(tuner, {}).plan(tuner.strategy))
+
+
+def run_scenario(
+    session: Session,
+    scenario_name: str,
+    *,
+    at_iteration: int | None = None,
+    after_iterations: int | None = None,
+    store_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The scenario's JSON document (module docstring); after_iterations defaults to twice
+    the iterations the first convergence took."""
+    say = progress or (lambda _msg: None)
+    with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
+        store = PlanStore(store_dir or tmp)
+        device, workload = session.open()
+        tuner = session.tuner(device, workload, store)
+        say(f"{scenario_name}: tuning to convergence")
+        if at_iteration is None:
+            at = settle(tuner)
+        else:
+            tuner.run(at_iteration)
+            at = at_iteration
+        conv = tuner.state.converged_at_iteration
+        after = after_iterations if after_iterations is not None else 2 * (conv or at)
+        stored = store_plan(tuner, store)
+        before_saving = SavingTrace(tuner).figures()[0]
+        scenario = get_scenario(scenario_name, at)
+        new_device, new_workload = scenario.apply(device, workload, seed=session.seed + 1)
+        say(f"{scenario_name}: change after {at} iterations, running {after} more")
+        restart = new_device is not device or new_workload is not workload
+        if restart:
+            device.reset_clocks()
+            alarms_before = 0
+            tuner = session.tuner(new_device, new_workload, store, seed_offset=1)
+            trace = SavingTrace(tuner, offset=at)
+            trace(tuner._point())
+            tuner.run(after, trace)
+            detected: int | None = 0
+        else:
+            alarms_before = len(tuner.state.alarms)
+            trace = SavingTrace(tuner)
+            trace(tuner._point())
+            tuner.run(at + after, trace)
+            new_alarms = tuner.state.alarms[alarms_before:]
+            detected = new_alarms[0].iteration - at if new_alarms else None
+        points = [p for p in tuner.state.points if restart or p.iteration > at]
+        say(f"{scenario_name}: oracle sweep under the new conditions")
+        oracle, oracle_schedule = oracle_saving(session, scenario_name)
+        recovered_at = trace.first_reaching(RECOVERED_SHARE * oracle, after=at)
+        say(f"{scenario_name}: stable run of the same length")
+        stable_alarms, stable_windows = stable_run(session, at + after)
+        end_saving, end_slowdown = trace.figures()
+        return {
+            "scenario": scenario_name,
+            "device": session.device_spec,
+            "gpu_after": tuner.device.name,
+            "workload_after": tuner.workload.name,
+            "signature_after": tuner.workload.signature,
+            "strategy": session.strategy,
+            "budget": session.budget,
+            "seed": session.seed,
+            "source": tuner.device.source,
+            "converged_at_iteration": conv,
+            "at_iteration": at,
+            "after_iterations": after,
+            "saving_before": before_saving,
+            "plan_stored": stored is not None,
+            "restart": restart,
+            "plan_store_on_restart": tuner.state.store_note if restart else None,
+            "plan_source_after": tuner.state.plan_source,
+            "detected_after_iterations": detected,
+            "alarms_after_change": [{"after_iterations": a.iteration - at, "streams": list(a.streams),
+                                     "reopened_kernels": len(a.reopened)} for a in tuner.state.alarms[alarms_before:]],
+            "reconverged_after_iterations": [i - at for i in tuner.state.reconverged_at]
+            if not restart else ([tuner.state.converged_at_iteration] if tuner.state.converged_at_iteration else []),
+            "recovered_after_iterations": None if recovered_at is None else recovered_at - at,
+            "max_slowdown": float(max((p.slowdown for p in points), default=0.0)),
+            "budget_violations": int(sum(p.slowdown > session.budget for p in points)),
+            "points_after": len(points),
+            "energy_saving_after": end_saving,
+            "schedule_slowdown_after": end_slowdown,
+            "oracle_saving_after": oracle,
+            "oracle_groups": len(oracle_schedule.groups),
+            "false_alarms_stable": stable_alarms,
+            "stable_windows": stable_windows,
+        }
+
+
+def stable_run(session: Session, iterations: int) -> tuple[int, int]:
+    """(alarms, time windows watched) of a run of `iterations` without any change."""
+    device, workload = session.open()
+    tuner = session.tuner(device, workload, None)
+    tuner.run(iterations)
+    return len(tuner.state.alarms), tuner.state.watch_windows
+
+
+def measure_restart(session: Session, *, iterations: int | None = None, store_dir: Path | None = None) -> dict[str, Any]:
+    """Cold start (storing its plan) vs a restart on a fresh card of the same kind that finds
+    it: iterations until each one's schedule reaches the stored plan's saving."""
+    with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
+        store = PlanStore(store_dir or tmp)
+        device, workload = session.open()
+        cold = session.tuner(device, workload, store)
+        cold_trace = SavingTrace(cold)
+        if iterations is None:
+            settle(cold, cold_trace)
+        else:
+            cold.run(iterations, cold_trace)
+        if store_plan(cold, store) is None:
+            raise KdvfsError("restart measurement: the cold start did not converge; run more iterations")
+        old_saving = cold_trace.figures()[0]
+        device2, workload2 = session.open(seed=session.seed + 1)
+        warm = session.tuner(device2, workload2, store, seed_offset=1)
+        warm_trace = SavingTrace(warm)
+        warm_trace(warm._point())
+        warm.run(warm.account.iterations + 1000, warm_trace)
+        tol = 1e-9
+        cold_at = cold_trace.first_reaching(old_saving - tol)
+        warm_at = warm_trace.first_reaching(old_saving - tol)
+        return {
+            "device": session.device_spec, "gpu": device.name, "workload": workload.name, "strategy": session.strategy,
+            "budget": session.budget, "source": device.source,
+            "old_saving": old_saving,
+            "cold_converged_at_iteration": cold.state.converged_at_iteration,
+            "cold_iterations_to_old_saving": cold_at,
+            "cold_measurements": cold.state.obs.measurements,
+            "restart_plan_source": warm.state.plan_source,
+            "restart_store_note": warm.state.store_note,
+            "restart_iterations_to_old_saving": warm_at,
+            "restart_reference_iterations": warm.reference.all_iterations,
+            "restart_measurements": warm.state.obs.measurements,
+            "restart_share_of_cold": None if cold_at in (None, 0) or warm_at is None else warm_at / cold_at,
+        }
