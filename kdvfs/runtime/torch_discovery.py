@@ -24,10 +24,12 @@ What each kernel carries, from the profiler's CPU-side op tree:
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from statistics import fmean
+from typing import Any
 
 import torch
 from torch.autograd import DeviceType
@@ -162,7 +164,8 @@ def discover_workload(
                     prof.step()
         finally:
             sites.detach()
-    per_step = _Trace(list(prof.events()), cuda).steps()
+    trace = _Trace(list(prof.events()), cuda)
+    per_step = trace.steps()
     if len(per_step) != steps:
         raise KdvfsError(f"profiler recorded {len(per_step)} steps, expected {steps}")
     return _workload(name, per_step, module_classes, "cuda" if cuda else "cpu")
@@ -221,7 +224,6 @@ class _Trace:
     """The profiler's events split into steps, kernels attributed through the CPU op tree."""
 
     def __init__(self, events: list, cuda: bool) -> None:
-        self.cuda = cuda
         cpu = [e for e in events if e.device_type == DeviceType.CPU]
         self.steps_ranges = sorted((e.time_range.start, e.time_range.end) for e in cpu if e.name.startswith("ProfilerStep"))
         self.site_events = sorted((e.time_range.start, e.name.removeprefix(SITE_PREFIX)) for e in cpu if e.name.startswith(SITE_PREFIX))
@@ -230,13 +232,7 @@ class _Trace:
             if e.sequence_nr >= 0 and not _is_backward(e):
                 self.forward_module.setdefault(e.sequence_nr, _module(e))
         if cuda:
-            if not hasattr(cpu[0], "linked_correlation_id"):
-                raise KdvfsError(f"torch {torch.__version__}: profiler events lack linked_correlation_id (kernel -> op); upgrade torch")
-            # ops (correlation 0) own the kernels linked to their id; CUDA runtime calls are linked too
-            ops = {e.id: e for e in cpu if e.linked_correlation_id == 0}
-            cpu_names = {e.name for e in cpu}  # GPU copies of CPU annotations are no kernels
-            device = [e for e in events if e.device_type == DeviceType.CUDA and e.name not in cpu_names]
-            self.kernels = [(k, ops[k.linked_correlation_id]) for k in device if k.linked_correlation_id in ops]
+            self.kernels = _owned_kernels(cpu, [e for e in events if e.device_type == DeviceType.CUDA])
         else:
             self.kernels = [(e, e) for e in cpu if _is_outermost_compute_op(e)]
 
@@ -269,6 +265,27 @@ class _Trace:
         node = evaluate.name.removeprefix(_EVALUATE)
         numbers = [evaluate.sequence_nr, *(c.sequence_nr for c in evaluate.cpu_children if c.name == node)]
         return next((self.forward_module.get(n, "") for n in numbers if n >= 0), "")
+
+
+def _owned_kernels(cpu: list, device: list) -> list[tuple[Any, Any]]:
+    """(kernel, op that launched it) pairs. The profiler lists each op's kernels (name,
+    duration) in op.kernels, linked inside torch (event ids do not match the raw trace's
+    across torch versions); the kernel events themselves carry the GPU start times. On one
+    stream kernels run in launch order, so each op, taken in launch order, gets the earliest
+    unclaimed kernel event of that name and duration (copies of CPU annotations on the GPU
+    timeline are no kernels)."""
+    cpu_names = {e.name for e in cpu}
+    free: dict[tuple[str, float], deque] = {}
+    for k in sorted(device, key=lambda e: e.time_range.start):
+        if k.name not in cpu_names:
+            free.setdefault((k.name, k.time_range.end - k.time_range.start), deque()).append(k)
+    owned = []
+    for op in sorted((e for e in cpu if e.kernels), key=lambda e: e.time_range.start):
+        for launched in op.kernels:
+            queue = free.get((launched.name, launched.duration))
+            if queue:
+                owned.append((queue.popleft(), op))
+    return owned
 
 
 def _chain(event) -> Iterator:

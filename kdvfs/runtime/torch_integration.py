@@ -20,9 +20,10 @@ the clocks of their site's first kernel (ClockController.placement.moved names t
 site_schedule() builds schedules that fit the sites.
 
 Measurement: each step's time is the GPU time between its start and end events; every
-`window_steps` steps the controller reads the device's energy counter when the GPU reaches
-the window's end, and gives each step of the window its share (NVML's counter advances
-about every 100 ms: choose windows of a second or more).
+`window_steps` steps, when the GPU reaches the window's end, the controller asks for an
+energy counter reading (on a reader thread of its own: an NVML read takes ~4 ms on an H200
+and would hold back the clock requests behind it) and gives each step of the window its
+share (NVML's counter advances about every 100 ms: choose windows of a second or more).
 
 Safety: clocks go back to stock (reset_clocks) when the trainer closes, also after an
 exception in a step or a KeyboardInterrupt; on SIGINT/SIGTERM clock_lease's handlers first
@@ -43,6 +44,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -216,7 +218,8 @@ class ClockController:
     The training thread calls begin_step(), site(name) (from hooks) and end_step(); none of
     them waits for the GPU. The controller's own thread does the waiting, the clock
     requests and the energy reads. A step whose sites differ from the workload's (another
-    code path) runs at stock clocks from the first difference on (mismatched_steps).
+    code path) runs at stock clocks from the first difference on; it is listed in
+    mismatched_steps, as is a step that ends before all the workload's sites fired.
     """
 
     def __init__(
@@ -260,9 +263,12 @@ class ClockController:
         self._mismatch = False
         self._begin: Any = None
         self._requests_in_step = 0
-        self._window_energy_j: float | None = None
-        self._window_t = 0.0
         self._pending: list[tuple[int, float, int]] = []
+        # energy counter reads at window boundaries, on their own thread (an NVML read takes
+        # ~4 ms on an H200: on this thread it would delay the clock requests behind it):
+        # (reading, when asked, the steps of the window that ends there, partial)
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdvfs-energy")
+        self._reads: list[tuple[Future[float], float, list[tuple[int, float, int]], bool]] = []
         self.requests: list[ClockRequest] = []
         self.records: list[StepRecord] = []
         self.windows: list[EnergyWindow] = []
@@ -330,16 +336,20 @@ class ClockController:
             except Exception as exc:  # noqa: BLE001 -- handed to the training thread
                 self.error = exc
                 self.halt()
-        if self.error is None:
-            try:
-                self._close_window(partial=True)
-            except Exception as exc:  # noqa: BLE001
-                self.error = exc
+        try:
+            if self.error is None:
+                if self._pending:
+                    self._boundary(partial=True)
+                self._settle(block=True)
+        except Exception as exc:  # noqa: BLE001
+            self.error = exc
+        finally:
+            self._reader.shutdown()
 
     def _on_mark(self, kind: str, step: int, name: str, stamp: Any) -> None:
         if kind == "begin":
-            if self._window_energy_j is None:
-                self._open_window()
+            if not self._reads:
+                self._boundary(partial=False)  # the first window opens
             self._site_index, self._mismatch, self._begin, self._requests_in_step = 0, False, stamp, 0
             self._at_site(step, name)
         elif kind == "site":
@@ -348,9 +358,11 @@ class ClockController:
             self._at_site(step, name)
         else:
             self._run_segment(self._site_index)
+            if not self._mismatch and self._site_index != len(self.placement.sites) - 1:
+                self.mismatched_steps.append(step)  # a site the workload has did not fire
             self._pending.append((step, stamp.seconds_since(self._begin), self._requests_in_step))
             if len(self._pending) >= self.window_steps:
-                self._close_window(partial=False)
+                self._boundary(partial=False)
 
     def _at_site(self, step: int, name: str) -> None:
         if self._mismatch:
@@ -383,24 +395,24 @@ class ClockController:
             self._requests_in_step += 1
             self.requests.append(ClockRequest(step, site, pair, time.time()))
 
-    def _open_window(self) -> None:
-        self._window_energy_j = self.device.energy_j()
-        self._window_t = time.monotonic()
-
-    def _close_window(self, *, partial: bool) -> None:
-        if not self._pending or self._window_energy_j is None:
-            return
-        energy_j, now = self.device.energy_j(), time.monotonic()
-        steps = self._pending
-        window = EnergyWindow(
-            index=len(self.windows), first_step=steps[0][0], steps=len(steps),
-            energy_j=energy_j - self._window_energy_j, wall_s=now - self._window_t,
-            gpu_time_s=sum(t for _, t, _ in steps), partial=partial,
-        )
-        self.windows.append(window)
-        self.records.extend(StepRecord(s, t, window.energy_per_step_j, window.index, n) for s, t, n in steps)
+    def _boundary(self, *, partial: bool) -> None:
+        """A window boundary, as the GPU reaches it: ask for a counter reading, close the
+        windows whose readings have come."""
+        self._reads.append((self._reader.submit(self.device.energy_j), time.monotonic(), self._pending, partial))
         self._pending = []
-        self._window_energy_j, self._window_t = energy_j, now
+        self._settle(block=False)
+
+    def _settle(self, *, block: bool) -> None:
+        while len(self._reads) >= 2 and (block or self._reads[1][0].done()):
+            (start_j, start_t, _, _), (end_j, end_t, steps, partial) = self._reads[0], self._reads[1]
+            window = EnergyWindow(
+                index=len(self.windows), first_step=steps[0][0], steps=len(steps),
+                energy_j=float(end_j.result() - start_j.result()), wall_s=end_t - start_t,
+                gpu_time_s=sum(t for _, t, _ in steps), partial=partial,
+            )
+            self.windows.append(window)
+            self.records.extend(StepRecord(s, t, window.energy_per_step_j, window.index, n) for s, t, n in steps)
+            self._reads.pop(0)
 
 
 # --- the user-facing wrapper ---------------------------------------------------------------
@@ -444,15 +456,21 @@ class KdvfsTrainer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self.close(failed=exc_type is not None)
 
-    def attach(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def attach(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+               caller_sites: Sequence[str] = ()) -> None:
         """Hook the workload's sites into this model and optimizer (those given replace the
-        ones given before)."""
+        ones given before); caller_sites: sites the caller fires itself with site()."""
         self.model = model if model is not None else self.model
         self.optimizer = optimizer if optimizer is not None else self.optimizer
         if self._hooks is not None:
             self._hooks.detach()
-        self._hooks = StepSites.for_sites(self.controller.placement.sites, self.model, self.optimizer)
+        hooked = [s for s in self.controller.placement.sites if s not in caller_sites]
+        self._hooks = StepSites.for_sites(hooked, self.model, self.optimizer)
         self._hooks.attach(self.controller.site)
+
+    def site(self, name: str) -> None:
+        """Fire a site from the caller's own code (one given as caller_sites to attach())."""
+        self.controller.site(name)
 
     @contextmanager
     def step(self) -> Iterator[int]:
@@ -543,14 +561,21 @@ class LightningHooks:
     """PyTorch Lightning Callback hooks (documented names and signatures) that drive a
     KdvfsTrainer: a step from on_train_batch_start to on_train_batch_end (forward, backward
     and optimizer step under automatic optimisation). lightning_callback() mixes them into
-    Lightning's Callback class."""
+    Lightning's Callback class.
+
+    Lightning runs forward and backward inside optimizer.step(closure), so the optimizer's
+    own step hook would fire before the forward; the optimizer site fires from
+    on_before_optimizer_step instead (after the closure, before the update), which gives
+    the site order of a plain loop (step, forward, backward, optimizer)."""
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
         self.tuner = tuner
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        optimizers = getattr(trainer, "optimizers", None) or [None]
-        self.tuner.attach(_first(self.tuner.model, pl_module), _first(self.tuner.optimizer, optimizers[0]))
+        self.tuner.attach(_first(self.tuner.model, pl_module), caller_sites=("optimizer",))
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.tuner.site("optimizer")
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.tuner.begin_step()
@@ -574,7 +599,11 @@ class HFTrainerHooks:
         self.tuner = tuner
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.tuner.attach(_first(self.tuner.model, kwargs.get("model")), _first(self.tuner.optimizer, kwargs.get("optimizer")))
+        optimizer = kwargs.get("optimizer")
+        # accelerate wraps the optimizer (AcceleratedOptimizer.optimizer): hook the torch one
+        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer
+        self.tuner.attach(_first(self.tuner.model, kwargs.get("model")), _first(self.tuner.optimizer, optimizer))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.tuner.begin_step()

@@ -121,14 +121,16 @@ def test_a_step_with_other_sites_runs_at_stock(mlp):
     model, optimizer, step, workload = mlp
     device = LoggingDevice()
     with KdvfsTrainer(device, workload, site_schedule(workload, PAIRS), model=model, optimizer=optimizer) as tuner:
-        for i in range(4):
+        for i in range(5):
             with tuner.step():
-                if i == 2:  # an accumulation step: no optimizer, two forwards
+                if i == 2:  # two forwards where the workload has an optimizer step
                     model(torch.randn(4, 8)).sum().backward()
+                    model(torch.randn(4, 8)).sum().backward()
+                elif i == 3:  # an accumulation step: no optimizer site at all
                     model(torch.randn(4, 8)).sum().backward()
                 else:
                     step()
-    assert tuner.controller.mismatched_steps == [2]
+    assert tuner.controller.mismatched_steps == [2, 3]
     step2 = [(r.site, r.pair) for r in tuner.controller.requests if r.step == 2]
     assert step2 == [("forward", FWD), ("backward", BWD), ("forward", None)]
 
@@ -195,9 +197,17 @@ def test_lightning_and_hugging_face_hooks_drive_the_trainer(mlp):
         if hooks_class is LightningHooks:
             trainer = type("Trainer", (), {"optimizers": [optimizer]})()
             hooks.on_train_start(trainer, model)
+
+            def closure() -> torch.Tensor:  # Lightning runs forward and backward inside optimizer.step
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                loss.backward()
+                hooks.on_before_optimizer_step(trainer, model, optimizer)
+                return loss
+
             for i in range(3):
                 hooks.on_train_batch_start(trainer, model, None, i)
-                step()
+                optimizer.step(closure)
+                optimizer.zero_grad(set_to_none=True)
                 hooks.on_train_batch_end(trainer, model, None, None, i)
             hooks.on_train_end(trainer, model)
         else:
@@ -207,6 +217,7 @@ def test_lightning_and_hugging_face_hooks_drive_the_trainer(mlp):
                 step()
                 hooks.on_step_end(None, None, None)
             hooks.on_train_end(None, None, None)
+        assert tuner.controller.mismatched_steps == [], hooks_class
         assert len(tuner.records) == 3 and len(tuner.controller.requests) == 9, hooks_class
         assert device.clocks_in_effect() is None
 
