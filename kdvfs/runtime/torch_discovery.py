@@ -206,7 +206,6 @@ class _Found:
     """One kernel (or CPU op) of one step, with what the op tree says about it."""
 
     cuda_name: str          # kernel name; on the CPU, the aten op
-    start_us: float
     duration_us: float
     pass_name: str
     op: str
@@ -244,7 +243,6 @@ class _Trace:
             found = tuple(
                 _Found(
                     cuda_name=k.name,
-                    start_us=k.time_range.start,
                     duration_us=k.time_range.end - k.time_range.start,
                     pass_name=_pass(op),
                     op=_op(op),
