@@ -36,7 +36,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from kdvfs.runtime.trace import KernelClass, _kernel, classify
+from kdvfs.runtime.trace import KernelClass, classify, kernel_from_duration
 from kdvfs.runtime.types import PASSES, KdvfsError, Workload
 
 SITE_PREFIX = "kdvfs.site:"
@@ -365,7 +365,7 @@ def _workload(name: str, steps: list[_Step], module_classes: dict[str, str], whe
     for pos, found in enumerate(first.kernels):
         duration_s = fmean(step.kernels[pos].duration_us for step in steps) * 1e-6
         c = _short(found, where == "cuda")
-        kernel = _kernel(pos, c, found.pass_name, duration_s)
+        kernel = kernel_from_duration(pos, c, found.pass_name, duration_s)
         module_class = module_classes.get(found.module, "")
         extra = ((f"op.{found.op}", 1.0), *(((f"module.{module_class}", 1.0),) if module_class else ()))
         kernels.append(replace(kernel, features=kernel.features + extra))

@@ -138,7 +138,7 @@ def load_trace(path: str | Path) -> Workload:
     classes = [classify(k.name) for k in first]
     durations_s = [fmean(kernels[s * period + i].duration_us for s in range(steps)) * 1e-6 for i in range(period)]
     passes = _passes(classes, [k.name for k in first], _optimizer_start(first, annotations))
-    workload_kernels = tuple(_kernel(i, c, passes[i], durations_s[i]) for i, c in enumerate(classes))
+    workload_kernels = tuple(kernel_from_duration(i, c, passes[i], durations_s[i]) for i, c in enumerate(classes))
     meta = (
         ("source", str(path)),
         ("steps", str(steps)),
@@ -198,7 +198,7 @@ def _passes(classes: list[KernelClass], names: list[str], optimizer_start: int) 
     ]
 
 
-def _kernel(position: int, c: KernelClass, pass_name: str, duration_s: float) -> Kernel:
+def kernel_from_duration(position: int, c: KernelClass, pass_name: str, duration_s: float) -> Kernel:
     """A trace kernel with the work that takes `duration_s` at the H200's stock rates:
     flops for tensor-core kernels, bytes moved for the rest."""
     compute_bound = c.tensor_core
