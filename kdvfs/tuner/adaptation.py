@@ -47,7 +47,7 @@ from kdvfs.tuner.sweep import run_sweep
 RECOVERED_SHARE = 0.95
 READY_STEP_S = 20.0
 """Training seconds run at a time while waiting for convergence and a ready drift watch."""
-READY_LIMIT_S = 20_000.0
+READY_LIMIT_S = 200_000.0
 """Training seconds after which a session that has not settled is an error."""
 
 
@@ -126,8 +126,8 @@ def oracle_saving(session: Session, scenario_name: str) -> tuple[float, Schedule
 
 
 def store_plan(tuner: OnlineTuner, store: PlanStore) -> Path | None:
-    """Store the session's plan when it has converged; its file."""
-    if tuner.state.converged_at_iteration is None:
+    """Store the session's plan when it has converged on a plan of its own; its file."""
+    if tuner.state.converged_at_iteration is None or tuner.state.plan_source != "tuned":
         return None
     return store.put(TuneReport(tuner, {}).plan(tuner.strategy))
 

@@ -1,11 +1,14 @@
-"""`kdvfs compare`: search strategies against the full sweep, over seeds."""
+"""`kdvfs compare`: search strategies against the full sweep, over seeds; with --scenario, the
+online tuner through a drift scenario (tuner/adaptation.py)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from kdvfs.tuner.commands._common import SOURCE_LABEL, add_budget, add_json, pct, write_json
 
+SCENARIOS = ("ambient-step", "power-cap", "gpu-swap", "workload-change")
 STRATEGIES = ("sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel")
 
 
@@ -22,6 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=1.0, help="seconds of repeats per measurement (default %(default)s)")
     parser.add_argument("--mlflow-uri", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    scenario = parser.add_argument_group("drift scenario (the online tuner through a change, against an oracle sweep)")
+    scenario.add_argument("--scenario", choices=SCENARIOS, help="run this scenario instead of the strategy comparison")
+    scenario.add_argument("--strategy", default="ucb", help="search strategy of the online tuner (default %(default)s)")
+    scenario.add_argument("--seed", type=int, default=0, help="seed of the scenario run (default %(default)s)")
+    scenario.add_argument("--at-iteration", type=int, default=None, metavar="N",
+                          help="apply the change after N iterations (default: once converged with the drift watch ready)")
+    scenario.add_argument("--iterations", type=int, default=None, metavar="M",
+                          help="iterations to run after the change (default: twice the first convergence's)")
+    scenario.add_argument("--plan-store", type=Path, default=None, metavar="DIR",
+                          help="plan store of the scenario's jobs (default: a temporary directory)")
     add_json(parser)
 
 
@@ -34,6 +47,8 @@ def _strategies(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scenario is not None:
+        return _run_scenario(args)
     from kdvfs.tuner.compare import compare_strategies
     from kdvfs.tuner.progress import Progress
 
@@ -60,5 +75,30 @@ def run(args: argparse.Namespace) -> int:
     print(f"  (medians over seeds; savings and slowdowns: noiseless evaluation of each plan [{label}])")
     if "mlflow" in doc:
         print(f"  MLflow: {doc['mlflow']}")
+    write_json(args.json, doc)
+    return 0
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    import sys
+
+    from kdvfs.tuner.adaptation import Session, run_scenario
+
+    if args.strategy not in STRATEGIES[1:]:
+        raise SystemExit(f"kdvfs compare: unknown strategy {args.strategy!r} (known: {','.join(STRATEGIES[1:])})")
+    session = Session(args.device, args.workload, strategy=args.strategy, budget=args.budget, seed=args.seed)
+    doc = run_scenario(session, args.scenario, at_iteration=args.at_iteration, after_iterations=args.iterations,
+                       store_dir=args.plan_store, progress=lambda msg: print(msg, file=sys.stderr))
+    label = SOURCE_LABEL[doc["source"]]
+    detected, recovered = doc["detected_after_iterations"], doc["recovered_after_iterations"]
+    print(f"scenario {doc['scenario']} on {args.device} ({doc['gpu_after']} after), {args.strategy}, budget {pct(args.budget)} [{label}]")
+    print(f"  change after {doc['at_iteration']} iterations (converged at {doc['converged_at_iteration']}), then {doc['after_iterations']} more"
+          + (f"; job restarted: {doc['plan_store_on_restart']}" if doc["restart"] else ""))
+    print(f"  detected after {'never' if detected is None else detected} iterations, within 95% of the oracle after "
+          f"{'never' if recovered is None else recovered}")
+    print(f"  max cumulative slowdown after the change {pct(doc['max_slowdown'])} ({doc['budget_violations']} points over budget)")
+    print(f"  saving at the end {pct(doc['energy_saving_after'])} (slowdown {pct(doc['schedule_slowdown_after'])}), oracle "
+          f"{pct(doc['oracle_saving_after'])} [{label}, noiseless]")
+    print(f"  false alarms on a stable run of the same length: {doc['false_alarms_stable']} over {doc['stable_windows']} windows")
     write_json(args.json, doc)
     return 0

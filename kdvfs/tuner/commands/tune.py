@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=1_500_000, help="training iterations to run (default %(default)s)")
     parser.add_argument("--window-s", type=float, default=0.5, help="seconds of one exploration measurement (default %(default)s)")
     parser.add_argument("--plan-out", type=Path, help="write the final plan here")
+    parser.add_argument("--plan-store", type=Path, metavar="DIR",
+                        help="reuse the stored plan for this GPU, clock grid and workload (verified in training first) "
+                             "and store the final plan there")
     parser.add_argument("--mlflow-uri", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     parser.add_argument("--no-sweep", action="store_true", help="skip the full sweep run for comparison at the end")
@@ -43,7 +46,17 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed, "iterations": args.iterations, "window_s": args.window_s})
     print(f"tuning {workload.name} on {device.name} ({args.device}) with {args.strategy}, budget {pct(args.budget)}, "
           f"{args.iterations} iterations [{label}]", file=sys.stderr)
-    tuner = OnlineTuner(device, workload, strategy=args.strategy, budget=args.budget, seed=args.seed, window_s=args.window_s)
+    store = None
+    if args.plan_store is not None:
+        from kdvfs.tuner.plan_store import PlanStore
+
+        store = PlanStore(args.plan_store)
+    tuner = OnlineTuner(device, workload, strategy=args.strategy, budget=args.budget, seed=args.seed, window_s=args.window_s,
+                        plan_store=store)
+    if store is not None:
+        print(f"plan store {store.root}: " + ("stored plan verified in training, running it"
+                                               if tuner.state.plan_source == "store" else f"{tuner.state.store_note}; cold start"),
+              file=sys.stderr)
     every = max(1, args.iterations // METRIC_POINTS)
     next_log = [0]
 
@@ -68,7 +81,17 @@ def run(args: argparse.Namespace) -> int:
         device.reset_clocks()
     report = tune_report(tuner, args.budget, sweep_device_spec=args.device if status == "FINISHED" and not args.no_sweep else None,
                          seed=args.seed, full_grid=args.full_grid)
+    st = tuner.state
+    report.doc["plan_source"] = st.plan_source
+    report.doc["drift_alarms"] = [{"iteration": a.iteration, "streams": list(a.streams), "reopened_kernels": len(a.reopened)}
+                                  for a in st.alarms]
+    report.doc["reconverged_at_iterations"] = list(st.reconverged_at)
     report.print(label)
+    if st.alarms:
+        print(f"  drift: {len(st.alarms)} alarm(s), first after {st.alarms[0].iteration} iterations; re-converged at "
+              f"{st.reconverged_at or 'not yet'}")
+    if store is not None and st.converged_at_iteration is not None and st.plan_source == "tuned":
+        print(f"  plan stored: {store.put(report.plan(args.strategy))}")
     if args.plan_out is not None:
         from kdvfs.tuner.plan import save_plan
 

@@ -1,0 +1,119 @@
+"""Adaptation (issue 6): drift detected and re-tuned, no alarm when stable, plans reused or refused."""
+
+import pytest
+
+from kdvfs.runtime.scenarios import get_scenario
+from kdvfs.runtime.simulator import SimulatedDevice
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.runtime.workloads import gpt3_xl_layer
+from kdvfs.tuner.adaptation import Session, run_scenario, settle, store_plan
+from kdvfs.tuner.online import OnlineTuner, schedule_figures
+from kdvfs.tuner.plan import Plan
+from kdvfs.tuner.plan_store import PlanStore
+
+SIX = Workload("six", gpt3_xl_layer().kernels[8:14])
+FAST = "rtx3080ti-fastswitch"
+
+
+def _tuner(device, workload=SIX, store=None, seed=0) -> OnlineTuner:
+    return OnlineTuner(device, workload, strategy="ucb", budget=0.01, seed=seed, warmup_s=30.0, plan_store=store)
+
+
+@pytest.fixture(scope="module")
+def settled_store(tmp_path_factory):
+    """A store holding the converged SIX plan of a cold start, and that session."""
+    store = PlanStore(tmp_path_factory.mktemp("plans"))
+    tuner = _tuner(SimulatedDevice(FAST, seed=0), store=store)
+    settle(tuner)
+    assert tuner.state.plan_source == "tuned" and store_plan(tuner, store) is not None
+    return store, tuner
+
+
+@pytest.mark.parametrize("name", ["ambient-step", "power-cap"])
+def test_an_in_place_change_is_detected_and_the_moved_kernels_re_explored(name):
+    device = SimulatedDevice(FAST, seed=0)
+    tuner = _tuner(device)
+    at = settle(tuner)
+    assert tuner.state.alarms == []
+    old_ref_s, measurements = tuner.account.ref_time_s, tuner.state.obs.measurements
+    get_scenario(name, at).apply(device, SIX)
+    tuner.run(at + 100_000)
+    alarm = tuner.state.alarms[0]
+    assert 0 < alarm.iteration - at < 5_000 and alarm.reopened
+    assert tuner.account.ref_time_s == tuner.reference.iteration_time_s != old_ref_s    # new stock time
+    assert tuner.state.obs.measurements > measurements                                # exploration re-opened
+
+
+def test_power_cap_re_tunes_within_budget_close_to_the_new_optimum():
+    doc = run_scenario(Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "power-cap", after_iterations=300_000)
+    assert not doc["restart"] and doc["detected_after_iterations"] is not None
+    assert doc["reconverged_after_iterations"] and doc["recovered_after_iterations"] is not None
+    assert doc["max_slowdown"] <= 0.01 and doc["budget_violations"] == 0
+    assert doc["energy_saving_after"] >= 0.9 * doc["oracle_saving_after"] > 0
+    assert doc["false_alarms_stable"] == 0 and doc["stable_windows"] > 1_000
+
+
+def test_a_stable_run_raises_no_alarm():
+    tuner = _tuner(SimulatedDevice(FAST, seed=3), seed=3)
+    tuner.run(1_000_000)
+    assert tuner.state.converged_at_iteration is not None and tuner.state.watch_windows > 2_000
+    assert tuner.state.alarms == []
+
+
+def test_a_restart_reuses_the_stored_plan_without_exploring(settled_store):
+    store, cold = settled_store
+    device = SimulatedDevice(FAST, seed=1)
+    warm = _tuner(device, store=store, seed=1)
+    assert warm.state.plan_source == "store" and warm.state.converged_at_iteration is not None
+    assert warm.state.converged_at_iteration <= warm.reference.all_iterations + 2_000
+    assert warm.state.schedule == cold.state.schedule
+    warm.run(warm.account.iterations + 50_000)
+    assert warm.state.obs.measurements == 0 and warm.state.alarms == []
+    assert max(p.slowdown for p in warm.state.points) <= 0.01
+    assert schedule_figures(device, SIX, warm.state.schedule)[0] > 0.05
+
+
+@pytest.mark.parametrize("other", ["gpu", "workload"])
+def test_a_plan_for_another_gpu_or_workload_is_not_used(settled_store, other):
+    store, _ = settled_store
+    device = SimulatedDevice("a100-fastswitch" if other == "gpu" else FAST, seed=2)
+    workload = SIX if other == "gpu" else Workload("six", gpt3_xl_layer(batch=8).kernels[8:14])
+    tuner = _tuner(device, workload, store=store, seed=2)
+    assert tuner.state.plan_source == "tuned" and tuner.state.converged_at_iteration is None
+    assert "no stored plan" in tuner.state.store_note
+
+
+def test_the_store_refuses_a_mismatched_file_and_the_tuner_cold_starts(settled_store, tmp_path):
+    store, _ = settled_store
+    (src,) = store.root.glob("*.json")
+    other = SimulatedDevice("a100-fastswitch", seed=0)
+    moved = PlanStore(tmp_path)
+    target = moved.path_for(other.name, other.grid, SIX.signature)
+    target.write_text(src.read_text())          # a 3080 Ti plan under the A100's name
+    with pytest.raises(KdvfsError, match="not the one its file name stands for"):
+        moved.get(other.name, other.grid, SIX.signature)
+    tuner = _tuner(other, store=moved)
+    assert tuner.state.plan_source == "tuned" and "refused" in tuner.state.store_note
+
+
+def test_a_stored_plan_that_runs_too_slow_is_refused(tmp_path):
+    device = SimulatedDevice(FAST, seed=0)
+    slow = ClockPair(min(device.grid.core_levels_mhz), max(device.grid.mem_levels_mhz))
+    plan = Plan.from_groups(
+        gpu_name=device.name, grid=device.grid, workload=SIX, budget=0.01,
+        groups=[(0, len(SIX), slow, 1.0, 1.0)], reference_time_s=1.0, reference_energy_j=1.0,
+        source="simulated", strategy="ucb", measurements=0)
+    store = PlanStore(tmp_path)
+    store.put(plan)
+    tuner = _tuner(device, store=store)
+    assert tuner.state.plan_source == "tuned" and "slowdown" in tuner.state.store_note
+    assert tuner.account.spent_s < tuner.account.ref_total_s + 20.0     # stopped after its first window
+    tuner.run(tuner.account.iterations + 200_000)
+    assert tuner.state.obs.measurements > 0
+
+
+def test_a_restart_scenario_cold_starts_on_the_new_card():
+    doc = run_scenario(Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "gpu-swap", after_iterations=50_000)
+    assert doc["restart"] and doc["detected_after_iterations"] == 0 and doc["gpu_after"] != "NVIDIA GeForce RTX 3080 Ti"
+    assert doc["plan_stored"] and "no stored plan" in doc["plan_store_on_restart"] and doc["plan_source_after"] == "tuned"
+    assert doc["max_slowdown"] <= 0.01
