@@ -134,8 +134,8 @@ def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> f
     return static + core + p.mem_w * (mem_mhz / p.max_mem_mhz) * p.mem_base_rel
 
 
-THERMAL_FIXED_POINT_STEPS = 6
-"""Iterations of T -> power -> T; each shrinks the error ~R_th x dP/dT (~0.1): 6 is plenty."""
+THERMAL_BISECTION_STEPS = 12
+"""Bisection steps for the steady temperature: the bracket shrinks to ~0.03 C."""
 
 
 class SimulatedDevice(ModelDevice):
@@ -228,17 +228,27 @@ class SimulatedDevice(ModelDevice):
         return op.time_s, op.energy_j
 
     def expected_iteration(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
-        """At the iteration's own steady temperature: ambient + R_th x its mean power (a fixed
-        point: power depends on temperature through leakage and the cap)."""
+        """At the iteration's own steady temperature T = ambient + R_th x mean power(T). The
+        gap ambient + R_th x P(T) - T falls as T rises (leakage adds far less than a degree per
+        degree; above the thermal limit the cap pulls power down), so its root is unique and
+        bisection finds it, where plain iteration oscillates at the thermal limit."""
         for pair in {pair for _, pair, _ in items} - {None}:
             self.grid.index(pair)
-        temp_c = self.operating_temperature_c()
-        for _ in range(THERMAL_FIXED_POINT_STEPS):
+
+        def figures(temp_c: float) -> tuple[float, float]:
             points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
-            time_s = sum(op.time_s * n for op, n in points)
-            energy_j = sum(op.energy_j * n for op, n in points)
-            temp_c = self.ambient_c + self.preset.r_th_c_per_w * energy_j / time_s
-        return time_s, energy_j
+            return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
+
+        lo = self.ambient_c
+        hi = self.ambient_c + self.preset.r_th_c_per_w * self.power_cap_w * 1.5
+        for _ in range(THERMAL_BISECTION_STEPS):
+            mid = 0.5 * (lo + hi)
+            time_s, energy_j = figures(mid)
+            if self.ambient_c + self.preset.r_th_c_per_w * energy_j / time_s > mid:
+                lo = mid
+            else:
+                hi = mid
+        return figures(0.5 * (lo + hi))
 
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         op = self.point(kernel, pair, self._temp_c)
