@@ -1,5 +1,13 @@
-"""What every strategy shares: per-task measurement logs, ask/tell/best bookkeeping, the
-monotone-time facts of a clock grid, and the small initial design.
+"""What every strategy shares: per-task measurement logs, ask/tell/best bookkeeping, the cost
+a task is judged by, the monotone-time facts of a clock grid, and the small initial design.
+
+Cost: energy + rate x time, for each of the policy's exchange rates (rates_w, J/s; set by the
+caller, read at decision time). A plan solved against an iteration-level time limit takes, per
+kernel, the least energy + lambda x time for the limit's own multiplier lambda; the caller does
+not know lambda exactly, so a strategy looks for the least cost at a few rates around its
+estimate. Logs hold raw time and energy, so a change of rates never invalidates them.
+Rates (0.0,), the default, mean least energy within the task's budget. The stock reference is
+always an option of a plan, so a config is worth measuring only if it could beat it.
 
 Physics used for pruning: a kernel's time is a compute part ~ 1/core clock, a memory part
 ~ 1/memory clock and a fixed part. Hence (a) time never rises when both clocks rise, and
@@ -17,10 +25,13 @@ import numpy as np
 
 from kdvfs.policies.base import SearchSpace, Task
 
-DESIGN_RATIOS = ((1.0, 1.0), (1.0, 0.75), (0.75, 1.0), (1.0, 0.5), (0.5, 1.0))
+DESIGN_RATIOS = ((1.0, 1.0), (1.0, 0.75), (0.7, 1.0), (1.0, 0.5), (0.5, 1.0), (0.7, 0.5))
 """(core, mem) clock targets as fractions of the grid's highest clocks: the top pair, then one
-step down each clock, then a deeper step each. A deeper step is skipped by monotone pruning
-when the shallower step on the same clock was already over budget."""
+step down each clock (the core to about the voltage knee, where energy per cycle stops falling,
+and below the power cap of a heavy kernel, whose energy drops there more steeply than a smooth
+model of capped pairs foresees), then a deeper step each, then both lowered. A deeper step is
+skipped by monotone pruning when a shallower one it is no faster than was already over budget
+(so memory-bound kernels skip the last)."""
 
 
 @dataclass
@@ -31,7 +42,7 @@ class TaskLog:
     time_sum_s: np.ndarray
     energy_sum_j: np.ndarray
     order: list[int] = field(default_factory=list)
-    done: bool = False
+    done_for: tuple[float, ...] | None = None  # the rates at which the strategy converged
 
     @classmethod
     def empty(cls, n: int) -> "TaskLog":
@@ -70,27 +81,49 @@ def safe_log_limit(task: Task, margin: float) -> float:
     return float(np.log(1.0 + 3.0 * task.budget + margin))
 
 
-def best_config(log: TaskLog, task: Task) -> int | None:
-    """Least mean energy among measured configs whose mean time is within budget."""
+def log_cost(log_t: np.ndarray, log_e: np.ndarray, mu: np.ndarray | float) -> np.ndarray:
+    """log((energy + rate x time) / the reference's), from log time and log energy ratios to the
+    reference; mu = rate x reference time / reference energy (0: energy alone). Broadcasts."""
+    mu = np.asarray(mu, dtype=float)
+    with np.errstate(divide="ignore"):
+        return np.logaddexp(log_e, np.log(mu) + log_t) - np.log1p(mu)
+
+
+def mean_log_cost(log: TaskLog, task: Task, mu: np.ndarray | float) -> np.ndarray:
+    """Per config, the log cost ratio of its mean time and energy; NaN where unmeasured."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return log_cost(np.log(log.mean_time_s / task.ref_time_s), np.log(log.mean_energy_j / task.ref_energy_j), mu)
+
+
+def best_config(log: TaskLog, task: Task, mu: float = 0.0) -> int | None:
+    """Least mean cost among measured configs whose mean time is within budget."""
     ok = log.measured & (log.mean_time_s <= time_limit_s(task))
     if not ok.any():
         return None
-    return int(np.nanargmin(np.where(ok, log.mean_energy_j, np.nan)))
+    return int(np.nanargmin(np.where(ok, mean_log_cost(log, task, mu), np.nan)))
 
 
-def steps_since_improvement(log: TaskLog, task: Task, tol: float) -> int:
-    """How many of the task's last measurements did not lower the best energy by > tol (relative)."""
+def incumbents(log: TaskLog, task: Task, mus: np.ndarray) -> np.ndarray:
+    """Per rate, the least log cost ratio a plan can already have: the best measured config
+    within budget, or the stock reference (0)."""
+    ok = log.measured & (log.mean_time_s <= time_limit_s(task))
+    cost = mean_log_cost(log, task, mus[:, None])
+    return np.minimum(np.where(ok, cost, np.inf).min(axis=1), 0.0)
+
+
+def steps_since_improvement(log: TaskLog, task: Task, tol: float, mus: np.ndarray) -> int:
+    """How many of the task's last measurements did not lower the best cost at any rate by more
+    than tol (relative); the stock reference and seeded configs are the starting point."""
     feasible = log.mean_time_s <= time_limit_s(task)
-    energy = log.mean_energy_j
+    cost = mean_log_cost(log, task, mus[:, None])
     seeded = log.measured.copy()
     seeded[log.order] = False
-    best = np.min(energy[seeded & feasible], initial=np.inf)
+    best = np.minimum(np.where(seeded & feasible, cost, np.inf).min(axis=1), 0.0)
     since = 0
     for config in log.order:
-        if feasible[config] and energy[config] < best * (1.0 - tol):
-            best, since = energy[config], 0
-        else:
-            since += 1
+        better = feasible[config] & (cost[:, config] < best + np.log1p(-tol))
+        best = np.minimum(best, np.where(feasible[config], cost[:, config], np.inf))
+        since = 0 if better.any() else since + 1
     return since
 
 
@@ -156,8 +189,9 @@ class BasePolicy(ABC):
 
     When the space's reference is a grid config, each task's log starts with the caller's
     reference measurement at it, so no strategy spends a measurement on it again.
-    ask() returns only unmeasured configs (no strategy here re-samples), and once it has
-    returned None for a task it keeps doing so.
+    ask() returns only unmeasured configs (no strategy here re-samples); once it has returned
+    None for a task it keeps doing so until rates_w changes (a task converged at some rates may
+    still have configs worth measuring at others).
     """
 
     name: str = ""
@@ -169,6 +203,7 @@ class BasePolicy(ABC):
         self.seed = int(seed)
         self.max_per_task = max_per_task
         self.ask_cpu_s: list[float] = []
+        self.rates_w: tuple[float, ...] = (0.0,)
         self._logs: dict[str, TaskLog] = {}
         self._rngs: dict[str, np.random.Generator] = {}
 
@@ -198,18 +233,22 @@ class BasePolicy(ABC):
             self._rngs[task.key] = rng
         return rng
 
+    def mus(self, task: Task) -> np.ndarray:
+        """The rates as dimensionless mu = rate x reference time / reference energy."""
+        return np.asarray(self.rates_w, dtype=float) * task.ref_time_s / task.ref_energy_j
+
     def ask(self, task: Task) -> int | None:
         start = time.process_time()
         try:
             log = self.log(task)
-            if log.done or log.measured.all() or (
+            if log.done_for == self.rates_w or log.measured.all() or (
                 self.max_per_task is not None and len(log.order) >= self.max_per_task
             ):
-                log.done = True
+                log.done_for = self.rates_w
                 return None
             config = self._choose(task, log)
             if config is None:
-                log.done = True
+                log.done_for = self.rates_w
                 return None
             assert not log.measured[config], f"{self.name} chose measured config {config}"
             return int(config)
@@ -222,7 +261,8 @@ class BasePolicy(ABC):
         self.log(task).add(int(config), float(time_s), float(energy_j))
 
     def best(self, task: Task) -> int | None:
-        return best_config(self.log(task), task)
+        """Least mean cost within budget at the middle rate (least energy at the default)."""
+        return best_config(self.log(task), task, float(self.mus(task)[len(self.rates_w) // 2]))
 
     @abstractmethod
     def _choose(self, task: Task, log: TaskLog) -> int | None:
@@ -253,11 +293,6 @@ class SafeExplorer(BasePolicy):
     def _choose(self, task: Task, log: TaskLog) -> int | None:
         config = self.facts.next_design(log, task)
         return config if config is not None else self._pick(task, log)
-
-    def incumbent_log_energy(self, log: TaskLog, task: Task) -> float:
-        """log(best feasible energy / reference energy), +inf when nothing feasible is measured."""
-        best = best_config(log, task)
-        return np.inf if best is None else float(np.log(log.mean_energy_j[best] / task.ref_energy_j))
 
     @abstractmethod
     def _pick(self, task: Task, log: TaskLog) -> int | None:

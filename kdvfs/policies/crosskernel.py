@@ -1,23 +1,27 @@
-"""Cross-kernel transfer: a task that behaves like one tuned before starts from its curves.
+"""Cross-kernel transfer: kernels of a kind share their relative curves.
 
 A training step has few kinds of kernels (GEMMs, norms, elementwise, attention) repeated many
 times, and kernels of a kind respond alike to clocks once time and energy are taken relative to
-their own reference. The policy keeps a library of tasks BO has tuned: their log time / log
-energy ratio curves over the whole grid (BotorchPolicy.curves).
+their own reference. The policy keeps a list of kinds; a kind is founded by a task BO tuned
+(BotorchPolicy) and grows as tasks join it. Per output (log time, log energy ratio), a
+member's measurement at a config is modelled as
 
-A new task is similar to a known one when its task.features are close (relative RMS
-difference <= feature_rms) and its measurements so far agree with the known curves (RMS log
-ratio difference <= match_rms); a gate without data (no features, nothing measured yet)
-passes, but at least one must have data. Tasks with features go straight to matching; tasks
-without are first probed at the first configs of the shared initial design. Then:
-- "transfer" when similar tasks exist: the predicted curves are the similarity-weighted mean
-  of theirs, shifted to agree with the task's own measurements on average. It measures the
-  config of least predicted energy among those that could be within budget, and stops when
-  no unmeasured config could beat its best measured energy by more than tol ("could": within
-  the curves' RMS error at the task's measurements). Once its measurements stop agreeing with
-  every known task it falls back to BO, which sees everything measured so far.
-- "bo" otherwise: BotorchPolicy tunes it, and its final curves join the library.
-Later tasks of a known kind so need one to a few measurements instead of a full BO run.
+    founder's curve (BO's posterior mean)
+    + the kind's difference from it (a GP over the unit-scaled clocks, common to the kind, whose
+      variance is KIND_SD^2 plus BO's own posterior variance there)
+    + the member's own offset + measurement noise,
+
+with fixed hyperparameters (KIND_SD, LENGTHSCALE, OFFSET_SD, NOISE_SD), so the
+prediction for a task pools what every member measured, its own measurements included, and
+sharpens as the kind grows (_posterior). A new task joins the kind whose members' features are
+nearest (the largest kind without features); after each measurement the kinds are tested
+against what the task measured (chi-square test of its measurements against each kind's
+prediction from the other members, GATE_P): it moves to the kind that explains them best, or
+to BO when none does. In a kind it measures the config of largest expected improvement on the
+incumbent's cost at any exchange rate (incumbent and candidate both predicted by the kind
+model, so the task's offset cancels), and stops when that falls below tol. BO tasks found new
+kinds when they converge, so later kernels of a kind need one to a few measurements instead of
+a full BO run.
 """
 
 from __future__ import annotations
@@ -26,38 +30,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import chi2, norm
 
-from kdvfs.policies._common import SafeExplorer, TaskLog, best_config, log_ratios
+from kdvfs.policies._common import SafeExplorer, TaskLog, best_config, log_cost, log_ratios, safe_log_limit
 from kdvfs.policies.base import SearchSpace, Task
-from kdvfs.policies.botorch_bo import BotorchPolicy
+from kdvfs.policies.botorch_bo import BotorchPolicy, Curves
+
+NOISE_SD = (0.008, 0.03)
+"""Log time, log energy: s.d. of one measurement (time ~0.5 %, energy 1-3 %, simulator.md; a
+throttled pair's ratio to its paired stock measurement has both their noises)."""
+OFFSET_SD = (0.01, 0.03)
+"""A member's level against its kind's (a kernel a little more or less capped at stock)."""
+KIND_SD = (0.05, 0.1)
+"""How far a kind's curves may be from its founder's (BO's posterior means)."""
+LENGTHSCALE = 0.3
+"""Of that difference, in unit-scaled clock coordinates (as beliefs.BeliefModel)."""
+GATE_P = 1e-3
+"""A kind is rejected when measurements this unlikely under it are seen."""
+FEATURE_SCALE = 0.25
+"""Relative RMS feature distance at which a kind's prior weight falls by e^-1/2."""
 
 
 @dataclass(frozen=True)
-class KnownTask:
-    """A task BO finished: its log time / log energy ratio curves over the grid."""
-
-    key: str
-    log_t: np.ndarray
-    log_e: np.ndarray
-    features: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class _Prior:
-    """A transfer task's predicted log ratio curves and their RMS error at its measurements."""
+class _Prediction:
+    """A task's predicted log ratio curves under a kind, with their posterior covariances."""
 
     log_t: np.ndarray
+    cov_t: np.ndarray
     log_e: np.ndarray
-    err_t: float
-    err_e: float
+    cov_e: np.ndarray
 
 
 class CrossKernelPolicy(SafeExplorer):
-    """BO for tasks unlike any seen; transfer from similar known tasks otherwise.
+    """BO for tasks of no known kind; transfer within the task's kind otherwise.
 
-    feature_rms, match_rms: the similarity gates (module docstring). probes: how many configs
-    of the initial design a task without features measures before matching. neighbours: how
-    many similar tasks are averaged. bo_opts: options of the inner BotorchPolicy.
+    kinds: per kind, its member tasks (founder first). kappa: pessimism of the safety check on
+    a prediction, in s.d. bo_opts: options of the inner BotorchPolicy (which is told everything
+    this policy is told).
     """
 
     name = "crosskernel"
@@ -70,113 +79,179 @@ class CrossKernelPolicy(SafeExplorer):
         max_per_task: int | None = None,
         margin: float = 0.1,
         tol: float = 0.002,
-        probes: int = 3,
-        feature_rms: float = 0.25,
-        match_rms: float = 0.03,
-        neighbours: int = 3,
+        kappa: float = 1.0,
         **bo_opts: Any,
     ) -> None:
         super().__init__(space, seed, max_per_task=max_per_task, margin=margin, tol=tol)
-        self.probes = probes
-        self.feature_rms = feature_rms
-        self.match_rms = match_rms
-        self.neighbours = neighbours
-        self.bo = BotorchPolicy(
-            space, seed, max_per_task=max_per_task, margin=margin, tol=tol, **bo_opts
-        )
-        self.library: list[KnownTask] = []
-        self._mode: dict[str, str] = {}  # task key -> "transfer" | "bo", once decided
+        self.kappa = kappa
+        self.bo = BotorchPolicy(space, seed, max_per_task=max_per_task, margin=margin, tol=tol, **bo_opts)
+        self.kinds: list[list[Task]] = []
+        self._founder_curves: list[Curves] = []
+        self._kind: dict[str, int | None] = {}  # task key -> kind index; None: tuned by BO
+        unit = self.facts.unit
+        self._corr = np.exp(-0.5 * ((unit[:, None, :] - unit[None, :, :]) ** 2).sum(axis=2) / LENGTHSCALE**2)
 
     def mode(self, task: Task) -> str:
-        """How the task is being tuned: "probe" (not decided yet), "transfer" or "bo"."""
-        return self._mode.get(task.key, "probe")
+        """How the task is being tuned: "new" (not asked yet), "transfer" or "bo"."""
+        if task.key not in self._kind:
+            return "new"
+        return "bo" if self._kind[task.key] is None else "transfer"
 
     def tell(self, task: Task, config: int, time_s: float, energy_j: float) -> None:
         super().tell(task, config, time_s, energy_j)
         self.bo.tell(task, config, time_s, energy_j)
 
     def _choose(self, task: Task, log: TaskLog) -> int | None:
-        if self.mode(task) == "probe":
-            config = None if task.features else self.facts.next_design(log, task, self.probes)
-            if config is not None:
-                return config
-            self._mode[task.key] = "transfer" if self._prior(task, log) is not None else "bo"
+        """No initial design of its own: the kind's prediction decides, or BO (with its design)."""
         return self._pick(task, log)
 
     def _pick(self, task: Task, log: TaskLog) -> int | None:
-        if self.mode(task) == "transfer":
-            prior = self._prior(task, log)
-            if prior is not None:
-                return self._transfer_pick(task, log, prior)
-            self._mode[task.key] = "bo"
+        if self.mode(task) != "bo":
+            weights = self._kind_weights(task, log)
+            self._join(task, max(weights, key=weights.get) if weights else None)
+            if weights:
+                return self._transfer_pick(task, log, weights)
+        self.bo.rates_w, self.bo.tol = self.rates_w, self.tol
         config = self.bo.ask(task)
         if config is None:
-            self._learn(task)
+            self._found(task)
         return config
 
-    def _transfer_pick(self, task: Task, log: TaskLog, prior: _Prior) -> int | None:
-        """The unmeasured config of least predicted energy that could be within budget, if it
-        could beat the best measured energy by more than tol."""
-        open_ = ~log.measured & ~self.facts.known_infeasible(log, task)
-        lower_t, upper_t = self.facts.log_time_bounds(log, task)
-        log_t = np.clip(prior.log_t, lower_t, upper_t) - prior.err_t
-        within = open_ & (log_t <= np.log1p(task.budget))
-        if not within.any():
-            return None
-        config = int(np.argmin(np.where(within, prior.log_e, np.inf)))
-        target_e = self.incumbent_log_energy(log, task) + np.log1p(-self.tol)
-        if prior.log_e[config] - prior.err_e >= target_e:
-            return None
-        return config
+    def _kind_weights(self, task: Task, log: TaskLog) -> dict[int, float]:
+        """Posterior probability of each kind the task may be of: a prior from features
+        (FEATURE_SCALE of relative RMS distance to a kind's nearest member; uniform without
+        features) times the likelihood of the task's measurements; kinds the chi-square test
+        rejects are out. Empty: no kind explains the task (BO from now on)."""
+        log_w = {}
+        for k in range(len(self.kinds)):
+            ll = self._log_likelihood(k, task, log)
+            if ll > -np.inf:
+                log_w[k] = ll - 0.5 * (self._feature_distance(task, k) / FEATURE_SCALE) ** 2
+        if not log_w:
+            return {}
+        top = max(log_w.values())
+        w = {k: float(np.exp(v - top)) for k, v in log_w.items()}
+        total = sum(w.values())
+        return {k: v / total for k, v in w.items()}
 
-    def _prior(self, task: Task, log: TaskLog) -> _Prior | None:
-        """Predicted curves from the similar known tasks, None if none is similar."""
+    def _join(self, task: Task, kind: int | None) -> None:
+        """Make the task a member of `kind` only (None: of none, BO tunes it)."""
+        old = self._kind.get(task.key)
+        if old is not None and old != kind:
+            self.kinds[old] = [m for m in self.kinds[old] if m.key != task.key]
+        if kind is not None and old != kind:
+            self.kinds[kind].append(task)
+        self._kind[task.key] = kind
+
+    def _feature_distance(self, task: Task, kind: int) -> float:
+        """Relative RMS feature distance to the kind's nearest member (0 without features)."""
+        best = np.inf
+        for member in self.kinds[kind]:
+            if member.key != task.key and task.features and len(member.features) == len(task.features):
+                mine, theirs = np.array(task.features), np.array(member.features)
+                size = np.maximum(np.maximum(np.abs(mine), np.abs(theirs)), 1e-12)
+                best = min(best, float(np.sqrt(np.mean(((mine - theirs) / size) ** 2))))
+        return 0.0 if best == np.inf else best
+
+    def _own_data(self, task: Task, log: TaskLog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The task's measured configs and log ratios, without a grid reference (its ratios are
+        0 for every task: they tell nothing about the kind)."""
         idx, y_t, y_e = log_ratios(log, task)
-        if self.space.reference is not None:  # its ratios are 0 for every task: no information
-            keep = idx != self.space.reference
-            idx, y_t, y_e = idx[keep], y_t[keep], y_e[keep]
-        if not self.library or (idx.size == 0 and not task.features):
-            return None
-        scores = [self._dissimilarity(task, known, idx, y_t, y_e) for known in self.library]
-        similar = sorted((s, i) for i, s in enumerate(scores) if s is not None)[: self.neighbours]
-        if not similar:
-            return None
-        weight = np.array([1.0 / (s + 0.1) for s, _ in similar])
-        weight /= weight.sum()
-        log_t = sum(w * self.library[i].log_t for w, (_, i) in zip(weight, similar))
-        log_e = sum(w * self.library[i].log_e for w, (_, i) in zip(weight, similar))
+        keep = idx != self.space.reference
+        return idx[keep], y_t[keep], y_e[keep]
+
+    def _log_likelihood(self, kind: int, task: Task, log: TaskLog) -> float:
+        """Log density of the task's measurements under the kind given its other members;
+        -inf when the chi-square test at GATE_P rejects the kind."""
+        idx, y_t, y_e = self._own_data(task, log)
+        total, d2 = 0.0, 0.0
         if idx.size == 0:
-            return _Prior(log_t, log_e, 0.0, 0.0)
-        log_t = log_t + np.mean(y_t - log_t[idx])
-        log_e = log_e + np.mean(y_e - log_e[idx])
-        return _Prior(log_t, log_e, _rms(y_t - log_t[idx]), _rms(y_e - log_e[idx]))
+            return 0.0
+        for out, y in ((0, y_t), (1, y_e)):
+            mean, cov = self._posterior(kind, task, out, idx, own_data=False)
+            chol = np.linalg.cholesky(cov + NOISE_SD[out] ** 2 * np.eye(idx.size))
+            z = np.linalg.solve(chol, y - mean)
+            d2 += float(z @ z)
+            total += -0.5 * float(z @ z) - float(np.log(np.diag(chol)).sum())
+        return total if d2 <= chi2.ppf(1.0 - GATE_P, 2 * idx.size) else -np.inf
 
-    def _dissimilarity(
-        self, task: Task, known: KnownTask, idx: np.ndarray, y_t: np.ndarray, y_e: np.ndarray
-    ) -> float | None:
-        """Distance in units of the gates (RMS of feature and measurement distances over their
-        thresholds), or None when a gate fails."""
-        parts = []
-        if task.features and len(task.features) == len(known.features):
-            mine, theirs = np.array(task.features), np.array(known.features)
-            size = np.maximum(np.maximum(np.abs(mine), np.abs(theirs)), 1e-12)
-            parts.append(_rms((mine - theirs) / size) / self.feature_rms)
-        if idx.size:
-            diff = np.concatenate([y_t - known.log_t[idx], y_e - known.log_e[idx]])
-            parts.append(_rms(diff) * np.sqrt(2.0) / self.match_rms)
-        if not parts or max(parts) > 1.0:
-            return None
-        return _rms(np.array(parts))
+    def _posterior(self, kind: int, task: Task, out: int, at: np.ndarray, own_data: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and covariance of the task's curve (output 0: log time, 1: log
+        energy) at configs `at`, given the kind's members' measurements (the task's own only
+        if own_data): kind curve + the task's offset (module docstring)."""
+        members = [m for m in self.kinds[kind] if m.key != task.key] + ([task] if own_data else [])
+        me = len(members) - 1 if own_data else -1
+        data = [(i, *self._own_data(m, self.log(m))) for i, m in enumerate(members)]
+        x = np.concatenate([d[1] for d in data]) if data else np.zeros(0, dtype=int)
+        who = np.concatenate([np.full(d[1].size, d[0]) for d in data]) if data else np.zeros(0, dtype=int)
+        y = np.concatenate([d[2 + out] for d in data]) if data else np.zeros(0)
 
-    def _learn(self, task: Task) -> None:
-        """Add a task BO has finished (converged or capped) to the library: once, and only if
-        it found a feasible config, so that its curves mean something."""
-        known = any(k.key == task.key for k in self.library)
-        if known or best_config(self.log(task), task) is None:
+        curves = self._founder_curves[kind]
+        founder, founder_sd = (curves.log_t, curves.sd_t) if out == 0 else (curves.log_e, curves.sd_e)
+
+        def cov(xa: np.ndarray, wa: np.ndarray, xb: np.ndarray, wb: np.ndarray) -> np.ndarray:
+            shared = KIND_SD[out] ** 2 + founder_sd[xa][:, None] * founder_sd[xb][None, :]
+            return shared * self._corr[np.ix_(xa, xb)] + OFFSET_SD[out] ** 2 * (wa[:, None] == wb[None, :])
+
+        mine = np.full(at.size, me)
+        prior = cov(at, mine, at, mine)
+        if x.size == 0:
+            return founder[at], prior
+        chol = np.linalg.cholesky(cov(x, who, x, who) + NOISE_SD[out] ** 2 * np.eye(x.size))
+        v = np.linalg.solve(chol, cov(x, who, at, mine))
+        return founder[at] + v.T @ np.linalg.solve(chol, y - founder[x]), prior - v.T @ v
+
+    def kind_model(self, kind: int, task: Task) -> _Prediction:
+        """The task's curves at every config under the kind, given every member's
+        measurements (the task's own included)."""
+        every = np.arange(len(self.space))
+        log_t, cov_t = self._posterior(kind, task, 0, every, own_data=True)
+        log_e, cov_e = self._posterior(kind, task, 1, every, own_data=True)
+        return _Prediction(log_t, cov_t, log_e, cov_e)
+
+    def _transfer_pick(self, task: Task, log: TaskLog, weights: dict[int, float]) -> int | None:
+        """The config of largest expected improvement on the incumbent's cost at any rate,
+        averaged over the kinds the task may be of (their weights), if that exceeds tol."""
+        ei = sum(w * self._expected_improvement(task, log, self.kind_model(k, task)) for k, w in weights.items())
+        rate, config = np.unravel_index(int(np.argmax(ei)), ei.shape)
+        return int(config) if ei[rate, config] > self.tol else None
+
+    def _expected_improvement(self, task: Task, log: TaskLog, pred: _Prediction) -> np.ndarray:
+        """Per rate and config, the expected improvement on the incumbent's cost under one
+        kind's prediction: the incumbent's predicted cost less the config's (the stock
+        reference's 0 when no measured config beats it; a common offset cancels), Gaussian to
+        first order. 0 for measured configs, those known too slow, or predicted over budget or
+        unsafe."""
+        lower_t, upper_t = self.facts.log_time_bounds(log, task)
+        mean_t = np.clip(pred.log_t, lower_t, upper_t)
+        var_t, var_e = np.diag(pred.cov_t), np.diag(pred.cov_e)
+        safe = np.minimum(mean_t + self.kappa * np.sqrt(var_t), upper_t) <= safe_log_limit(task, self.margin)
+        open_ = ~log.measured & ~self.facts.known_infeasible(log, task) & safe
+        open_ &= mean_t <= np.log1p(task.budget)
+        ei = np.zeros((len(self.rates_w), open_.size))
+        for r, mu in enumerate(self.mus(task)):
+            cost = log_cost(mean_t, pred.log_e, mu)
+            # d cost / d log time and d log energy: the shares of rate x time and of energy
+            share_t = np.exp(np.log(mu) + mean_t - np.logaddexp(pred.log_e, np.log(mu) + mean_t)) if mu > 0 else np.zeros(cost.size)
+            share_e = 1.0 - share_t
+            var = share_t**2 * var_t + share_e**2 * var_e
+            b = best_config(log, task, float(mu))
+            if b is None or cost[b] >= 0.0:
+                gain = -cost
+            else:
+                gain = cost[b] - cost
+                var += share_t[b] ** 2 * var_t[b] + share_e[b] ** 2 * var_e[b]
+                var -= 2.0 * (share_t * share_t[b] * pred.cov_t[:, b] + share_e * share_e[b] * pred.cov_e[:, b])
+            sd = np.sqrt(np.maximum(var, 1e-12))
+            ei[r] = np.where(open_, gain * norm.cdf(gain / sd) + sd * norm.pdf(gain / sd), 0.0)
+        return ei
+
+    def _found(self, task: Task) -> None:
+        """A task BO has finished (converged or capped) founds a kind: once, and only if it
+        found a config within budget, so that its measurements mean something."""
+        if any(m.key == task.key for members in self.kinds for m in members):
             return
-        log_t, log_e = self.bo.curves(task)
-        self.library.append(KnownTask(task.key, log_t, log_e, tuple(task.features)))
-
-
-def _rms(values: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(values**2)))
+        if best_config(self.log(task), task) is None:
+            return
+        self.kinds.append([task])
+        self._founder_curves.append(self.bo.curves(task))

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdvfs.policies._common import SafeExplorer, TaskLog, steps_since_improvement
+from kdvfs.policies._common import SafeExplorer, TaskLog, incumbents, log_cost, steps_since_improvement
 from kdvfs.policies.base import SearchSpace, Task
 from kdvfs.policies.beliefs import BeliefModel, safe_candidates
 
 
 class EpsilonGreedyPolicy(SafeExplorer):
-    """With probability epsilon a random safe config, else the safe config of least believed
-    energy among those believed within budget (beliefs: BeliefModel).
+    """With probability epsilon a random safe config, else, among safe configs believed within
+    budget, the one whose believed cost beats the incumbent by the most at any rate (beliefs:
+    BeliefModel; cost: _common).
 
-    Converged after `patience` measurements in a row that did not lower the best energy by
-    more than tol, or when no safe config is left. Never re-measures a config.
+    Converged after `patience` measurements in a row that did not lower the best cost at any
+    rate by more than tol, or when no safe config is left. Never re-measures a config.
     """
 
     name = "egreedy"
@@ -38,7 +39,8 @@ class EpsilonGreedyPolicy(SafeExplorer):
         self.model = BeliefModel(self.facts)
 
     def _pick(self, task: Task, log: TaskLog) -> int | None:
-        if steps_since_improvement(log, task, self.tol) >= self.patience:
+        mus = self.mus(task)
+        if steps_since_improvement(log, task, self.tol, mus) >= self.patience:
             return None
         beliefs = self.model.posterior(log, task)
         safe = safe_candidates(self.facts, log, task, beliefs, self.kappa, self.margin)
@@ -49,4 +51,6 @@ class EpsilonGreedyPolicy(SafeExplorer):
             return int(rng.choice(np.flatnonzero(safe)))
         within = safe & (beliefs.mean_t <= np.log1p(task.budget))
         pool = within if within.any() else safe
-        return int(np.argmin(np.where(pool, beliefs.mean_e, np.inf)))
+        cost = log_cost(beliefs.mean_t, beliefs.mean_e, mus[:, None])
+        gain = np.where(pool, incumbents(log, task, mus)[:, None] - cost, -np.inf)
+        return int(np.unravel_index(int(np.argmax(gain)), gain.shape)[1])

@@ -22,11 +22,12 @@ def jittered_kinds(seed: int, per_kind: int) -> list[tuple[str, Kind]]:
     return out
 
 
-def regret(policy, task, time_s, energy_j) -> float:
+def regret(policy, task, time_s, energy_j, time_noise: float = 0.0) -> float:
     """Energy above the true constrained optimum of the config best() reports (the reference's
-    when it reports none or one truly over budget)."""
+    when it reports none or one truly over budget by more than two s.d. of the time noise the
+    policy was fed: nearer the limit, one noisy measurement cannot tell)."""
     best = policy.best(task)
-    if best is None or time_s[best] > (1 + task.budget) * task.ref_time_s:
+    if best is None or time_s[best] > (1 + task.budget) * (1 + 2 * time_noise) * task.ref_time_s:
         best = WIDE.reference
     return float(energy_j[best] / energy_j[optimum(time_s, energy_j, task)] - 1)
 
@@ -41,8 +42,8 @@ def test_botorch_beats_random_at_equal_measurement_counts():
         rnd.max_per_task = n
         run(rnd, task, time_s, energy_j, noise=0.005, seed=1)
         counts.append(n)
-        regrets_bo.append(regret(bo, task, time_s, energy_j))
-        regrets_rnd.append(regret(rnd, task, time_s, energy_j))
+        regrets_bo.append(regret(bo, task, time_s, energy_j, time_noise=0.005))
+        regrets_rnd.append(regret(rnd, task, time_s, energy_j, time_noise=0.005))
     assert max(counts) <= 12
     assert np.mean(regrets_bo) < 0.01
     assert np.mean(regrets_bo) < 0.25 * np.mean(regrets_rnd), (regrets_bo, regrets_rnd)
@@ -79,10 +80,12 @@ def test_curves_match_measurements_and_refit_when_due():
     run(policy, task, time_s, energy_j)
     for config in (0, 1, 2):  # enough new data that curves() must refit first
         policy.tell(task, config, float(time_s[config]), float(energy_j[config]))
-    log_t, log_e = policy.curves(task)
+    curves = policy.curves(task)
     assert policy._fits[task.key].n_obs == policy.log(task).measured.sum()
     measured = policy.log(task).measured
-    assert np.allclose(np.exp(log_t[measured]) * task.ref_time_s, time_s[measured])
-    assert np.allclose(np.exp(log_e[measured]) * task.ref_energy_j, energy_j[measured])
+    # noiseless data: the posterior mean passes through it, with little uncertainty there
+    assert np.allclose(np.exp(curves.log_t[measured]) * task.ref_time_s, time_s[measured], rtol=0.01)
+    assert np.allclose(np.exp(curves.log_e[measured]) * task.ref_energy_j, energy_j[measured], rtol=0.01)
+    assert curves.sd_e[measured].max() < curves.sd_e[~measured].max()
     slow = int(np.argmax(np.where(measured, 0.0, time_s)))  # the slowest unmeasured config
-    assert log_t[slow] > np.log(1.5)  # predicted from its slow measured neighbours
+    assert curves.log_t[slow] > np.log(1.5)  # predicted from its slow measured neighbours

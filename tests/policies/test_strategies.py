@@ -96,8 +96,12 @@ def test_auto_reference_off_the_grid(name):
     assert asked[0] == top
     assert policy.best(task) == optimum(time_s, energy_j, task)
     fast = Task("fast", float(time_s[top]) * 0.5, float(energy_j[top]), budget=0.05)
-    assert run(policy, fast, time_s, energy_j) == [top]
+    asked = run(policy, fast, time_s, energy_j)
     assert policy.best(fast) is None
+    if name == "crosskernel":  # a transfer starts where its kind predicts the least cost
+        assert len(asked) <= 2 and asked[-1] == top
+    else:
+        assert asked == [top]
 
 
 @pytest.mark.parametrize("name", SAFE)
