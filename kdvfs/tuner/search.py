@@ -4,9 +4,9 @@ Kernels are tuned one after another, longest first (they set the exchange rate b
 cross-kernel strategy learns from those before). Each kernel's reference (stock) is measured
 first; then the policy asks for a clock pair, the pair is measured as the sweep measures it
 (>= window_s of isolated replay, a paired stock measurement when the card throttles: Bench),
-and the policy is told the result, until it answers None (converged) or the
-cap is hit. The plan is solved from what was measured, against the iteration-level budget
-measured in training conditions (observations.py), by the sweep's solver, then verified.
+and the policy is told the result, until it answers None (converged) or the cap is hit. The
+plan is solved from what was measured, against the iteration-level budget measured in
+training conditions (observations.py), by the sweep's solver, then verified.
 
 What a policy looks for per kernel is the least energy + lambda x time, not the least energy
 under the iteration's budget: the iteration-level solver trades slack between kernels (a GEMM
@@ -18,20 +18,24 @@ within their share of the limit; LAMBDA_SHARE x the iteration's mean power befor
 the policy looks at RATE_SPREAD below and above it (at 0 alone when the limit does not bind).
 Once every kernel is tuned, each is asked again at the final estimate: a kernel tuned early,
 under a rate far from it, may still have pairs the plan would use. The task's time limit
-(TASK_SLOWDOWN) only keeps policies away from pairs no plan would use.
+(TASK_SLOWDOWN) only keeps policies away from pairs no plan would use. A measurement is worth
+as much as the energy it can save: a policy stops on a kernel once the improvement it expects
+is below ITERATION_TOL of the iteration's energy (task_tol).
 
 Verification (the winner's curse): among many noisy cells the solver favours those measured
 optimistically, so the plan's measured time is biased low. After solving, the plan's cells are
 measured again, independently, longest first, until the kernels left unverified could bias the
-plan's time by at most VERIFY_TOLERANCE of the budget's slack; the plan is judged by the fresh
-measurements only (unbiased: the choice did not see them), the unverified rest at its measured
-time plus SAFETY_Z noise s.d. If the judged time is over the limit, the limit is tightened by
-the excess and the plan solved again (VERIFY_ROUNDS at most; then all stock). Every
+plan's time by at most VERIFY_TOLERANCE of the budget's slack (SAFETY_Z s.d. of the reference's
+noise); the plan is judged by the fresh measurements only (unbiased: the choice did not see
+them), the unverified rest at its measured time plus that allowance. If the judged time is over
+the limit, the plan is solved again with its measured time lowered by the excess, and judged
+again (VERIFY_ROUNDS at most; then all stock: the reference itself). Every
 verification measurement counts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from kdvfs.policies._common import BasePolicy, SafeExplorer
 from kdvfs.policies.base import SearchSpace, Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.measure import measure_isolated, measure_reference_iterations
+from kdvfs.runtime.measure import SUB_WINDOW_S, IterationReference, measure_isolated, measure_reference_iterations
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.observations import SAFETY_Z, Observations
 from kdvfs.tuner.solver import solve_budget
@@ -148,7 +152,9 @@ def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> floa
     if plan_time_s(0.0) <= limit_s:
         return 0.0
     lo, hi = 0.0, obs.reference.iteration_energy_j / obs.reference.iteration_time_s
-    while plan_time_s(hi) > limit_s and hi < 1e6 * obs.reference.iteration_energy_j:
+    for _ in range(40):  # above the steepest slope of any kernel's options, all take their fastest
+        if plan_time_s(hi) <= limit_s:
+            break
         lo, hi = hi, 2.0 * hi
     for _ in range(40):
         mid = 0.5 * (lo + hi)
@@ -157,7 +163,15 @@ def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> floa
 
 
 def rates_around(lam_w: float) -> tuple[float, ...]:
+    """The exchange rates a policy looks at: RATE_SPREAD either side of the estimate, or 0."""
     return (0.0,) if lam_w == 0.0 else (lam_w / RATE_SPREAD, lam_w, lam_w * RATE_SPREAD)
+
+
+def task_tol(obs: Observations, k: int) -> float:
+    """The relative improvement below which a policy stops on kernel k: ITERATION_TOL of the
+    iteration's energy, as a share of the kernel's (TASK_TOL at least, MAX_TASK_TOL at most)."""
+    share = obs.stock_energy_j[k] / obs.reference.iteration_energy_j
+    return min(max(TASK_TOL, ITERATION_TOL / share), MAX_TASK_TOL)
 
 
 def run_search(
@@ -181,12 +195,14 @@ def run_search(
     tuned = np.zeros(len(workload), dtype=bool)
     tasks: dict[int, Task] = {}
     bench = Bench(device, window_s)
-
     asked = np.zeros(len(workload), dtype=int)
 
     def tune(k: int) -> None:
+        """Ask and tell until the policy converges on kernel k or its cap is reached."""
         nonlocal cpu_s
         launches = workload.kernels[k].launches
+        if isinstance(policy, SafeExplorer):
+            policy.tol = task_tol(obs, k)
         while asked[k] < (max_per_kernel or len(space)):
             asked[k] += 1
             t0 = time.process_time()
@@ -212,9 +228,6 @@ def run_search(
             features=features[k],
         )
         policy.rates_w = rates_around(exchange_rate_w(obs, budget, tuned) if tuned.any() else prior_w)
-        if isinstance(policy, SafeExplorer):
-            share = obs.stock_energy_j[k] / obs.reference.iteration_energy_j
-            policy.tol = min(max(TASK_TOL, ITERATION_TOL / share), MAX_TASK_TOL)
         tune(k)
         tuned[k] = True
         curve.append((obs.measurements, evaluate(device, workload, obs.kernel_level_choice(budget)).energy_saving))
@@ -222,9 +235,6 @@ def run_search(
             progress(done + 1, len(workload), obs.measurements)
     policy.rates_w = rates_around(exchange_rate_w(obs, budget, tuned))
     for k in tasks:
-        if isinstance(policy, SafeExplorer):
-            share = obs.stock_energy_j[k] / obs.reference.iteration_energy_j
-            policy.tol = min(max(TASK_TOL, ITERATION_TOL / share), MAX_TASK_TOL)
         tune(k)
     before = obs.measurements
     plan = verified_plan(bench, obs, budget)
@@ -249,13 +259,16 @@ def run_search(
 
 def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, ClockPair | None]:
     """The plan of least measured energy whose time, judged by fresh measurements of its cells
-    (module docstring), is within the time limit. Fresh measurements are counted in obs."""
-    fresh = Observations(obs.workload, obs.pairs, obs.reference)
-    limit_s = obs.time_limit_s(budget)
-    slack_s = limit_s - float(obs.ref_time_s.sum())
-    noise = SAFETY_Z * obs.reference.time_rel_sd
+    and of the reference (module docstring), is within the budget by SAFETY_Z s.d. of the
+    judgement's error. Fresh measurements, and their device time, are counted in obs."""
+    again = measure_reference_iterations(bench.device, obs.workload.kernels)
+    reference, reference_sd_s = _pooled(obs.reference, again)
+    fresh = Observations(obs.workload, obs.pairs, reference)
+    ref_s = reference.kernel_time_s
+    noise = SAFETY_Z * reference.time_rel_sd
+    slack_s = budget * float(ref_s.sum()) - SAFETY_Z * reference_sd_s
     stock = len(obs.pairs)
-    solve_limit_s = limit_s
+    solve_limit_s = obs.time_limit_s(budget)
     for _ in range(VERIFY_ROUNDS):
         choice = solve_within(obs, solve_limit_s)
         time_s, _ = obs.plannable()
@@ -267,12 +280,8 @@ def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, C
             if fresh.counts[k, c] == 0:
                 bench.cell(fresh, k, obs.pairs[c])
             unverified_s -= t
-        fresh_s, _ = fresh.plannable()
-        judged_s = sum(
-            float(obs.ref_time_s[k]) if c == stock
-            else float(fresh_s[k, c]) if fresh.counts[k, c] else float(time_s[k, c]) * (1.0 + noise)
-            for k, c in enumerate(choice)
-        )
+        judged_s, cells_var_s2 = _judge(obs, fresh, choice, noise)
+        limit_s = (1.0 + budget) * float(ref_s.sum()) - SAFETY_Z * float(np.sqrt(cells_var_s2 + reference_sd_s**2))
         if judged_s <= limit_s:
             break
         planned_s = sum(float(obs.ref_time_s[k]) if c == stock else float(time_s[k, c]) for k, c in enumerate(choice))
@@ -280,6 +289,52 @@ def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, C
     else:
         choice = np.full(len(obs.workload), stock)
     obs.measurements += fresh.measurements
-    obs.cost_s += fresh.cost_s - obs.reference.cost_s
+    obs.cost_s += again.cost_s + fresh.cost_s - reference.cost_s
     options = (*obs.pairs, None)
     return {kernel.name: options[c] for kernel, c in zip(obs.workload.kernels, choice)}
+
+
+def _judge(obs: Observations, fresh: Observations, choice: np.ndarray, noise: float) -> tuple[float, float]:
+    """A plan's judged iteration time and the variance (s^2) of its freshly measured part:
+    stock kernels at the (pooled) reference, verified cells as freshly measured (a throttled
+    one's ratio to its paired stock measurement has twice the variance), the rest as explored
+    plus `noise` (relative)."""
+    stock = len(obs.pairs)
+    time_s, _ = obs.plannable()
+    fresh_s, _ = fresh.plannable()
+    judged_s, var_s2 = 0.0, 0.0
+    for k, c in enumerate(choice):
+        if c == stock:
+            judged_s += float(fresh.ref_time_s[k])
+        elif fresh.counts[k, c]:
+            judged_s += float(fresh_s[k, c])
+            paired = not np.isnan(fresh.paired_ratio[k, c, 0])
+            var_s2 += (2.0 if paired else 1.0) * (fresh.reference.time_rel_sd * float(fresh_s[k, c])) ** 2
+        else:
+            judged_s += float(time_s[k, c]) * (1.0 + noise)
+    return judged_s, var_s2
+
+
+def _pooled(first: IterationReference, second: IterationReference) -> tuple[IterationReference, float]:
+    """Two references measured apart, pooled (their mean), and the s.d. (s) of the pooled
+    iteration time: from their sub-window noise (rel_sd / sqrt(sub-windows), assuming
+    independent sub-windows) or, when larger, from how far apart the two came out (which also
+    sees noise correlated over many sub-windows, such as thermal drift), halved by pooling."""
+    both = (first, second)
+    kernel_time_s = (first.kernel_time_s + second.kernel_time_s) / 2.0
+    iteration_s = float(kernel_time_s.sum())
+    rel_var = float(np.mean([r.time_rel_sd**2 for r in both]))
+    per_window_var = max(
+        float(np.mean([rel_var * SUB_WINDOW_S / (r.iterations * r.iteration_time_s) for r in both])),
+        (first.iteration_time_s - second.iteration_time_s) ** 2 / (2.0 * iteration_s**2),
+    )
+    pooled = dataclasses.replace(
+        first,
+        kernel_time_s=kernel_time_s,
+        iteration_time_s=iteration_s,
+        iteration_energy_j=(first.iteration_energy_j + second.iteration_energy_j) / 2.0,
+        time_rel_sd=float(np.sqrt(rel_var)),
+        iterations=first.iterations + second.iterations,
+        cost_s=first.cost_s + second.cost_s,
+    )
+    return pooled, iteration_s * float(np.sqrt(per_window_var / 2.0))

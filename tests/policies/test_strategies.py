@@ -1,5 +1,6 @@
-"""Every strategy on the small synthetic grid: finds the constrained optimum, never reports a
-config over budget, never re-measures, stays away from configs known too slow."""
+"""Every strategy on the small synthetic grid: finds the constrained optimum (at exchange rates
+too: least energy + rate x time), never reports a config over budget, never re-measures, stays
+away from configs known too slow, looks again when the rates change."""
 
 import numpy as np
 import pytest
@@ -40,6 +41,48 @@ def test_finds_the_constrained_optimum(name, kind):
     assert policy.best(task) == optimum(time_s, energy_j, task)
     assert policy.ask(task) is None  # converged stays converged
     assert len(policy.ask_cpu_s) == len(asked) + 2
+
+
+def least_cost(time_s: np.ndarray, energy_j: np.ndarray, task: Task, rate_w: float) -> int:
+    """The known optimum at an exchange rate: least energy + rate x time within budget."""
+    ok = time_s <= (1.0 + task.budget) * task.ref_time_s
+    return int(np.argmin(np.where(ok, energy_j + rate_w * time_s, np.inf)))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_finds_the_least_cost_at_each_exchange_rate(name):
+    """Rates around the power of the kernel: the optima at the lowest and highest rates differ
+    (a compute-bound kernel trades time for energy); best() is the optimum at the middle rate
+    and the optimum at every rate has been measured."""
+    time_s, energy_j = table(KINDS["gemm"], SPACE)
+    task = task_for("gemm", KINDS["gemm"], SPACE, budget=0.15)
+    power_w = task.ref_energy_j / task.ref_time_s
+    rates = (0.1 * power_w, 0.5 * power_w, 2.0 * power_w)
+    optima = [least_cost(time_s, energy_j, task, r) for r in rates]
+    assert optima[0] != optima[-1]
+    policy = make_policy(name, SPACE, seed=0)
+    policy.rates_w = rates
+    run(policy, task, time_s, energy_j)
+    assert policy.best(task) == optima[1]
+    assert all(policy.log(task).measured[o] for o in optima)
+
+
+@pytest.mark.parametrize("name", SAFE)
+def test_a_change_of_rates_reopens_a_converged_task(name):
+    """Converged at a high rate (fast configs), a task is asked again at rate 0: the strategy
+    finds (measures, unless it already has) the slower, thriftier config that least energy
+    prefers, then converges again."""
+    time_s, energy_j = table(KINDS["gemm"], SPACE)
+    task = task_for("gemm", KINDS["gemm"], SPACE, budget=0.15)
+    policy = make_policy(name, SPACE, seed=0)
+    policy.rates_w = (2.0 * task.ref_energy_j / task.ref_time_s,)
+    run(policy, task, time_s, energy_j)
+    assert policy.ask(task) is None
+    assert policy.best(task) != optimum(time_s, energy_j, task)
+    policy.rates_w = (0.0,)
+    run(policy, task, time_s, energy_j)
+    assert policy.best(task) == optimum(time_s, energy_j, task)
+    assert policy.ask(task) is None
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
