@@ -95,7 +95,7 @@ class BotorchPolicy(SafeExplorer):
         margin: float = 0.1,
         tol: float = 0.002,
         refit_every: int = 4,
-        fit_maxiter: int = 75,
+        fit_maxiter: int = 25,
         mc_samples: int = 64,
         threads: int = 1,
     ) -> None:

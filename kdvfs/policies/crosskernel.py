@@ -13,15 +13,15 @@ member's measurement at a config is modelled as
 
 with fixed hyperparameters (KIND_SD, LENGTHSCALE, OFFSET_SD, NOISE_SD), so the
 prediction for a task pools what every member measured, its own measurements included, and
-sharpens as the kind grows (_posterior). A new task joins the kind whose members' features are
-nearest (the largest kind without features); after each measurement the kinds are tested
-against what the task measured (chi-square test of its measurements against each kind's
-prediction from the other members, GATE_P): it moves to the kind that explains them best, or
-to BO when none does. In a kind it measures the config of largest expected improvement on the
-incumbent's cost at any exchange rate (incumbent and candidate both predicted by the kind
-model, so the task's offset cancels), and stops when that falls below tol. BO tasks found new
-kinds when they converge, so later kernels of a kind need one to a few measurements instead of
-a full BO run.
+sharpens as the kind grows (_posterior). Which kind a task is of is uncertain at first: each
+kind gets a weight, a prior from how near its members' features are times the likelihood of
+what the task measured under it; a kind whose prediction the task's measurements reject
+(chi-square test at GATE_P) is out, and with none left BO tunes the task. The task measures
+the config of largest expected improvement on the incumbent's cost at any exchange rate,
+averaged over the kinds by weight (under a kind, incumbent and candidate are both predicted, so
+the task's offset cancels), and stops when that falls below tol; it joins, for later tasks'
+pooling, its most probable kind. BO tasks found new kinds when they converge, so later kernels
+of a kind need one to a few measurements instead of a full BO run.
 """
 
 from __future__ import annotations
@@ -164,9 +164,9 @@ class CrossKernelPolicy(SafeExplorer):
         """Log density of the task's measurements under the kind given its other members;
         -inf when the chi-square test at GATE_P rejects the kind."""
         idx, y_t, y_e = self._own_data(task, log)
-        total, d2 = 0.0, 0.0
         if idx.size == 0:
             return 0.0
+        total, d2 = 0.0, 0.0
         for out, y in ((0, y_t), (1, y_e)):
             mean, cov = self._posterior(kind, task, out, idx, own_data=False)
             chol = np.linalg.cholesky(cov + NOISE_SD[out] ** 2 * np.eye(idx.size))

@@ -61,12 +61,12 @@ def test_every_strategy_reaches_the_known_optimum_within_budget(table_csv, table
 
 
 def test_no_reported_plan_exceeds_the_budget_on_a_noisy_simulated_card():
-    """Few measurements a kernel, much noise: unverified plans go over (the winner's curse)."""
-    for strategy in ("random", "crosskernel"):
-        r = run_search(open_device("sim:a100", seed=3, noise=2.0), gpt3_xl_layer(batch=16),
-                       strategy, budget=0.01, seed=3, window_s=0.3, max_per_kernel=6)
-        assert r.slowdown <= 0.01, (strategy, r.slowdown)
-        assert r.verify_measurements > 0
+    """Much noise: the plan solved from what the search measured goes over the budget (the
+    winner's curse); the plan it reports, verified, does not."""
+    device, workload = open_device("sim:a100", seed=3, noise=2.0), gpt3_xl_layer(batch=16)
+    r = run_search(device, workload, "crosskernel", budget=0.01, seed=3, window_s=0.3, max_per_kernel=6)
+    assert evaluate(device, workload, r.observations.kernel_level_choice(0.01)).slowdown > 0.01
+    assert r.slowdown <= 0.01 and r.verify_measurements > 0
 
 
 def test_a_plan_measured_optimistically_is_verified_back_within_budget(table_csv, table_sweep):
