@@ -26,11 +26,15 @@ Verification (the winner's curse): among many noisy cells the solver favours tho
 optimistically, so the plan's measured time is biased low. After solving, the plan's cells are
 measured again, independently, longest first, until the kernels left unverified could bias the
 plan's time by at most VERIFY_TOLERANCE of the budget's slack (SAFETY_Z s.d. of the reference's
-noise); the plan is judged by the fresh measurements only (unbiased: the choice did not see
-them), the unverified rest at its measured time plus that allowance. If the judged time is over
-the limit, the plan is solved again with its measured time lowered by the excess, and judged
-again (VERIFY_ROUNDS at most; then all stock: the reference itself). Every
-verification measurement counts.
+noise); the reference is measured again too (training iterations at stock) and pooled with the
+first. The plan is judged by the fresh measurements only (unbiased: the choice did not see
+them), the unverified rest at its measured time plus that allowance, against (1 + budget) x the
+pooled reference less SAFETY_Z s.d. of the judgement's error: the fresh cells' noise and the
+pooled reference's (from its sub-window noise or, when larger, from how far apart the two
+references came out: that also sees noise correlated over many seconds, such as thermal
+drift). If the judged time is over, the plan is solved again with its measured time lowered by
+the excess, and judged again (VERIFY_ROUNDS at most; then all stock: the reference itself).
+Every verification measurement counts, and so does its device time.
 """
 
 from __future__ import annotations
