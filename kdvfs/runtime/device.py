@@ -41,6 +41,9 @@ class Device(Protocol):
     def throttle_reasons(self) -> frozenset[str]:
         """Active clock-event reasons, e.g. {"sw_power_cap", "hw_thermal"}; empty when none."""
 
+    def power_limit_w(self) -> float:
+        """The power limit the card enforces (the operator's cap); math.inf when it has none."""
+
 
 @runtime_checkable
 class RunnableDevice(Device, Protocol):

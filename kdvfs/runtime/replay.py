@@ -8,6 +8,7 @@ highest clock pair, as architecture.md prescribes for recorded tables.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ class ReplayDevice(ModelDevice):
     def temperature_c(self) -> float:
         """Not recorded: the constant NOT_RECORDED_TEMPERATURE_C."""
         return NOT_RECORDED_TEMPERATURE_C
+
+    def power_limit_w(self) -> float:
+        """A table records no power limit: math.inf."""
+        return math.inf
 
     def throttle_reasons(self) -> frozenset[str]:
         """A table records no throttling: always empty."""

@@ -198,6 +198,10 @@ class SimulatedDevice(ModelDevice):
     def temperature_c(self) -> float:
         return self._temp_c
 
+    def power_limit_w(self) -> float:
+        """The operator's cap (as NVML's enforced limit: the thermal slowdown is not in it)."""
+        return self.power_cap_w
+
     def sm_clock_mhz(self) -> float:
         """The (mean) core clock of the last launch run."""
         return self._last_point.core_mhz if self._last_point else float(self.preset.max_core_mhz)

@@ -2,16 +2,18 @@
 
 run_scenario: the tuner runs to convergence with its drift watch ready (or to --at-iteration),
 the scenario lands (runtime/scenarios.py), and the run continues for `after` iterations.
-ambient-step and power-cap change the card in place: the same session must notice (its drift
-watch) and re-tune. gpu-swap and workload-change restart the job: a new session on the new
-card / workload asks the plan store first; the stored plan is for another GPU or workload
-signature, so the store has none for the new key and the session cold-starts (detection is
-the restart itself). Figures, per scenario:
+ambient-step and power-cap change the card in place: the same session must notice (its
+inputs, power limit and temperature, or its drift watch) and re-plan. workload-change is in
+place too: the training loop hands the tuner its kernels at the new batch size
+(OnlineTuner.change_workload), which carries its table over. gpu-swap restarts the job: a
+new session on the new card asks the plan store first; the stored plan is for another GPU,
+so the store has none for the new key and the session cold-starts (detection is the restart
+itself). Figures, per scenario:
 - detected_after_iterations: iterations from the change to the first drift alarm (0 on a
   restart; None when nothing alarmed);
 - recovered_after_iterations: first iteration after the change at which the running
   schedule's noiseless saving (schedule_figures under the new conditions) is >= RECOVERED_SHARE
-  of the oracle's; None when never;
+  of the oracle's; None when never; recovery_held: every later point stays there;
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
 - energy_saving_after: noiseless saving of the schedule running at the end;
@@ -92,6 +94,10 @@ class SavingTrace:
         saving, slowdown = self.figures()
         self.points.append((point.iteration + self.offset, saving, slowdown))
 
+    def holds(self, saving: float, after: int) -> bool:
+        """Every recorded schedule from iteration `after` on saves at least `saving`."""
+        return all(s >= saving for it, s, _ in self.points if it >= after)
+
     def first_reaching(self, saving: float, after: int = 0) -> int | None:
         """First recorded iteration (>= after) whose schedule saves at least `saving`."""
         return next((it for it, s, _ in self.points if it >= after and s >= saving), None)
@@ -161,7 +167,7 @@ def run_scenario(
         scenario = get_scenario(scenario_name, at)
         new_device, new_workload = scenario.apply(device, workload, seed=session.seed + 1)
         say(f"{scenario_name}: change after {at} iterations, running {after} more")
-        restart = new_device is not device or new_workload is not workload
+        restart = new_device is not device
         if restart:
             device.reset_clocks()
             alarms_before = 0
@@ -172,6 +178,8 @@ def run_scenario(
             detected: int | None = 0
         else:
             alarms_before = len(tuner.state.alarms)
+            if new_workload is not workload:
+                tuner.change_workload(new_workload)
             trace = SavingTrace(tuner)
             trace(tuner._point())
             tuner.run(at + after, trace)
@@ -208,6 +216,7 @@ def run_scenario(
             "reconverged_after_iterations": [i - at for i in tuner.state.reconverged_at]
             if not restart else ([tuner.state.converged_at_iteration] if tuner.state.converged_at_iteration else []),
             "recovered_after_iterations": None if recovered_at is None else recovered_at - at,
+            "recovery_held": recovered_at is not None and trace.holds(RECOVERED_SHARE * oracle, after=recovered_at),
             "max_slowdown": float(max((p.slowdown for p in points), default=0.0)),
             "budget_violations": int(sum(p.slowdown > session.budget for p in points)),
             "points_after": len(points),

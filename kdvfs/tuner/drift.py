@@ -38,19 +38,39 @@ and several energy-counter periods (100 ms). Shorter windows carry the same nois
 and make the sums drift, i.e. false alarms. For the same reason the card's temperature is no
 stream for this test (a first-order lag of power: its noise is correlated over the thermal
 time constant, and on the simulated H200 it false-alarmed within ~80 windows of 2 s): it is
-an input instead, through temperature_band, for plans that carry clock pairs per band.
+an input instead (ConditionWatch).
+
+Inputs (ConditionWatch). What the plan was made under is read, not inferred: the enforced
+power limit (an operator's cap is exact and known the moment it is set) and the GPU
+temperature. A limit that moves by more than POWER_LIMIT_TOLERANCE_W alarms at once. The
+temperature is watched for a step: once the readings of the last TEMP_SETTLE_S drift by less
+than TEMP_SETTLED_DRIFT_C between their halves (10 s apart: on a card with a 30-s time
+constant at most 0.3 C is then still to come), their mean is the centre, and a reading
+farther from it than half their range plus TEMP_MARGIN_C alarms. The centre then follows the
+readings with a TEMP_TRACK_S time constant: a settled card wanders (the simulated 3080 Ti by
+0.7 C over 15 minutes under one plan; a real one with its fan and the room), and a wander
+that slow is not a step; its effect on energy, if any, is the CUSUM's to see. The margin is
+9 s.d. of a settled simulated card's readings (0.056 C on the 3080 Ti) and half a degree,
+NVML's reporting step. After an ambient step of +15 C the 3080 Ti (time constant 30 s) is
+0.6 C off its centre within ~20 iterations (1.3 s).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy.special import ndtri, stdtr
 
 from kdvfs.runtime.types import KdvfsError
+
+POWER_LIMIT_TOLERANCE_W = 0.5
+TEMP_SETTLE_S = 20.0
+TEMP_SETTLED_DRIFT_C = 0.1
+TEMP_MARGIN_C = 0.5
+TEMP_TRACK_S = 120.0
 
 DEFAULT_K = 0.5
 DEFAULT_ARL0 = 1e7
@@ -223,18 +243,69 @@ class DriftMonitor:
             self.detectors[name].reset()
 
 
-def temperature_band(temp_c: float, edges_c: Sequence[float], current: int | None = None, hysteresis_c: float = 1.0) -> int:
-    """The band of a plan carrying clock pairs per temperature band: 0 below edges_c[0], i
-    between edges_c[i-1] and edges_c[i], len(edges_c) above the last. Given the current band,
-    it is kept until the temperature leaves it by more than hysteresis_c, so a card sitting on
-    an edge does not flip its clocks every window."""
-    if any(not math.isfinite(e) for e in edges_c) or any(b <= a for a, b in zip(edges_c, edges_c[1:])):
-        raise KdvfsError(f"temperature band edges must be finite and increasing, got {list(edges_c)}")
-    band = bisect.bisect_right(edges_c, temp_c)
-    if current is None or band == current:
-        return band
-    if not 0 <= current <= len(edges_c):
-        raise KdvfsError(f"temperature band {current} does not exist ({len(edges_c) + 1} bands)")
-    low = edges_c[current - 1] - hysteresis_c if current > 0 else -math.inf
-    high = edges_c[current] + hysteresis_c if current < len(edges_c) else math.inf
-    return current if low <= temp_c < high else band
+class ConditionWatch:
+    """The inputs a plan was made under: the enforced power limit and the settled temperature.
+
+    update(now_s, temp_c, power_limit_w) takes one reading and returns the inputs that moved
+    ("power_limit", "temperature"); after an alarm it learns the new conditions afresh (the
+    limit at once, the temperature once the card has settled again).
+    """
+
+    def __init__(
+        self,
+        settle_s: float = TEMP_SETTLE_S,
+        settled_drift_c: float = TEMP_SETTLED_DRIFT_C,
+        margin_c: float = TEMP_MARGIN_C,
+        track_s: float = TEMP_TRACK_S,
+        limit_tolerance_w: float = POWER_LIMIT_TOLERANCE_W,
+    ) -> None:
+        if not (settle_s > 0.0 and settled_drift_c > 0.0 and margin_c > 0.0 and track_s > 0.0 and limit_tolerance_w > 0.0):
+            raise KdvfsError(f"bad condition watch settings: settle_s={settle_s}, settled_drift_c={settled_drift_c}, "
+                             f"margin_c={margin_c}, track_s={track_s}, limit_tolerance_w={limit_tolerance_w} "
+                             "(all must be > 0)")
+        self.settle_s, self.settled_drift_c, self.margin_c, self.track_s = settle_s, settled_drift_c, margin_c, track_s
+        self.limit_tolerance_w = limit_tolerance_w
+        self.limit_w: float | None = None
+        self.centre_c: float | None = None
+        self.half_width_c = 0.0
+        self._last_s = 0.0
+        self._readings: deque[tuple[float, float]] = deque()
+
+    def relearn_temperature(self) -> None:
+        """The load changed (a new plan): learn the temperature it settles at."""
+        self.centre_c = None
+        self._readings.clear()
+
+    def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[str]:
+        if not math.isfinite(temp_c):
+            raise KdvfsError(f"condition watch: temperature reading {temp_c} is not a finite number")
+        moved = []
+        if self.limit_w is not None and abs(power_limit_w - self.limit_w) > self.limit_tolerance_w:
+            moved.append("power_limit")
+        self.limit_w = power_limit_w
+        if self.centre_c is not None:
+            if abs(temp_c - self.centre_c) > self.half_width_c:
+                moved.append("temperature")
+            else:
+                self.centre_c += (temp_c - self.centre_c) * min(1.0, (now_s - self._last_s) / self.track_s)
+                self._last_s = now_s
+        if moved:
+            self.relearn_temperature()
+        if self.centre_c is None:
+            self._learn(now_s, temp_c)
+        return moved
+
+    def _learn(self, now_s: float, temp_c: float) -> None:
+        """Set the centre once the last settle_s of readings are flat."""
+        r = self._readings
+        r.append((now_s, temp_c))
+        while len(r) > 2 and now_s - r[1][0] >= self.settle_s:
+            r.popleft()
+        if now_s - r[0][0] < self.settle_s or len(r) < 4:
+            return
+        temps = [t for _, t in r]
+        half = len(temps) // 2
+        if abs(sum(temps[half:]) / (len(temps) - half) - sum(temps[:half]) / half) < self.settled_drift_c:
+            self.centre_c = sum(temps) / len(temps)
+            self.half_width_c = (max(temps) - min(temps)) / 2.0 + self.margin_c
+            self._last_s = now_s

@@ -28,14 +28,18 @@ The session, iteration by iteration:
    budget, less the noise margin, planned from measured cells (pessimistic fill-ins elsewhere).
 6. A schedule whose measured slowdown overshoots is dropped for stock and re-planned with
    less budget.
-7. Drift watch (issue 6), once settled: every training chunk of >= CHUNK_S is a window of the
-   iteration time (launch timings, total / n) and of each group's time (the chunk's kernel by
-   kernel iteration); the energy counter, which advances only every 100 ms, gives the energy
-   per iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM)
-   watches them. On an alarm the stock reference is measured again in training (shorter
-   warm-up); the budget account allows (1 + budget) x the new stock time for the iterations
-   from then on; exploration re-opens for the kernels of the groups that moved (all of them
-   when only the iteration time or the energy moved), and the schedule is re-planned.
+7. Drift watch (issue 6), once settled. Inputs first: before each chunk (at most
+   WATCH_ITERATIONS iterations) the enforced power limit and the temperature are read
+   (drift.ConditionWatch): a new limit, or a temperature that steps off where the card had
+   settled, alarms at once. Then the outputs: every chunk adds to a window of the iteration
+   time (launch timings, total / n) and of each group's time; once a window spans CHUNK_S it
+   is judged; the energy counter, which advances only every 100 ms, gives the energy per
+   iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM) watches
+   them. On an alarm the stock reference is measured again in training (shorter warm-up), the
+   budget account allows (1 + budget) x the new stock time for the iterations from then on,
+   and the schedule is re-planned at once from the cells that still hold (_on_drift): only the
+   kernels of groups whose own time moved are explored again. A new workload of the same
+   kernels at other sizes (change_workload) is handled the same way, its cells scaled.
 8. Plan reuse (plan_store): after the reference the store's plan for this GPU, grid and
    workload, if any, runs for VERIFY_S of training; if its measured slowdown is within the
    budget plus noise it is kept as the settled schedule (no exploration, drift watch on),
@@ -57,7 +61,7 @@ from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
-from kdvfs.tuner.drift import DriftMonitor
+from kdvfs.tuner.drift import ConditionWatch, DriftMonitor
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
@@ -83,6 +87,9 @@ steps and read alignment stay below the noise."""
 REMEASURE_WARMUP_S = 30.0
 """Warm-up of the stock reference measured again after a drift alarm (the card is already at
 its training temperature, near enough)."""
+WATCH_ITERATIONS = 25
+"""Longest training chunk under a settled plan: the inputs (power limit, temperature) are read
+before each chunk, so a change is seen within this many iterations."""
 VERIFY_S = JUDGE_S
 """Training seconds a stored plan runs before it is kept or refused."""
 
@@ -190,6 +197,8 @@ class OnlineTuner:
         self._task: Task | None = None
         self._since_plan = (0.0, 0)      # training seconds and iterations under the current schedule
         self._watch: DriftMonitor | None = None
+        self._conditions = ConditionWatch()
+        self._limit_w = device.power_limit_w()     # the power limit the cells were measured under
         self._time_window = (0.0, 0)     # training seconds and iterations of the open time window
         self._energy_window = (0.0, 0.0, 0)   # counter, seconds, iterations at/since its opening
         self.runner.forget_requests()
@@ -228,6 +237,12 @@ class OnlineTuner:
             need = self._measure_cost_s - self.account.slack_s()
             n = max(n, min(int(math.ceil(need / rate)), int(TRAIN_MAX_S / iter_s)))
         n = min(n, target_iterations - self.account.iterations)
+        if self.drift_watch and self._settled():
+            n = min(n, WATCH_ITERATIONS)
+            moved = self._conditions.update(self.device.now_s(), self.device.temperature_c(), self.device.power_limit_w())
+            if moved:
+                self._on_drift(moved, self._group_spans())
+                return
         times, total_s = self.runner.run(self.state.schedule, n)
         self.account.charge(total_s, n)
         self._since_plan = (self._since_plan[0] + total_s, self._since_plan[1] + n)
@@ -291,36 +306,89 @@ class OnlineTuner:
         return bool(moved)
 
     def _on_drift(self, streams: list[str], spans: list[tuple[int, int]]) -> None:
-        """Re-measure the stock reference, re-open the kernels of the groups that moved (all
-        when no group did, or when the running plan came from the store and has no cells),
-        forget their cells, and re-plan."""
+        """Re-measure the stock reference and re-plan from what still holds. The kernels of the
+        groups whose time moved are re-opened (their cells forgotten, explored again); the
+        other cells are kept: a locked pair's time does not depend on the card's temperature or
+        cap, and its energy moves with the card's leakage much as stock's does. A lowered power
+        limit drops the cells that drew more than it (the card can no longer hold them) and the
+        paired cells (measured against the old cap). Everything is re-opened when the running
+        plan came from the store and has no cells."""
         st = self.state
+        obs = st.obs
         moved_groups = [int(name[1:]) for name in streams if name.startswith("g")]
-        if moved_groups and st.obs.counts.any():
-            reopen = sorted({k for i in moved_groups for k in range(*spans[i])})
-        else:
+        if not obs.counts.any():
             reopen = list(range(len(self.workload)))
+        else:
+            reopen = sorted({k for i in moved_groups for k in range(*spans[i])})
         st.alarms.append(Alarm(self.account.iterations, tuple(streams), tuple(reopen)))
         st.plan_source = "tuned"
+        old, old_limit_w = self.reference, self._limit_w
+        self._limit_w = self.device.power_limit_w()
         ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=REMEASURE_WARMUP_S)
         self.account.rebase(ref.iteration_time_s)
         self.account.charge(ref.cost_s, ref.all_iterations)
         self.reference = ref
-        obs = st.obs
         obs.reference = ref
         obs.cost_s += ref.cost_s
         self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        kernel_ratio = ref.kernel_time_s / old.kernel_time_s
+        obs.stock_time_s *= kernel_ratio          # isolated stock moves as stock in training did
+        if "workload" in streams:
+            # the same kernels at other sizes: each one's cells scale with its stock time (a
+            # kernel twice as long at one pair draws the same power for twice the time)
+            obs.stock_energy_j *= kernel_ratio
+            obs.time_s *= kernel_ratio[:, None]
+            obs.energy_j *= kernel_ratio[:, None]
+        else:
+            obs.stock_energy_j *= ref.iteration_energy_j / old.iteration_energy_j
+        if "power_limit" in streams:
+            self._limit_moved(old_limit_w)
         for k in reopen:
             st.converged.discard(k)
             obs.time_s[k], obs.energy_j[k], obs.counts[k], obs.paired_ratio[k] = np.nan, np.nan, 0, np.nan
             obs.stock_time_s[k], obs.stock_energy_j[k] = np.nan, np.nan
         self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
+        self.runner.forget_requests()
+        if not reopen:
+            st.plan_budget = self.budget
+            st.reconverged_at.append(self.account.iterations)
+            self._replan()
+            return
         self.policy = make_policy(self.strategy, search_space(self.device), seed=self.seed + len(st.alarms))
         self._task = None
         st.completion, st.completion_rounds = [], 0
         st.plan_budget = EXPLORE_PLAN_SHARE * self.budget
-        self.runner.forget_requests()
         self._replan()
+
+    def change_workload(self, workload: Workload) -> None:
+        """The job's kernels changed size (its batch size, say): the same kernels by name and
+        order under another signature. The table is carried over (_on_drift) instead of
+        tuning from scratch; other kernels need a new session."""
+        old_names = [k.name for k in self.workload.kernels]
+        if [k.name for k in workload.kernels] != old_names:
+            raise KdvfsError(f"workload change from {self.workload.name!r} to {workload.name!r}: the kernels differ "
+                             "(names or order); start a new session for it")
+        spans = self._group_spans()
+        self.workload = workload
+        self.state.obs.workload = workload
+        self.runner = IterationRunner(self.device, workload)
+        self._features = kernel_features(workload)
+        self._on_drift(["workload"], spans)
+
+    def _limit_moved(self, old_limit_w: float) -> None:
+        """Cells after the power limit moved. Lowered: a pair at which the kernel drew more than
+        the new limit, or was already throttled (a paired cell), is now held to the limit by
+        the card, as stock is: it runs as stock does (paired ratio 1). Raised: a paired cell
+        may hold now; unknown, it is forgotten."""
+        obs = self.state.obs
+        paired = ~np.isnan(obs.paired_ratio[..., 0])
+        limit_w = self._limit_w
+        if limit_w < old_limit_w:
+            with np.errstate(invalid="ignore"):
+                capped = paired | (obs.energy_j / obs.time_s > limit_w)
+            obs.paired_ratio[capped] = 1.0
+        else:
+            obs.time_s[paired], obs.energy_j[paired], obs.counts[paired], obs.paired_ratio[paired] = np.nan, np.nan, 0, np.nan
 
     # --- plan reuse ------------------------------------------------------------------------
     def _try_stored_plan(self, store: PlanStore) -> None:
@@ -473,6 +541,7 @@ class OnlineTuner:
         st = self.state
         self._since_plan = (0.0, 0)
         self._watch = None           # new groups, new baselines
+        self._conditions.relearn_temperature()     # a new load settles at its own temperature
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None

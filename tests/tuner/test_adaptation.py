@@ -29,8 +29,8 @@ def settled_store(tmp_path_factory):
     return store, tuner
 
 
-@pytest.mark.parametrize("name", ["ambient-step", "power-cap"])
-def test_an_in_place_change_is_detected_and_the_moved_kernels_re_explored(name):
+@pytest.mark.parametrize("name, stream", [("ambient-step", "temperature"), ("power-cap", "power_limit")])
+def test_an_in_place_change_is_read_from_the_inputs_and_re_planned_from_the_cells_that_hold(name, stream):
     device = SimulatedDevice(FAST, seed=0)
     tuner = _tuner(device)
     at = settle(tuner)
@@ -39,9 +39,26 @@ def test_an_in_place_change_is_detected_and_the_moved_kernels_re_explored(name):
     get_scenario(name, at).apply(device, SIX)
     tuner.run(at + 100_000)
     alarm = tuner.state.alarms[0]
-    assert 0 < alarm.iteration - at < 5_000 and alarm.reopened
+    assert alarm.streams == (stream,) and alarm.reopened == ()
+    assert (alarm.iteration - at) * old_ref_s < 3.0                                   # within 3 s of training
     assert tuner.account.ref_time_s == tuner.reference.iteration_time_s != old_ref_s    # new stock time
-    assert tuner.state.obs.measurements > measurements                                # exploration re-opened
+    assert tuner.state.obs.measurements == measurements                              # nothing re-explored
+    assert tuner.state.reconverged_at and tuner.state.reconverged_at[0] > alarm.iteration
+
+
+def test_a_group_whose_time_moved_is_re_explored_and_the_others_keep_their_cells():
+    tuner = _tuner(SimulatedDevice(FAST, seed=0))
+    settle(tuner)
+    spans = tuner._group_spans()
+    assert len(spans) > 1
+    kept = tuner.state.obs.counts.copy()
+    tuner._on_drift(["g0"], spans)
+    (a, b) = spans[0]
+    assert tuner.state.alarms[-1].reopened == tuple(range(a, b))
+    assert (tuner.state.obs.counts[a:b] == 0).all() and (tuner.state.obs.counts[b:] == kept[b:]).all()
+    measurements = tuner.state.obs.measurements
+    tuner.run(tuner.account.iterations + 200_000)
+    assert tuner.state.obs.measurements > measurements and tuner.state.obs.counts[a:b].any()
 
 
 def test_power_cap_re_tunes_within_budget_close_to_the_new_optimum():

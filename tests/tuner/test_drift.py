@@ -11,7 +11,7 @@ from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError
 from kdvfs.runtime.workloads import gpt3_xl_layer
-from kdvfs.tuner.drift import DEFAULT_H, CusumDetector, DriftMonitor, cusum_arl0, cusum_threshold, temperature_band
+from kdvfs.tuner.drift import DEFAULT_H, ConditionWatch, CusumDetector, DriftMonitor, cusum_arl0, cusum_threshold
 
 
 def first_alarm(detector: CusumDetector, xs: np.ndarray, after: int) -> int | None:
@@ -195,15 +195,29 @@ def test_simulated_device_stream_is_quiet_for_2000_windows_then_names_the_capped
     assert "group0" not in first and "group3" not in first
 
 
-def test_temperature_band_with_hysteresis():
-    edges = (60.0, 75.0)
-    assert [temperature_band(t, edges) for t in (40.0, 60.0, 70.0, 75.0, 90.0)] == [0, 1, 1, 2, 2]
-    assert temperature_band(60.5, edges, current=0) == 0           # within the hysteresis: stay
-    assert temperature_band(61.5, edges, current=0) == 1
-    assert temperature_band(59.5, edges, current=1) == 1
-    assert temperature_band(58.5, edges, current=1) == 0
-    assert temperature_band(95.0, edges, current=0, hysteresis_c=2.0) == 2
-    with pytest.raises(KdvfsError, match="finite and increasing"):
-        temperature_band(50.0, (70.0, 60.0))
-    with pytest.raises(KdvfsError, match="band 5 does not exist"):
-        temperature_band(50.0, edges, current=5)
+def test_condition_watch_alarms_on_a_new_power_limit_at_once_and_on_a_temperature_step_not_a_wander():
+    watch = ConditionWatch()
+    rng = np.random.default_rng(0)
+    t = 0.0
+    for _ in range(40):                          # 40 s settled at 70 C, +/- 0.05 C
+        t += 1.0
+        assert watch.update(t, 70.0 + 0.05 * rng.standard_normal(), 350.0) == []
+    assert watch.centre_c is not None and abs(watch.centre_c - 70.0) < 0.05 and 0.5 < watch.half_width_c < 0.7
+    for i in range(2000):                        # a long stable run that wanders 1.5 C: silent
+        t += 1.0
+        assert watch.update(t, 70.0 + 1.5 * math.sin(i / 600.0) + 0.05 * rng.standard_normal(), 350.0) == []
+    assert watch.update(t + 1.0, watch.centre_c, 250.0) == ["power_limit"]
+    assert watch.update(t + 2.0, 70.0, 250.0) == []        # the new limit is the one in force
+    watch.centre_c = 70.0
+    assert watch.update(t + 3.0, 70.8, 250.0) == ["temperature"]
+    assert watch.centre_c is None                # learns where it settles next
+
+
+def test_condition_watch_waits_for_a_warming_card_to_settle_and_ignores_an_absent_limit():
+    watch = ConditionWatch()
+    temps = [80.0 - 20.0 * math.exp(-t / 30.0) for t in range(300)]     # warming, time constant 30 s
+    armed_at = next(t for t, temp in enumerate(temps) if watch.update(float(t), temp, math.inf) == [] and watch.centre_c)
+    assert armed_at > 100                        # not while it still rises by 0.1 C in 10 s
+    assert all(watch.update(300.0 + i, 80.0, math.inf) == [] for i in range(100))
+    with pytest.raises(KdvfsError, match="not a finite number"):
+        watch.update(401.0, math.nan, math.inf)
