@@ -7,7 +7,8 @@ workload-change) through tuner/adaptation.run_scenario (what `kdvfs compare --sc
 runs: the online tuner to convergence, the change, the run continued, the oracle sweep under
 the new conditions, a stable run of the same length for false alarms), then the restart
 measurement (adaptation.measure_restart: cold start vs a restart that finds its plan in the
-store). Prints a table and the JSON; every figure is simulated.
+store). gpu-swap runs twice: on a card new to the plan store (a cold start), and with a store
+shared by the fleet where another job has already tuned the new card. Prints a table and the JSON; every figure is simulated.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def main() -> None:
     args = p.parse_args()
 
     session = Session(args.device, args.workload, strategy=args.strategy, budget=args.budget, seed=args.seed)
-    results = {name: run_scenario(session, name, progress=lambda msg: print(msg, file=sys.stderr))
-               for name in args.scenarios.split(",")}
+    say = lambda msg: print(msg, file=sys.stderr)      # noqa: E731
+    results = {name: run_scenario(session, name, progress=say) for name in args.scenarios.split(",")}
+    if "gpu-swap" in results:       # again, where the fleet's shared store has a plan for the new card
+        results["gpu-swap+fleet-store"] = run_scenario(session, "gpu-swap", fleet_store=True, progress=say)
     restart = measure_restart(session)
     doc = {"device": args.device, "workload": args.workload, "strategy": args.strategy, "budget": args.budget,
            "seed": args.seed, "source": "simulated", "scenarios": results, "restart": restart}

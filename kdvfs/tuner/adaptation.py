@@ -145,13 +145,25 @@ def run_scenario(
     at_iteration: int | None = None,
     after_iterations: int | None = None,
     store_dir: Path | None = None,
+    fleet_store: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The scenario's JSON document (module docstring); after_iterations defaults to twice
-    the iterations the first convergence took."""
+    the iterations the first convergence took. fleet_store (gpu-swap only): another job of
+    the fleet has tuned the new card first and left its plan in the shared store."""
     say = progress or (lambda _msg: None)
     with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
         store = PlanStore(store_dir or tmp)
+        if fleet_store:
+            fleet_device, fleet_workload = session.open(seed=session.seed + 2)
+            other, other_workload = get_scenario(scenario_name).apply(fleet_device, fleet_workload, seed=session.seed + 2)
+            if other is fleet_device:
+                raise KdvfsError(f"scenario {scenario_name}: a fleet store only matters where the job restarts on another "
+                                 "card (gpu-swap)")
+            say(f"{scenario_name}: another job tunes {other.name} and stores its plan")
+            fleet_job = session.tuner(other, other_workload, store, seed_offset=2)
+            settle(fleet_job)
+            store_plan(fleet_job, store)
         device, workload = session.open()
         tuner = session.tuner(device, workload, store)
         say(f"{scenario_name}: tuning to convergence")
@@ -208,6 +220,7 @@ def run_scenario(
             "saving_before": before_saving,
             "plan_stored": stored is not None,
             "restart": restart,
+            "fleet_store": fleet_store,
             "plan_store_on_restart": tuner.state.store_note if restart else None,
             "plan_source_after": tuner.state.plan_source,
             "detected_after_iterations": detected,

@@ -35,11 +35,12 @@ The session, iteration by iteration:
    time (launch timings, total / n) and of each group's time; once a window spans CHUNK_S it
    is judged; the energy counter, which advances only every 100 ms, gives the energy per
    iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM) watches
-   them. On an alarm the stock reference is measured again in training (shorter warm-up), the
-   budget account allows (1 + budget) x the new stock time for the iterations from then on,
-   and the schedule is re-planned at once from the cells that still hold (_on_drift): only the
-   kernels of groups whose own time moved are explored again. A new workload of the same
-   kernels at other sizes (change_workload) is handled the same way, its cells scaled.
+   them. On an alarm the card runs at stock until its temperature is flat again, the stock
+   reference is measured again in training, the budget account allows (1 + budget) x the new
+   stock time for the iterations since the alarm, and the schedule is re-planned at once
+   from the cells that still hold (_on_drift): only the kernels of groups whose own time
+   moved are explored again. A new workload of the same kernels at other sizes
+   (change_workload) is handled the same way, its cells scaled, without the settling.
 8. Plan reuse (plan_store): after the reference the store's plan for this GPU, grid and
    workload, if any, runs for VERIFY_S of training; if its measured slowdown is within the
    budget plus noise it is kept as the settled schedule (no exploration, drift watch on),
@@ -84,9 +85,17 @@ ambient step, 60-s chunks at stock ran 15% slower than stock, 10-s chunks within
 ENERGY_WINDOW_S = 10.0
 """Shortest energy window of the drift watch: 100 counter periods, so the counter's 100 ms
 steps and read alignment stay below the noise."""
-REMEASURE_WARMUP_S = 30.0
-"""Warm-up of the stock reference measured again after a drift alarm (the card is already at
-its training temperature, near enough)."""
+SETTLE_MAX_S = 300.0
+"""Longest run at stock waiting for the card to settle before the reference is measured again
+after an alarm (ten time constants of a card's ~30 s). After an alarm of the inputs or the
+drift watch the card's thermal state is moving: an ambient step heats it and under its
+thermal limit stock slows, a lowered cap cools it and stock speeds up. A reference taken
+before it settles would be off by as much as the change (measured on the simulated 3080 Ti
+after +15 C: stock 6.7% slower once settled than at once). A new workload on the same card
+needs no settling (ordinary conditions, the card warm from its plan)."""
+REMEASURE_WINDOW_S = 10.0
+"""Window of the reference measured again: ten of the card's 1-s noise periods and a hundred
+energy-counter steps."""
 WATCH_ITERATIONS = 25
 """Longest training chunk under a settled plan: the inputs (power limit, temperature) are read
 before each chunk, so a change is seen within this many iterations."""
@@ -124,8 +133,11 @@ class BudgetAccount:
         self.iterations += iterations
         self.ref_total_s += self.ref_time_s * iterations
 
-    def rebase(self, ref_time_s: float) -> None:
-        """The stock time changed (drift): iterations from now on are allowed against it."""
+    def rebase(self, ref_time_s: float, since_iteration: int | None = None) -> None:
+        """The stock time changed (drift): iterations from since_iteration (the alarm that
+        proved the change; default now) on are allowed against it."""
+        since = self.iterations if since_iteration is None else since_iteration
+        self.ref_total_s += (ref_time_s - self.ref_time_s) * (self.iterations - since)
         self.ref_time_s = ref_time_s
 
     def slack_s(self) -> float:
@@ -324,8 +336,11 @@ class OnlineTuner:
         st.plan_source = "tuned"
         old, old_limit_w = self.reference, self._limit_w
         self._limit_w = self.device.power_limit_w()
-        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=REMEASURE_WARMUP_S)
-        self.account.rebase(ref.iteration_time_s)
+        alarm_at = self.account.iterations
+        if streams != ["workload"]:
+            self._settle_at_stock()
+        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=0.0, window_s=REMEASURE_WINDOW_S)
+        self.account.rebase(ref.iteration_time_s, since_iteration=alarm_at)
         self.account.charge(ref.cost_s, ref.all_iterations)
         self.reference = ref
         obs.reference = ref
@@ -359,6 +374,18 @@ class OnlineTuner:
         st.completion, st.completion_rounds = [], 0
         st.plan_budget = EXPLORE_PLAN_SHARE * self.budget
         self._replan()
+
+    def _settle_at_stock(self) -> None:
+        """Run stock iterations until the card's temperature is flat again (ConditionWatch
+        settles), at most SETTLE_MAX_S: the reference measured next is stock at its own
+        steady temperature under the new conditions."""
+        watch = ConditionWatch()
+        n = max(1, math.ceil(1.0 / self.reference.iteration_time_s))
+        start_s = self.device.now_s()
+        while watch.centre_c is None and self.device.now_s() - start_s < SETTLE_MAX_S:
+            _, total_s = self.runner.run(Schedule.stock(), n)
+            self.account.charge(total_s, n)
+            watch.update(self.device.now_s(), self.device.temperature_c(), self.device.power_limit_w())
 
     def change_workload(self, workload: Workload) -> None:
         """The job's kernels changed size (its batch size, say): the same kernels by name and

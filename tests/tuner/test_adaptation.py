@@ -129,8 +129,37 @@ def test_a_stored_plan_that_runs_too_slow_is_refused(tmp_path):
     assert tuner.state.obs.measurements > 0
 
 
+def test_a_gpu_swap_to_a_card_the_fleet_store_knows_runs_its_plan():
+    session = Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0)
+    doc = run_scenario(session, "gpu-swap", after_iterations=20_000, fleet_store=True)
+    assert doc["restart"] and doc["fleet_store"] and doc["plan_source_after"] == "store"
+    assert doc["recovered_after_iterations"] is not None and doc["max_slowdown"] <= 0.01
+    with pytest.raises(KdvfsError, match="only matters where the job restarts"):
+        run_scenario(session, "ambient-step", at_iteration=1_000, after_iterations=1_000, fleet_store=True)
+
+
 def test_a_restart_scenario_cold_starts_on_the_new_card():
     doc = run_scenario(Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "gpu-swap", after_iterations=50_000)
     assert doc["restart"] and doc["detected_after_iterations"] == 0 and doc["gpu_after"] != "NVIDIA GeForce RTX 3080 Ti"
     assert doc["plan_stored"] and "no stored plan" in doc["plan_store_on_restart"] and doc["plan_source_after"] == "tuned"
     assert doc["max_slowdown"] <= 0.01
+
+
+def test_a_workload_change_carries_the_table_over_and_other_kernels_are_refused():
+    device = SimulatedDevice(FAST, seed=0)
+    tuner = _tuner(device)
+    at = settle(tuner)
+    measurements, old_ref_s = tuner.state.obs.measurements, tuner.reference.iteration_time_s
+    bigger = Workload("six", gpt3_xl_layer(batch=8).kernels[8:14])
+    tuner.change_workload(bigger)
+    (alarm,) = tuner.state.alarms
+    assert alarm.streams == ("workload",) and alarm.iteration == at and alarm.reopened == ()
+    assert tuner.reference.iteration_time_s > 1.5 * old_ref_s      # the new reference: twice the batch
+    tuner.run(tuner.account.iterations + 20_000)
+    assert tuner.state.obs.measurements == measurements and tuner.workload is bigger
+    saving, slowdown = schedule_figures(device, bigger, tuner.state.schedule)
+    assert saving > 0.05 and slowdown <= 0.01
+    assert max(p.slowdown for p in tuner.state.points) <= 0.01
+    with pytest.raises(KdvfsError, match="kernels differ"):
+        tuner.change_workload(Workload("other", gpt3_xl_layer().kernels[0:6]))
+

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="iterations to run after the change (default: twice the first convergence's)")
     scenario.add_argument("--plan-store", type=Path, default=None, metavar="DIR",
                           help="plan store of the scenario's jobs (default: a temporary directory)")
+    scenario.add_argument("--fleet-store", action="store_true",
+                          help="gpu-swap: another job of the fleet has tuned the new card and left its plan in the store")
     add_json(parser)
 
 
@@ -88,7 +90,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
         raise SystemExit(f"kdvfs compare: unknown strategy {args.strategy!r} (known: {','.join(STRATEGIES[1:])})")
     session = Session(args.device, args.workload, strategy=args.strategy, budget=args.budget, seed=args.seed)
     doc = run_scenario(session, args.scenario, at_iteration=args.at_iteration, after_iterations=args.iterations,
-                       store_dir=args.plan_store, progress=lambda msg: print(msg, file=sys.stderr))
+                       store_dir=args.plan_store, fleet_store=args.fleet_store, progress=lambda msg: print(msg, file=sys.stderr))
     label = SOURCE_LABEL[doc["source"]]
     detected, recovered = doc["detected_after_iterations"], doc["recovered_after_iterations"]
     print(f"scenario {doc['scenario']} on {args.device} ({doc['gpu_after']} after), {args.strategy}, budget {pct(args.budget)} [{label}]")
