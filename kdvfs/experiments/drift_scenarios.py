@@ -34,20 +34,24 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--after-iterations", type=int, default=None,
+                   help="iterations run after the change (default: twice the first convergence's)")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     args = p.parse_args()
 
     session = Session(args.device, args.workload, strategy=args.strategy, budget=args.budget, seed=args.seed)
     say = lambda msg: print(msg, file=sys.stderr)      # noqa: E731
-    results = {name: run_scenario(session, name, progress=say) for name in args.scenarios.split(",")}
+    after = args.after_iterations
+    results = {name: run_scenario(session, name, after_iterations=after, progress=say) for name in args.scenarios.split(",")}
     if "gpu-swap" in results:       # again, where the fleet's shared store has a plan for the new card
-        results["gpu-swap+fleet-store"] = run_scenario(session, "gpu-swap", fleet_store=True, progress=say)
+        results["gpu-swap+fleet-store"] = run_scenario(session, "gpu-swap", after_iterations=after, fleet_store=True,
+                                                       progress=say)
     restart = measure_restart(session)
     doc = {"device": args.device, "workload": args.workload, "strategy": args.strategy, "budget": args.budget,
            "seed": args.seed, "source": "simulated", "scenarios": results, "restart": restart}
-    print(f"{'scenario':16s} {'detect':>7s} {'recover':>8s} {'max slow':>9s} {'saving':>7s} {'oracle':>7s} {'false al.':>9s}")
+    print(f"{'scenario':22s} {'detect':>7s} {'recover':>8s} {'max slow':>9s} {'saving':>7s} {'oracle':>7s} {'false al.':>9s}")
     for name, r in results.items():
-        print(f"{name:16s} {_n(r['detected_after_iterations']):>7s} {_n(r['recovered_after_iterations']):>8s} "
+        print(f"{name:22s} {_n(r['detected_after_iterations']):>7s} {_n(r['recovered_after_iterations']):>8s} "
               f"{100 * r['max_slowdown']:8.2f}% {100 * r['energy_saving_after']:6.2f}% {100 * r['oracle_saving_after']:6.2f}% "
               f"{r['false_alarms_stable']:9d}")
     print(f"restart with a stored plan: old saving reached after {_n(restart['restart_iterations_to_old_saving'])} iterations "

@@ -48,20 +48,30 @@ class IterationRunner:
     def run(self, schedule: Schedule, iterations: int) -> tuple[np.ndarray, float]:
         """(each kernel's time in the last iteration run kernel by kernel, launches included, as
         launch timings give it; total seconds of all the iterations). Iterations run kernel by
-        kernel until one starts in steady state (no clock change from outside the schedule
-        still landing: after an isolated measurement, the second); the rest repeat that one
+        kernel until one runs in steady state: at least one (two after an isolated
+        measurement), and more while a switch that the steady cycle would not make is still
+        landing (a new schedule's first request, or one made before the iteration began: on
+        the H200 a switch takes 10 ms, longer than an iteration). The rest repeat that one
         (ModelDevice.repeat_since), which keeps long runs cheap."""
         starts = dict(schedule.groups)
+        cyclic_first = schedule.groups[0][1] != schedule.groups[-1][1]    # the steady cycle requests at kernel 0
         t0 = self.device.now_s()
         exact = 1 if self._requested != "unset" else 2
-        for i in range(min(exact, iterations)):
+        done = 0
+        while done < iterations:
             t_it, e_it = self.device.now_s(), self.device.true_energy_j()
             times = np.empty(len(self.workload))
+            transient = False
             for k, kernel in enumerate(self.workload.kernels):
                 if k in starts and starts[k] != self._requested:
+                    transient |= k == 0 and not cyclic_first
                     self._request(starts[k])
                 times[k] = self.device.run(kernel, kernel.launches)
-        self.device.repeat_since(t_it, e_it, iterations - min(exact, iterations))
+            done += 1
+            requested_s = self.device.switch_requested_s()
+            if done >= exact and not transient and (requested_s is None or requested_s >= t_it):
+                break
+        self.device.repeat_since(t_it, e_it, iterations - done)
         return times, self.device.now_s() - t0
 
     def _request(self, pair: ClockPair | None) -> None:

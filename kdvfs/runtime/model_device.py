@@ -77,6 +77,10 @@ class ModelDevice:
     def now_s(self) -> float:
         return self._now_s
 
+    def switch_requested_s(self) -> float | None:
+        """When the clock switch still in flight was requested; None when none is."""
+        return None if self._pending is None else self._pending[0] - self.switch_latency_s
+
     def clocks_in_effect(self) -> ClockPair | None:
         return self._clocks
 

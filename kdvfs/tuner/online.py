@@ -67,6 +67,7 @@ from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
+from kdvfs.tuner.refine import ABORT_S, TRIAL_S, TRIAL_SLACK_S, Refined, Refinement, Trial
 from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
 
 EXPLORE_PLAN_SHARE = 0.5
@@ -172,6 +173,7 @@ class TuneState:
     alarms: list[Alarm] = field(default_factory=list)
     reconverged_at: list[int] = field(default_factory=list)   # after each alarm's re-tuning
     watch_windows: int = 0          # time windows the drift watch judged
+    refinements: list[Refined] = field(default_factory=list)   # one-pair schedules refined in training
     plan_source: str = "tuned"      # "store": a stored plan verified and kept (until a drift alarm)
     store_note: str | None = None   # what the plan store lookup found, when not a usable plan
 
@@ -207,7 +209,9 @@ class OnlineTuner:
         self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         self._measure_cost_s = 2.0 * (window_s + 0.3)     # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
-        self._since_plan = (0.0, 0)      # training seconds and iterations under the current schedule
+        self._since_plan = (0.0, 0, device.energy_j())   # training seconds, iterations, counter at its start
+        self._refine: Refinement | None = None
+        self._refined = False            # the settled one-pair schedule was refined in training
         self._watch: DriftMonitor | None = None
         self._conditions = ConditionWatch()
         self._limit_w = device.power_limit_w()     # the power limit the cells were measured under
@@ -257,16 +261,69 @@ class OnlineTuner:
                 return
         times, total_s = self.runner.run(self.state.schedule, n)
         self.account.charge(total_s, n)
-        self._since_plan = (self._since_plan[0] + total_s, self._since_plan[1] + n)
+        run_s, runs, counter_j = self._since_plan
+        run_s, runs = run_s + total_s, runs + n
+        self._since_plan = (run_s, runs, counter_j)
+        if self._refine is not None:
+            self._trial_chunk()
+            return
         if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
             return
-        run_s, runs = self._since_plan
         if run_s >= JUDGE_S and self.state.grouping is not None:
             measured = run_s / runs / self.account.ref_time_s - 1.0
             noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)     # sub-window s.d. is per ~1 s
             if measured > self.state.plan_budget + noise + 1e-3:
                 self.state.plan_budget *= 0.5       # the schedule runs slower than planned: back off
                 self._replan()
+            elif (self._settled() and not self._refined and self._one_pair() is not None
+                  and self.account.slack_s() >= TRIAL_SLACK_S):
+                energy_j = (self.device.energy_j() - counter_j) / runs
+                self._refine = Refinement(Trial(self._one_pair(), measured, energy_j, True),
+                                          [p.core_mhz for p in self.device.grid.pairs if p.mem_mhz == self._one_pair().mem_mhz],
+                                          self._limit_slowdown())
+                self._next_trial()
+
+    # --- in-training refinement of a one-pair schedule (refine.py) ------------------------
+    def _one_pair(self) -> ClockPair | None:
+        """The pair of a schedule that runs the whole iteration at one locked pair."""
+        groups = self.state.schedule.groups
+        return groups[0][1] if len(groups) == 1 else None
+
+    def _limit_slowdown(self) -> float:
+        obs = self.state.obs
+        return obs.time_limit_s(self.state.plan_budget) / float(obs.ref_time_s.sum()) - 1.0
+
+    def _start_window(self) -> None:
+        """A new schedule runs from here: its own judge window and drift baselines."""
+        self._since_plan = (0.0, 0, self.device.energy_j())
+        self._watch = None
+        self._conditions.relearn_temperature()
+
+    def _trial_chunk(self) -> None:
+        """Judge the running trial once it has run TRIAL_S (or ABORT_S, plainly too slow)."""
+        run_s, runs, counter_j = self._since_plan
+        slowdown = run_s / runs / self.account.ref_time_s - 1.0
+        limit = self._refine.limit
+        too_slow = slowdown > limit + 6.0 * self.reference.time_rel_sd / math.sqrt(run_s)
+        if run_s >= TRIAL_S or (run_s >= ABORT_S and too_slow):
+            energy_j = (self.device.energy_j() - counter_j) / runs
+            self._refine.tell(Trial(self._one_pair(), slowdown, energy_j, run_s >= TRIAL_S and slowdown <= limit))
+            self._next_trial()
+
+    def _next_trial(self) -> None:
+        """Run the next candidate, or settle on the best when done (or when the slack could
+        not pay for a trial that turns out too slow)."""
+        ref = self._refine
+        pair = ref.candidate()
+        if pair is not None and self.account.slack_s() >= TRIAL_SLACK_S:
+            self.state.schedule = Schedule(((0, pair),))
+        else:
+            best = ref.best()
+            self.state.refinements.append(Refined(self.account.iterations, ref.incumbent.pair, best.pair, len(ref.trials),
+                                                  best.slowdown, best.energy_j))
+            self.state.schedule = Schedule(((0, best.pair),))
+            self._refine, self._refined = None, True
+        self._start_window()
 
     def _settled(self) -> bool:
         """Converged (or a stored plan kept) and nothing left to explore."""
@@ -446,6 +503,7 @@ class OnlineTuner:
         st.schedule, st.plan_source, st.plan_budget = schedule, "store", self.budget
         st.converged = set(range(len(self.workload)))
         st.converged_at_iteration = self.account.iterations
+        self._start_window()
 
     def _schedule_slowdown(self) -> float:
         g = self.state.grouping
@@ -566,9 +624,8 @@ class OnlineTuner:
 
     def _replan(self) -> None:
         st = self.state
-        self._since_plan = (0.0, 0)
-        self._watch = None           # new groups, new baselines
-        self._conditions.relearn_temperature()     # a new load settles at its own temperature
+        self._start_window()
+        self._refine, self._refined = None, False
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None

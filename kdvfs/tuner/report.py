@@ -32,6 +32,10 @@ class TuneReport:
         per_kernel_t, per_kernel_e = _schedule_cells(t)
         for (start, pair), end in zip(st.schedule.groups, ends):
             spans.append((start, end, pair, float(per_kernel_t[start:end].sum()), float(per_kernel_e[start:end].sum())))
+        refined = st.refinements[-1] if st.refinements else None
+        if refined is not None and st.schedule.groups == ((0, refined.to_pair),):
+            # a pair refined in training: its figures are the training run's, not isolated cells
+            spans = [(0, n, refined.to_pair, (1.0 + refined.slowdown) * float(st.obs.ref_time_s.sum()), refined.energy_j)]
         ideal = list(st.obs.kernel_level_choice(t.budget).values())
         return Plan.from_groups(
             gpu_name=t.device.name, grid=t.device.grid, workload=t.workload, budget=t.budget, groups=spans,
@@ -54,6 +58,9 @@ class TuneReport:
         print(f"  running grouped plan ({d['grouped']['groups']} groups, switch latency "
               f"{t.device.switch_latency_s * 1e3:g} ms): saving {_pct(d['grouped']['energy_saving'])}, slowdown "
               f"{_pct(d['grouped']['slowdown'])} [{label}, noiseless]")
+        for r in d["refinements"]:
+            print(f"  one-pair schedule refined in training after {r['iteration']} iterations: {r['from']} -> {r['to']} MHz "
+                  f"in {r['trials']} trials (measured slowdown {_pct(r['slowdown'])})")
         if "sweep" in d:
             s = d["sweep"]
             print(f"  full sweep for comparison: per-kernel saving {_pct(s['energy_saving'])} after {s['measurements']}"
@@ -137,6 +144,9 @@ def tune_report(tuner: OnlineTuner, budget: float, *, sweep_device_spec: str | N
         "converged_at_iteration": st.converged_at_iteration,
         "converged_at_seconds": (st.converged_at_iteration or 0) * tuner.reference.iteration_time_s,
         "kernels_converged": len(st.converged),
+        "refinements": [{"iteration": r.iteration, "from": f"{r.from_pair.core_mhz}/{r.from_pair.mem_mhz}",
+                         "to": f"{r.to_pair.core_mhz}/{r.to_pair.mem_mhz}", "trials": r.trials, "slowdown": r.slowdown}
+                        for r in st.refinements],
     }
     if sweep_device_spec is not None:
         device = open_device(sweep_device_spec, seed=seed, full_grid=full_grid)

@@ -1,0 +1,61 @@
+"""In-training refinement of a one-pair schedule: bisection on measured slowdown, energy margin."""
+
+import pytest
+
+from kdvfs.runtime.simulator import SimulatedDevice
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.runtime.workloads import gpt3_xl_layer
+from kdvfs.tuner.adaptation import settle
+from kdvfs.tuner.online import OnlineTuner, schedule_figures
+from kdvfs.tuner.refine import ENERGY_MARGIN, REFINE_FLOOR, Refinement, Trial
+
+LEVELS = list(range(1000, 2001, 50))
+
+
+def _run(ref: Refinement, slowdown_at, energy_at) -> list[int]:
+    tried = []
+    while (pair := ref.candidate()) is not None:
+        tried.append(pair.core_mhz)
+        s = slowdown_at(pair.core_mhz)
+        ref.tell(Trial(pair, s, energy_at(pair.core_mhz), s <= ref.limit))
+    return tried
+
+
+def test_bisection_finds_the_lowest_feasible_core_clock_in_log2_trials():
+    incumbent = Trial(ClockPair(2000, 3201), -0.02, 100.0, True)
+    ref = Refinement(incumbent, LEVELS, limit=0.007)
+    assert min(ref.levels_mhz) >= REFINE_FLOOR * 2000
+    tried = _run(ref, lambda c: (2000 / c - 1.0) * 0.15 - 0.02, lambda c: c / 20.0)    # feasible down to 1700
+    assert len(tried) <= 4 and ref.best().pair == ClockPair(1700, 3201)
+
+
+def test_a_lower_clock_that_saves_less_than_the_margin_is_not_adopted():
+    incumbent = Trial(ClockPair(2000, 3201), -0.02, 100.0, True)
+    ref = Refinement(incumbent, LEVELS, limit=0.007)
+    _run(ref, lambda c: 0.0, lambda c: 100.0 * (1.0 - ENERGY_MARGIN / 2))
+    assert ref.best() == incumbent
+    nothing = Refinement(incumbent, LEVELS, limit=0.007)
+    _run(nothing, lambda c: 0.05, lambda c: 50.0)          # every candidate too slow
+    assert nothing.best() == incumbent and all(not t.feasible for t in nothing.trials)
+
+
+def test_refinement_rejects_an_infeasible_incumbent_and_a_trial_of_another_clock():
+    with pytest.raises(KdvfsError, match="feasible incumbent"):
+        Refinement(Trial(ClockPair(2000, 3201), 0.05, 100.0, False), LEVELS, 0.007)
+    ref = Refinement(Trial(ClockPair(2000, 3201), 0.0, 100.0, True), LEVELS, 0.007)
+    with pytest.raises(KdvfsError, match="the candidate was"):
+        ref.tell(Trial(ClockPair(1450, 3201), 0.0, 90.0, True))
+
+
+def test_the_tuner_refines_its_one_pair_schedule_in_training_within_the_budget():
+    device = SimulatedDevice("h200", seed=0)
+    workload = Workload("six", gpt3_xl_layer().kernels[8:14])
+    tuner = OnlineTuner(device, workload, strategy="ucb", budget=0.01, seed=0, warmup_s=30.0)
+    settle(tuner)
+    (refined,) = tuner.state.refinements
+    assert len(tuner.state.schedule.groups) == 1 and tuner.state.schedule.groups[0][1] == refined.to_pair
+    assert refined.trials >= 1 and refined.to_pair.core_mhz <= refined.from_pair.core_mhz
+    before, _ = schedule_figures(device, workload, tuner.state.schedule.__class__(((0, refined.from_pair),)))
+    saving, slowdown = schedule_figures(device, workload, tuner.state.schedule)
+    assert slowdown <= 0.01 and saving >= before
+    assert max(p.slowdown for p in tuner.state.points) <= 0.01
