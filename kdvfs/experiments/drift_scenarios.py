@@ -49,10 +49,11 @@ def main() -> None:
     restart = measure_restart(session)
     doc = {"device": args.device, "workload": args.workload, "strategy": args.strategy, "budget": args.budget,
            "seed": args.seed, "source": "simulated", "scenarios": results, "restart": restart}
-    print(f"{'scenario':22s} {'detect':>7s} {'recover':>8s} {'max slow':>9s} {'saving':>7s} {'oracle':>7s} {'false al.':>9s}")
+    print(f"{'scenario':22s} {'detect':>7s} {'recover':>8s} {'max slow':>9s} {'saving':>7s} {'oracle':>7s} {'lost':>7s} {'false al.':>9s}")
     for name, r in results.items():
         print(f"{name:22s} {_n(r['detected_after_iterations']):>7s} {_n(r['recovered_after_iterations']):>8s} "
               f"{100 * r['max_slowdown']:8.2f}% {100 * r['energy_saving_after']:6.2f}% {100 * r['oracle_saving_after']:6.2f}% "
+              f"{100 * r['energy_lost_vs_oracle_share']:6.2f}% "
               f"{r['false_alarms_stable']:9d}")
     print(f"restart with a stored plan: old saving reached after {_n(restart['restart_iterations_to_old_saving'])} iterations "
           f"vs {_n(restart['cold_iterations_to_old_saving'])} for a cold start [simulated]")

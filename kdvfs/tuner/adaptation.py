@@ -20,6 +20,10 @@ itself). Figures, per scenario:
 - oracle_saving_after: the best grouped schedule under the new conditions from full
   information: a full sweep on a fresh device with the change applied, group_kernels over
   every pair and stock within the same time limit rule, evaluated by schedule_figures;
+- energy_lost_vs_oracle_j: the energy the run used from the change on (its counter:
+  exploration, references and the time before detection included) less what the oracle's
+  schedule, running from the change, would use over as many iterations (noiseless);
+  energy_lost_vs_oracle_share: that as a share of stock's energy over those iterations;
 - false_alarms_stable: alarms of a separate run of the same length without the change.
 measure_restart: a cold start that stores its plan, then a restart on a fresh card of the
 same kind that reuses it: iterations each needs until its schedule reaches the old saving.
@@ -180,6 +184,7 @@ def run_scenario(
         new_device, new_workload = scenario.apply(device, workload, seed=session.seed + 1)
         say(f"{scenario_name}: change after {at} iterations, running {after} more")
         restart = new_device is not device
+        counter_from_j, iterations_from = (new_device.energy_j(), 0) if restart else (device.energy_j(), at)
         if restart:
             device.reset_clocks()
             alarms_before = 0
@@ -204,6 +209,9 @@ def run_scenario(
         say(f"{scenario_name}: stable run of the same length")
         stable_alarms, stable_windows = stable_run(session, at + after)
         end_saving, end_slowdown = trace.figures()
+        n_after = tuner.account.iterations - iterations_from
+        stock_j = tuner.device.expected_iteration([(k, None, k.launches) for k in tuner.workload.kernels])[1]
+        lost_j = (tuner.device.energy_j() - counter_from_j) - (1.0 - oracle) * stock_j * n_after
         return {
             "scenario": scenario_name,
             "device": session.device_spec,
@@ -237,6 +245,8 @@ def run_scenario(
             "schedule_slowdown_after": end_slowdown,
             "oracle_saving_after": oracle,
             "oracle_groups": len(oracle_schedule.groups),
+            "energy_lost_vs_oracle_j": lost_j,
+            "energy_lost_vs_oracle_share": lost_j / (stock_j * n_after),
             "false_alarms_stable": stable_alarms,
             "stable_windows": stable_windows,
         }
