@@ -46,6 +46,11 @@ The session, iteration by iteration:
    budget plus noise it is kept as the settled schedule (no exploration, drift watch on),
    else the session cold-starts. A plan the store cannot vouch for (corrupt, or made for
    another GPU / workload under this key) is refused, noted in state.store_note.
+9. Refinement (refine.py): a settled schedule of one pair for the whole iteration (a card
+   whose switch is slow against its iteration) is refined in training once its judge window
+   passed: the core clock is bisected downwards on the slowdown each candidate measures in
+   training, and the lowest that keeps the limit is adopted if its measured energy is lower.
+   The drift watch waits until it is done.
 """
 
 from __future__ import annotations
