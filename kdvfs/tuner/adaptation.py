@@ -13,7 +13,8 @@ itself). Figures, per scenario:
   restart; None when nothing alarmed);
 - recovered_after_iterations: first iteration after the change at which the running
   schedule's noiseless saving (schedule_figures under the new conditions) is >= RECOVERED_SHARE
-  of the oracle's; None when never; recovery_held: every later point stays there;
+  of the oracle's with its noiseless slowdown within the budget (a refinement's trial over
+  the budget does not count); None when never; recovery_held: every later point stays there;
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
 - energy_saving_after: noiseless saving of the schedule running at the end;
@@ -98,13 +99,15 @@ class SavingTrace:
         saving, slowdown = self.figures()
         self.points.append((point.iteration + self.offset, saving, slowdown))
 
-    def holds(self, saving: float, after: int) -> bool:
-        """Every recorded schedule from iteration `after` on saves at least `saving`."""
-        return all(s >= saving for it, s, _ in self.points if it >= after)
+    def holds(self, saving: float, budget: float, after: int) -> bool:
+        """Every recorded schedule from iteration `after` on saves at least `saving` within
+        the budget."""
+        return all(s >= saving and d <= budget for it, s, d in self.points if it >= after)
 
-    def first_reaching(self, saving: float, after: int = 0) -> int | None:
-        """First recorded iteration (>= after) whose schedule saves at least `saving`."""
-        return next((it for it, s, _ in self.points if it >= after and s >= saving), None)
+    def first_reaching(self, saving: float, budget: float, after: int = 0) -> int | None:
+        """First recorded iteration (>= after) whose schedule saves at least `saving` within
+        the budget (a trial schedule over it does not count)."""
+        return next((it for it, s, d in self.points if it >= after and s >= saving and d <= budget), None)
 
 
 def settle(tuner: OnlineTuner, on_point: Callable[[Point], None] | None = None) -> int:
@@ -205,7 +208,7 @@ def run_scenario(
         points = [p for p in tuner.state.points if restart or p.iteration > at]
         say(f"{scenario_name}: oracle sweep under the new conditions")
         oracle, oracle_schedule = oracle_saving(session, scenario_name)
-        recovered_at = trace.first_reaching(RECOVERED_SHARE * oracle, after=at)
+        recovered_at = trace.first_reaching(RECOVERED_SHARE * oracle, session.budget, after=at)
         say(f"{scenario_name}: stable run of the same length")
         stable_alarms, stable_windows = stable_run(session, at + after)
         end_saving, end_slowdown = trace.figures()
@@ -237,7 +240,7 @@ def run_scenario(
             "reconverged_after_iterations": [i - at for i in tuner.state.reconverged_at]
             if not restart else ([tuner.state.converged_at_iteration] if tuner.state.converged_at_iteration else []),
             "recovered_after_iterations": None if recovered_at is None else recovered_at - at,
-            "recovery_held": recovered_at is not None and trace.holds(RECOVERED_SHARE * oracle, after=recovered_at),
+            "recovery_held": recovered_at is not None and trace.holds(RECOVERED_SHARE * oracle, session.budget, after=recovered_at),
             "max_slowdown": float(max((p.slowdown for p in points), default=0.0)),
             "budget_violations": int(sum(p.slowdown > session.budget for p in points)),
             "points_after": len(points),
@@ -281,8 +284,8 @@ def measure_restart(session: Session, *, iterations: int | None = None, store_di
         warm_trace(warm._point())
         warm.run(warm.account.iterations + 1000, warm_trace)
         tol = 1e-9
-        cold_at = cold_trace.first_reaching(old_saving - tol)
-        warm_at = warm_trace.first_reaching(old_saving - tol)
+        cold_at = cold_trace.first_reaching(old_saving - tol, session.budget)
+        warm_at = warm_trace.first_reaching(old_saving - tol, session.budget)
         return {
             "device": session.device_spec, "gpu": device.name, "workload": workload.name, "strategy": session.strategy,
             "budget": session.budget, "source": device.source,
