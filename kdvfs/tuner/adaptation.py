@@ -14,7 +14,8 @@ itself). Figures, per scenario:
 - recovered_after_iterations: first iteration after the change at which the running
   schedule's noiseless saving (schedule_figures under the new conditions) is >= RECOVERED_SHARE
   of the oracle's with its noiseless slowdown within the budget (a refinement's trial over
-  the budget does not count); None when never; recovery_held: every later point stays there;
+  the budget does not count); None when never; recovery_held: every later point stays there
+  (the trials of a refinement, 20 s each at most, excepted);
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
 - energy_saving_after: noiseless saving of the schedule running at the end;
@@ -86,7 +87,7 @@ class SavingTrace:
     def __init__(self, tuner: OnlineTuner, offset: int = 0) -> None:
         self.tuner, self.offset = tuner, offset
         self._cache: dict[Schedule, tuple[float, float]] = {}
-        self.points: list[tuple[int, float, float]] = []     # (iteration, saving, slowdown)
+        self.points: list[tuple[int, float, float, bool]] = []     # (iteration, saving, slowdown, a trial's)
 
     def figures(self) -> tuple[float, float]:
         t = self.tuner
@@ -97,17 +98,17 @@ class SavingTrace:
 
     def __call__(self, point: Point) -> None:
         saving, slowdown = self.figures()
-        self.points.append((point.iteration + self.offset, saving, slowdown))
+        self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refining))
 
     def holds(self, saving: float, budget: float, after: int) -> bool:
-        """Every recorded schedule from iteration `after` on saves at least `saving` within
-        the budget."""
-        return all(s >= saving and d <= budget for it, s, d in self.points if it >= after)
+        """Every recorded schedule from iteration `after` on, a refinement's trials excepted,
+        saves at least `saving` within the budget."""
+        return all(s >= saving and d <= budget for it, s, d, trial in self.points if it >= after and not trial)
 
     def first_reaching(self, saving: float, budget: float, after: int = 0) -> int | None:
         """First recorded iteration (>= after) whose schedule saves at least `saving` within
         the budget (a trial schedule over it does not count)."""
-        return next((it for it, s, d in self.points if it >= after and s >= saving and d <= budget), None)
+        return next((it for it, s, d, _ in self.points if it >= after and s >= saving and d <= budget), None)
 
 
 def settle(tuner: OnlineTuner, on_point: Callable[[Point], None] | None = None) -> int:

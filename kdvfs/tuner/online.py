@@ -289,6 +289,11 @@ class OnlineTuner:
                 self._next_trial()
 
     # --- in-training refinement of a one-pair schedule (refine.py) ------------------------
+    @property
+    def refining(self) -> bool:
+        """A trial of the in-training refinement is running."""
+        return self._refine is not None
+
     def _one_pair(self) -> ClockPair | None:
         """The pair of a schedule that runs the whole iteration at one locked pair."""
         groups = self.state.schedule.groups
