@@ -72,7 +72,7 @@ from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
-from kdvfs.tuner.refine import ABORT_S, TRIAL_S, TRIAL_SLACK_S, Refined, Refinement, Trial
+from kdvfs.tuner.refine import ABORT_S, ENERGY_MARGIN, TRIAL_S, TRIAL_SLACK_S, Refined, Refinement, Trial
 from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
 
 EXPLORE_PLAN_SHARE = 0.5
@@ -216,6 +216,7 @@ class OnlineTuner:
         self._task: Task | None = None
         self._since_plan = (0.0, 0, device.energy_j())   # training seconds, iterations, counter at its start
         self._refine: Refinement | None = None
+        self._grouped: tuple[Schedule, float, float] | None = None   # a grouped schedule on trial against one pair
         self._refined = False            # the settled one-pair schedule was refined in training
         self._watch: DriftMonitor | None = None
         self._conditions = ConditionWatch()
@@ -269,7 +270,7 @@ class OnlineTuner:
         run_s, runs, counter_j = self._since_plan
         run_s, runs = run_s + total_s, runs + n
         self._since_plan = (run_s, runs, counter_j)
-        if self._refine is not None:
+        if self.refining:
             self._trial_chunk()
             return
         if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
@@ -280,19 +281,41 @@ class OnlineTuner:
             if measured > self.state.plan_budget + noise + 1e-3:
                 self.state.plan_budget *= 0.5       # the schedule runs slower than planned: back off
                 self._replan()
-            elif (self._settled() and not self._refined and self._one_pair() is not None
-                  and self.account.slack_s() >= TRIAL_SLACK_S):
-                energy_j = (self.device.energy_j() - counter_j) / runs
-                self._refine = Refinement(Trial(self._one_pair(), measured, energy_j, True),
-                                          [p.core_mhz for p in self.device.grid.pairs if p.mem_mhz == self._one_pair().mem_mhz],
-                                          self._limit_slowdown())
-                self._next_trial()
+            elif self._settled() and not self._refined and self.account.slack_s() >= TRIAL_SLACK_S:
+                self._start_refinement(measured, (self.device.energy_j() - counter_j) / runs)
 
     # --- in-training refinement of a one-pair schedule (refine.py) ------------------------
     @property
     def refining(self) -> bool:
         """A trial of the in-training refinement is running."""
-        return self._refine is not None
+        return self._refine is not None or self._grouped is not None
+
+    def _start_refinement(self, slowdown: float, energy_j: float) -> None:
+        """A settled schedule passed its judge window (measured slowdown and energy per
+        iteration). One pair: bisect its core clock. Several groups: first try the best
+        one-pair schedule against it (on a slow-switch card the planner, working from
+        isolated cells, may prefer groups that training does not bear out)."""
+        pair = self._one_pair()
+        if pair is not None:
+            cores = [p.core_mhz for p in self.device.grid.pairs if p.mem_mhz == pair.mem_mhz]
+            self._refine = Refinement(Trial(pair, slowdown, energy_j, True), cores)
+            self._next_trial()
+            return
+        alternative = self._best_one_pair()
+        if alternative is None:
+            self._refined = True
+            return
+        self._grouped = (self.state.schedule, slowdown, energy_j)
+        self.state.schedule = Schedule(((0, alternative),))
+        self._start_window()
+
+    def _best_one_pair(self) -> ClockPair | None:
+        """The least-energy pair for the whole iteration within the time limit, from the
+        planner's matrices (measured cells, pessimistic fill-ins)."""
+        t, e, columns = self.candidate_matrices(self.state.plan_budget)
+        limit_s = self.state.obs.time_limit_s(self.state.plan_budget)
+        fits = [c for c, pair in enumerate(columns) if pair is not None and t[:, c].sum() <= limit_s]
+        return columns[min(fits, key=lambda c: e[:, c].sum())] if fits else None
 
     def _one_pair(self) -> ClockPair | None:
         """The pair of a schedule that runs the whole iteration at one locked pair."""
@@ -313,12 +336,24 @@ class OnlineTuner:
         """Judge the running trial once it has run TRIAL_S (or ABORT_S, plainly too slow)."""
         run_s, runs, counter_j = self._since_plan
         slowdown = run_s / runs / self.account.ref_time_s - 1.0
-        limit = self._refine.limit
+        limit = self._limit_slowdown()
         too_slow = slowdown > limit + 6.0 * self.reference.time_rel_sd / math.sqrt(run_s)
-        if run_s >= TRIAL_S or (run_s >= ABORT_S and too_slow):
-            energy_j = (self.device.energy_j() - counter_j) / runs
-            self._refine.tell(Trial(self._one_pair(), slowdown, energy_j, run_s >= TRIAL_S and slowdown <= limit))
+        if not (run_s >= TRIAL_S or (run_s >= ABORT_S and too_slow)):
+            return
+        trial = Trial(self._one_pair(), slowdown, (self.device.energy_j() - counter_j) / runs,
+                      run_s >= TRIAL_S and slowdown <= limit)
+        if self._grouped is None:
+            self._refine.tell(trial)
             self._next_trial()
+            return
+        grouped, grouped_slowdown, grouped_energy_j = self._grouped
+        self._grouped = None
+        if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * grouped_energy_j:
+            # one pair beats the groups in training: keep it, refine it after its own judge window
+            self.state.refinements.append(Refined(self.account.iterations, None, trial.pair, 1, trial.slowdown, trial.energy_j))
+        else:
+            self.state.schedule, self._refined = grouped, True
+        self._start_window()
 
     def _next_trial(self) -> None:
         """Run the next candidate, or settle on the best when done (or when the slack could
@@ -635,7 +670,7 @@ class OnlineTuner:
     def _replan(self) -> None:
         st = self.state
         self._start_window()
-        self._refine, self._refined = None, False
+        self._refine, self._grouped, self._refined = None, None, False
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None

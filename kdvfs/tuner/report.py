@@ -144,7 +144,8 @@ def tune_report(tuner: OnlineTuner, budget: float, *, sweep_device_spec: str | N
         "converged_at_iteration": st.converged_at_iteration,
         "converged_at_seconds": (st.converged_at_iteration or 0) * tuner.reference.iteration_time_s,
         "kernels_converged": len(st.converged),
-        "refinements": [{"iteration": r.iteration, "from": f"{r.from_pair.core_mhz}/{r.from_pair.mem_mhz}",
+        "refinements": [{"iteration": r.iteration,
+                         "from": "grouped" if r.from_pair is None else f"{r.from_pair.core_mhz}/{r.from_pair.mem_mhz}",
                          "to": f"{r.to_pair.core_mhz}/{r.to_pair.mem_mhz}", "trials": r.trials, "slowdown": r.slowdown}
                         for r in st.refinements],
     }
