@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -253,6 +254,10 @@ def test_sigint_halts_the_controller_then_restores_stock(mlp):
             with tuner.step():
                 step()
                 if i == 2:
+                    deadline_s = time.monotonic() + 10.0    # the controller thread has locked clocks (it follows asynchronously)
+                    while not tuner.controller.requested_clocks and time.monotonic() < deadline_s:
+                        time.sleep(0.001)
+                    assert tuner.controller.requested_clocks
                     try:
                         os.kill(os.getpid(), signal.SIGINT)  # clock_lease's handler, then KeyboardInterrupt
                     except KeyboardInterrupt:
