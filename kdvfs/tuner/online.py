@@ -96,8 +96,9 @@ SETTLE_MAX_S = 300.0
 after an alarm (ten time constants of a card's ~30 s). After an alarm of the inputs or the
 drift watch the card's thermal state is moving: an ambient step heats it and under its
 thermal limit stock slows, a lowered cap cools it and stock speeds up. A reference taken
-before it settles would be off by as much as the change (measured on the simulated 3080 Ti
-after +15 C: stock 6.7% slower once settled than at once). A new workload on the same card
+before it settles would be off by as much as the change (on the simulated 3080 Ti after
++15 C, a reference taken at once left the run at a cumulative 6.65% slowdown against it once
+stock had settled at its thermal limit). A new workload on the same card
 needs no settling (ordinary conditions, the card warm from its plan)."""
 REMEASURE_WINDOW_S = 10.0
 """Window of the reference measured again: ten of the card's 1-s noise periods and a hundred
