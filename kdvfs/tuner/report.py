@@ -59,8 +59,11 @@ class TuneReport:
               f"{t.device.switch_latency_s * 1e3:g} ms): saving {_pct(d['grouped']['energy_saving'])}, slowdown "
               f"{_pct(d['grouped']['slowdown'])} [{label}, noiseless]")
         for r in d["refinements"]:
-            print(f"  one-pair schedule refined in training after {r['iteration']} iterations: {r['from']} -> {r['to']} MHz "
-                  f"in {r['trials']} trials (measured slowdown {_pct(r['slowdown'])})")
+            what = ("grouped schedule beaten in training by one pair" if r["from"] == "grouped"
+                    else f"one pair {r['from']} refined in training")
+            trials = f"{r['trials']} trial" + ("s" if r["trials"] != 1 else "")
+            print(f"  {what}: {r['to']} MHz after {r['iteration']} iterations, {trials} (measured slowdown "
+                  f"{_pct(r['slowdown'])}) [{label}]")
         if "sweep" in d:
             s = d["sweep"]
             print(f"  full sweep for comparison: per-kernel saving {_pct(s['energy_saving'])} after {s['measurements']}"
