@@ -40,7 +40,7 @@ def test_an_in_place_change_is_read_from_the_inputs_and_re_planned_from_the_cell
     tuner.run(at + 100_000)
     alarm = tuner.state.alarms[0]
     assert alarm.streams == (stream,) and alarm.reopened == ()
-    assert (alarm.iteration - at) * old_ref_s < 3.0                                   # within 3 s of training
+    assert (alarm.iteration - at) * old_ref_s < 6.0                                   # within 6 s of training
     assert tuner.account.ref_time_s == tuner.reference.iteration_time_s != old_ref_s    # new stock time
     assert tuner.state.obs.measurements == measurements                              # nothing re-explored
     assert tuner.state.reconverged_at and tuner.state.reconverged_at[0] > alarm.iteration
