@@ -4,10 +4,10 @@ under a steady load, and does it see a thermal step?
     python -m kdvfs.experiments.h200_inputs --out DIR
 
 Read-only: the only device is NvmlDevice(0, dry_run=True); it reads the temperature and the
-enforced power limit and changes nothing. The load is a bf16 matmul loop at one size for
---steady-s seconds (the card settles; the watch must stay silent), then four times the
-arithmetic per call (the card heats: a thermal step made by the load, the nearest thing
-to an ambient step that changes no setting). A poller reads both inputs every --poll-s
+enforced power limit and changes nothing. The load is a bf16 matmul loop busy half the
+time (--duty) for --steady-s seconds (the card settles; the watch must stay silent), then
+busy all the time (the card heats: a thermal step made by the load, the nearest thing to an
+ambient step that changes no setting). A poller reads both inputs every --poll-s
 seconds, as the tuner reads them before each chunk. Prints JSON; every figure is measured
 on a real GPU. Without one, a smoke run against the fake NVML of the tests:
 KDVFS_NVML_MODULE=fake_pynvml PYTHONPATH=.:tests/runtime python -m kdvfs.experiments.h200_inputs
@@ -27,19 +27,22 @@ from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.tuner.drift import ConditionWatch
 
 
-def run_load(gpu: NvmlDevice, watch: ConditionWatch, device: str, size: int, seconds: float, poll_s: float,
-             t0: float, log: dict) -> list[float]:
-    """Matmuls of size x size until `seconds` pass, the inputs polled every poll_s; the times
-    (s since t0) of the watch's alarms. log collects the readings and when the watch armed."""
+def run_load(gpu: NvmlDevice, watch: ConditionWatch, device: str, size: int, duty: float, seconds: float,
+             poll_s: float, t0: float, log: dict) -> list[float]:
+    """Matmuls of size x size, busy a `duty` share of the time, until `seconds` pass, the
+    inputs polled every poll_s; the times (s since t0) of the watch's alarms. log collects
+    the readings and when the watch armed."""
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     c = torch.empty_like(a)
     alarms, end, next_poll = [], time.monotonic() + seconds, time.monotonic()
     while time.monotonic() < end:
+        busy_from = time.monotonic()
         for _ in range(8):
             torch.matmul(a, b, out=c)
         if device == "cuda":
             torch.cuda.synchronize()
+        time.sleep((time.monotonic() - busy_from) * (1.0 / duty - 1.0))
         if time.monotonic() >= next_poll:
             now = time.monotonic() - t0
             temp_c, limit_w = gpu.temperature_c(), gpu.power_limit_w()
@@ -54,9 +57,10 @@ def run_load(gpu: NvmlDevice, watch: ConditionWatch, device: str, size: int, sec
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steady-s", type=float, default=150.0)
+    p.add_argument("--steady-s", type=float, default=240.0)
     p.add_argument("--step-s", type=float, default=60.0)
-    p.add_argument("--size", type=int, default=2048)
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--duty", type=float, default=0.5, help="busy share of the steady phase (the step runs at 1)")
     p.add_argument("--poll-s", type=float, default=0.1)
     p.add_argument("--device", default="cuda", help="torch device of the load (cpu: a smoke run against a fake NVML)")
     p.add_argument("--out", type=Path, required=True)
@@ -64,21 +68,21 @@ def main() -> None:
 
     with NvmlDevice(0, dry_run=True) as gpu:
         watch, log, t0 = ConditionWatch(), {"readings": []}, time.monotonic()
-        steady_alarms = run_load(gpu, watch, args.device, args.size, args.steady_s, args.poll_s, t0, log)
+        steady_alarms = run_load(gpu, watch, args.device, args.size, args.duty, args.steady_s, args.poll_s, t0, log)
         centre_c, half_width_c = watch.centre_c, watch.half_width_c
         step_at = time.monotonic() - t0
-        step_alarms = run_load(gpu, watch, args.device, 2 * args.size, args.step_s, args.poll_s, t0, log)
+        step_alarms = run_load(gpu, watch, args.device, args.size, 1.0, args.step_s, args.poll_s, t0, log)
         readings = log["readings"]
         steady = [r for r in readings if args.steady_s / 2 <= r[0] < step_at]
         step = [r for r in readings if r[0] >= step_at + args.step_s / 2]
         doc = {
             "source": "measured", "gpu": gpu.name, "poll_s": args.poll_s,
             "power_limit_w_seen": sorted({r[2] for r in readings}),
-            "steady": {"seconds": args.steady_s, "size": args.size, "armed_at_s": log.get("armed_at_s"),
+            "steady": {"seconds": args.steady_s, "size": args.size, "duty": args.duty, "armed_at_s": log.get("armed_at_s"),
                        "alarms_at_s": steady_alarms, "centre_c": centre_c, "half_width_c": half_width_c,
                        "temperature_min_max_c_second_half": [min(r[1] for r in steady), max(r[1] for r in steady)],
                        "power_w_mean_second_half": round(sum(r[3] for r in steady) / len(steady), 1)},
-            "step": {"at_s": round(step_at, 2), "size": 2 * args.size, "alarms_at_s": step_alarms,
+            "step": {"at_s": round(step_at, 2), "size": args.size, "duty": 1.0, "alarms_at_s": step_alarms,
                      "detected_after_s": round(step_alarms[0] - step_at, 2) if step_alarms else None,
                      "temperature_min_max_c_second_half": [min(r[1] for r in step), max(r[1] for r in step)],
                      "power_w_mean_second_half": round(sum(r[3] for r in step) / len(step), 1)},
