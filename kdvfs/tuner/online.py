@@ -67,7 +67,7 @@ from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
-from kdvfs.tuner.drift import ConditionWatch, DriftMonitor
+from kdvfs.tuner.drift import POWER_LIMIT_TOLERANCE_W, ConditionWatch, DriftMonitor
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
@@ -266,6 +266,10 @@ class OnlineTuner:
             if moved:
                 self._on_drift(moved, self._group_spans())
                 return
+        elif self.drift_watch and abs(self.device.power_limit_w() - self._limit_w) > POWER_LIMIT_TOLERANCE_W:
+            # a new power limit while exploring: the reference and the cells measured under the old one are off
+            self._on_drift(["power_limit"], self._group_spans())
+            return
         times, total_s = self.runner.run(self.state.schedule, n)
         self.account.charge(total_s, n)
         run_s, runs, counter_j = self._since_plan
@@ -467,9 +471,12 @@ class OnlineTuner:
             obs.stock_time_s[k], obs.stock_energy_j[k] = np.nan, np.nan
         self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
         self.runner.forget_requests()
+        if self._exploring():
+            self._task = None           # the kernel in hand starts again from its scaled stock figures
         if not reopen:
-            st.plan_budget = self.budget
-            st.reconverged_at.append(self.account.iterations)
+            if not self._exploring():
+                st.plan_budget = self.budget
+                st.reconverged_at.append(self.account.iterations)
             self._replan()
             return
         self.policy = make_policy(self.strategy, search_space(self.device), seed=self.seed + len(st.alarms))

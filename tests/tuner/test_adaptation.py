@@ -163,3 +163,14 @@ def test_a_workload_change_carries_the_table_over_and_other_kernels_are_refused(
     with pytest.raises(KdvfsError, match="kernels differ"):
         tuner.change_workload(Workload("other", gpt3_xl_layer().kernels[0:6]))
 
+
+
+def test_a_power_cap_lowered_while_exploring_is_seen_and_the_budget_holds():
+    device = SimulatedDevice(FAST, seed=0)
+    tuner = _tuner(device)
+    tuner.run(30_000)
+    assert tuner.state.converged_at_iteration is None and tuner.state.obs.measurements > 0    # still exploring
+    get_scenario("power-cap").apply(device, SIX)
+    settle(tuner)                                # converges under the new cap
+    assert tuner.state.alarms[0].streams == ("power_limit",) and tuner.state.alarms[0].iteration == 30_000
+    assert max(p.slowdown for p in tuner.state.points) <= 0.01

@@ -101,6 +101,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
     print(f"  max cumulative slowdown after the change {pct(doc['max_slowdown'])} ({doc['budget_violations']} points over budget)")
     print(f"  saving at the end {pct(doc['energy_saving_after'])} (slowdown {pct(doc['schedule_slowdown_after'])}), oracle "
           f"{pct(doc['oracle_saving_after'])} [{label}, noiseless]")
+    print(f"  energy lost against the oracle since the change: {pct(doc['energy_lost_vs_oracle_share'])} of stock's "
+          f"({doc['energy_lost_vs_oracle_j']:.0f} J) [{label}]")
     print(f"  false alarms on a stable run of the same length: {doc['false_alarms_stable']} over {doc['stable_windows']} windows")
     write_json(args.json, doc)
     return 0
