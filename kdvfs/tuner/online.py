@@ -41,11 +41,13 @@ The session, iteration by iteration:
    from the cells that still hold (_on_drift): only the kernels of groups whose own time
    moved are explored again. A new workload of the same kernels at other sizes
    (change_workload) is handled the same way, its cells scaled, without the settling.
-8. Plan reuse (plan_store): after the reference the store's plan for this GPU, grid and
-   workload, if any, runs for VERIFY_S of training; if its measured slowdown is within the
-   budget plus noise it is kept as the settled schedule (no exploration, drift watch on),
-   else the session cold-starts. A plan the store cannot vouch for (corrupt, or made for
-   another GPU / workload under this key) is refused, noted in state.store_note.
+8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
+   from the first iteration, through the warm-up the reference needs anyway; the reference
+   is then measured, and the plan is kept as the settled schedule (no exploration, drift
+   watch on) if its measured slowdown over the warm-up is within the budget plus noise.
+   Else, or when it runs plainly slow in its first chunk, the session cold-starts. A plan the
+   store cannot vouch for (corrupt, or made for another GPU / workload under this key) is
+   refused, noted in state.store_note.
 9. Refinement (refine.py): a settled schedule of one pair for the whole iteration (a card
    whose switch is slow against its iteration) is refined in training once its judge window
    passed: the core clock is bisected downwards on the slowdown each candidate measures in
@@ -106,8 +108,10 @@ energy-counter steps."""
 WATCH_ITERATIONS = 25
 """Longest training chunk under a settled plan: the inputs (power limit, temperature) are read
 before each chunk, so a change is seen within this many iterations."""
-VERIFY_S = JUDGE_S
-"""Training seconds a stored plan runs before it is kept or refused."""
+WARM_ABORT_SLOWDOWN = 0.05
+"""A stored plan whose chunk of the warm-up runs this much over the budget against a first
+second at stock is plainly not for this card now: it is stopped there (the reference is
+measured and the session cold-starts). The margin covers a cool card's faster stock."""
 
 
 @dataclass(frozen=True)
@@ -205,11 +209,19 @@ class OnlineTuner:
         self.runner = IterationRunner(device, workload)
         self.policy = make_policy(strategy, search_space(device), seed=seed)
         self._t0, self._e0 = device.now_s(), device.energy_j()
-        ref = measure_reference_iterations(device, workload.kernels, warmup_s=warmup_s)
+        plan, store_note = self._stored_plan(plan_store) if plan_store is not None else (None, None)
+        warm_s, warm_runs, plan_s, plan_runs, store_note = (self._warm_up_under(plan, warmup_s, store_note) if plan
+                                                            else (0.0, 0, 0.0, 0, store_note))
+        kept = plan is not None and store_note is None
+        # the warm-up already brought the card to its training temperature (under the plan, a
+        # little cooler than at stock: a reference measured then is faster and cheaper, i.e. stricter)
+        ref = measure_reference_iterations(device, workload.kernels, warmup_s=0.0 if kept else warmup_s)
         self.reference = ref
         self.account = BudgetAccount(ref.iteration_time_s, budget)
+        self.account.charge(warm_s, warm_runs)
         self.account.charge(ref.cost_s, ref.all_iterations)
         self.state = TuneState(Observations(workload, device.grid.pairs, ref), Schedule.stock(), None, EXPLORE_PLAN_SHARE * budget)
+        self.state.store_note = store_note
         self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
         self._features = kernel_features(workload)
         self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
@@ -225,8 +237,8 @@ class OnlineTuner:
         self._time_window = (0.0, 0)     # training seconds and iterations of the open time window
         self._energy_window = (0.0, 0.0, 0)   # counter, seconds, iterations at/since its opening
         self.runner.forget_requests()
-        if plan_store is not None:
-            self._try_stored_plan(plan_store)
+        if kept:
+            self._judge_stored_plan(plan, plan_s, plan_runs)
 
     # --- the loop --------------------------------------------------------------------------
     def run(self, iterations: int, on_point: Callable[[Point], None] | None = None) -> TuneState:
@@ -528,32 +540,50 @@ class OnlineTuner:
             obs.time_s[paired], obs.energy_j[paired], obs.counts[paired], obs.paired_ratio[paired] = np.nan, np.nan, 0, np.nan
 
     # --- plan reuse ------------------------------------------------------------------------
-    def _try_stored_plan(self, store: PlanStore) -> None:
-        """Run the store's plan for this GPU, grid and workload for VERIFY_S of training; keep
-        it when its measured slowdown is within the budget plus noise."""
-        st = self.state
+    def _stored_plan(self, store: PlanStore) -> tuple[Plan | None, str | None]:
+        """The store's plan for this GPU, grid and workload, or why there is none."""
         try:
             plan = store.get(self.device.name, self.device.grid, self.workload.signature)
         except KdvfsError as exc:
-            st.store_note = f"stored plan refused: {exc}"
-            return
+            return None, f"stored plan refused: {exc}"
         if plan is None:
-            st.store_note = "no stored plan for this GPU, clock grid and workload"
-            return
-        schedule = plan_schedule(plan)
-        chunk = max(1, math.ceil(CHUNK_S / float(st.obs.ref_time_s.sum())))
+            return None, "no stored plan for this GPU, clock grid and workload"
+        return plan, None
+
+    def _warm_up_under(self, plan: Plan, warmup_s: float, note: str | None) -> tuple[float, int, float, int, str | None]:
+        """Run the stored plan for the reference's warm-up (warmup_s of training): the job
+        saves from its first iteration. A second at stock first gives a provisional reference
+        (a cool card's stock, fast: strict); the plan is stopped after a chunk when it runs
+        slower than that by more than the budget plus WARM_ABORT_SLOWDOWN. Returns the
+        seconds and iterations run, those of them under the plan, and why the plan was
+        refused, if it was."""
         run_s, runs = 0.0, 0
-        while run_s < VERIFY_S:
+        while run_s < 1.0:
+            _, total_s = self.runner.run(Schedule.stock(), 1)
+            run_s, runs = run_s + total_s, runs + 1
+        stock_s, stock_runs = run_s / runs, runs
+        schedule = plan_schedule(plan)
+        chunk = max(1, math.ceil(CHUNK_S / stock_s))
+        while run_s < warmup_s:
             _, total_s = self.runner.run(schedule, chunk)
-            self.account.charge(total_s, chunk)
             run_s, runs = run_s + total_s, runs + chunk
-            measured = run_s / runs / self.account.ref_time_s - 1.0
-            noise = self.reference.time_rel_sd / math.sqrt(run_s)    # sub-window s.d. is per ~1 s
-            # 3 s.d. when the verification is over; 6 s.d. to stop a plan that plainly fails early
-            if measured > self.budget + (3.0 if run_s >= VERIFY_S else 6.0) * noise + 1e-3:
-                st.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
-                return
-        st.schedule, st.plan_source, st.plan_budget = schedule, "store", self.budget
+            measured = total_s / chunk / stock_s - 1.0
+            if measured > self.budget + WARM_ABORT_SLOWDOWN:
+                note = (f"stored plan refused: measured slowdown {measured:+.4f} against a first second at stock, "
+                        f"over the budget {self.budget}")
+                break
+        return run_s, runs, run_s - stock_s * stock_runs, runs - stock_runs, note
+
+    def _judge_stored_plan(self, plan: Plan, run_s: float, runs: int) -> None:
+        """Keep the stored plan, which ran through the warm-up, when its measured slowdown
+        against the reference measured after it is within the budget plus 3 s.d. of noise."""
+        st = self.state
+        measured = run_s / runs / self.reference.iteration_time_s - 1.0
+        noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)    # sub-window s.d. is per ~1 s
+        if measured > self.budget + noise + 1e-3:
+            st.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
+            return
+        st.schedule, st.plan_source, st.plan_budget = plan_schedule(plan), "store", self.budget
         st.converged = set(range(len(self.workload)))
         st.converged_at_iteration = self.account.iterations
         self._start_window()
