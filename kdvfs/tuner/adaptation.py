@@ -14,7 +14,9 @@ itself). Figures, per scenario:
 - recovered_after_iterations: first iteration after the change at which the running
   schedule's noiseless saving (schedule_figures under the new conditions) is >= RECOVERED_SHARE
   of the oracle's with its noiseless slowdown within the budget (a refinement's trial over
-  the budget does not count); None when never; recovery_held: every later point stays there
+  the budget does not count; on a restart whose stored plan was kept, the plan counts from
+  the iteration it began to run, a second into the job, although it is verified only after
+  the reference's warm-up); None when never; recovery_held: every later point stays there
   (the trials of a refinement, 20 s each at most, excepted);
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
@@ -99,6 +101,14 @@ class SavingTrace:
     def __call__(self, point: Point) -> None:
         saving, slowdown = self.figures()
         self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refining))
+
+    def from_stored_plan(self) -> None:
+        """A kept stored plan ran from the restarted job's first iterations (state.plan_from_iteration),
+        before the first reported point: record it there."""
+        start = self.tuner.state.plan_from_iteration
+        if start is not None:
+            saving, slowdown = self.figures()
+            self.points.append((start + self.offset, saving, slowdown, False))
 
     def holds(self, saving: float, budget: float, after: int) -> bool:
         """Every recorded schedule from iteration `after` on, a refinement's trials excepted,
@@ -194,6 +204,7 @@ def run_scenario(
             alarms_before = 0
             tuner = session.tuner(new_device, new_workload, store, seed_offset=1)
             trace = SavingTrace(tuner, offset=at)
+            trace.from_stored_plan()
             trace(tuner._point())
             tuner.run(after, trace)
             detected: int | None = 0
@@ -235,6 +246,7 @@ def run_scenario(
             "fleet_store": fleet_store,
             "plan_store_on_restart": tuner.state.store_note if restart else None,
             "plan_source_after": tuner.state.plan_source,
+            "stored_plan_from_iteration": tuner.state.plan_from_iteration if restart else None,
             "detected_after_iterations": detected,
             "alarms_after_change": [{"after_iterations": a.iteration - at, "streams": list(a.streams),
                                      "reopened_kernels": len(a.reopened)} for a in tuner.state.alarms[alarms_before:]],
@@ -282,6 +294,7 @@ def measure_restart(session: Session, *, iterations: int | None = None, store_di
         device2, workload2 = session.open(seed=session.seed + 1)
         warm = session.tuner(device2, workload2, store, seed_offset=1)
         warm_trace = SavingTrace(warm)
+        warm_trace.from_stored_plan()
         warm_trace(warm._point())
         warm.run(warm.account.iterations + 1000, warm_trace)
         tol = 1e-9
@@ -297,6 +310,7 @@ def measure_restart(session: Session, *, iterations: int | None = None, store_di
             "restart_plan_source": warm.state.plan_source,
             "restart_store_note": warm.state.store_note,
             "restart_iterations_to_old_saving": warm_at,
+            "restart_plan_from_iteration": warm.state.plan_from_iteration,
             "restart_reference_iterations": warm.reference.all_iterations,
             "restart_measurements": warm.state.obs.measurements,
             "restart_share_of_cold": None if cold_at in (None, 0) or warm_at is None else warm_at / cold_at,

@@ -186,6 +186,7 @@ class TuneState:
     refinements: list[Refined] = field(default_factory=list)   # one-pair schedules refined in training
     plan_source: str = "tuned"      # "store": a stored plan verified and kept (until a drift alarm)
     store_note: str | None = None   # what the plan store lookup found, when not a usable plan
+    plan_from_iteration: int | None = None   # a kept stored plan ran from this iteration on (after a second at stock)
 
 
 class OnlineTuner:
@@ -238,7 +239,7 @@ class OnlineTuner:
         self._energy_window = (0.0, 0.0, 0)   # counter, seconds, iterations at/since its opening
         self.runner.forget_requests()
         if kept:
-            self._judge_stored_plan(plan, plan_s, plan_runs)
+            self._judge_stored_plan(plan, plan_s, plan_runs, warm_runs - plan_runs)
 
     # --- the loop --------------------------------------------------------------------------
     def run(self, iterations: int, on_point: Callable[[Point], None] | None = None) -> TuneState:
@@ -574,7 +575,7 @@ class OnlineTuner:
                 break
         return run_s, runs, run_s - stock_s * stock_runs, runs - stock_runs, note
 
-    def _judge_stored_plan(self, plan: Plan, run_s: float, runs: int) -> None:
+    def _judge_stored_plan(self, plan: Plan, run_s: float, runs: int, from_iteration: int) -> None:
         """Keep the stored plan, which ran through the warm-up, when its measured slowdown
         against the reference measured after it is within the budget plus 3 s.d. of noise."""
         st = self.state
@@ -584,6 +585,7 @@ class OnlineTuner:
             st.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
             return
         st.schedule, st.plan_source, st.plan_budget = plan_schedule(plan), "store", self.budget
+        st.plan_from_iteration = from_iteration
         st.converged = set(range(len(self.workload)))
         st.converged_at_iteration = self.account.iterations
         self._start_window()

@@ -85,6 +85,7 @@ def test_a_restart_reuses_the_stored_plan_without_exploring(settled_store):
     # the plan ran through the 30-s warm-up, then the 20-s reference: settled after ~50 s of training
     assert warm.state.converged_at_iteration * warm.reference.iteration_time_s < 55.0
     assert warm._point().energy_saving > 0.01            # it saved from the first iteration
+    assert 0 < warm.state.plan_from_iteration * warm.reference.iteration_time_s < 1.5     # after a second at stock
     assert warm.state.schedule == cold.state.schedule
     warm.run(warm.account.iterations + 50_000)
     assert warm.state.obs.measurements == 0 and warm.state.alarms == []
@@ -135,6 +136,7 @@ def test_a_gpu_swap_to_a_card_the_fleet_store_knows_runs_its_plan():
     session = Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0)
     doc = run_scenario(session, "gpu-swap", after_iterations=20_000, fleet_store=True)
     assert doc["restart"] and doc["fleet_store"] and doc["plan_source_after"] == "store"
+    assert doc["stored_plan_from_iteration"] is not None
     assert doc["recovered_after_iterations"] is not None and doc["max_slowdown"] <= 0.01
     with pytest.raises(KdvfsError, match="only matters where the job restarts"):
         run_scenario(session, "ambient-step", at_iteration=1_000, after_iterations=1_000, fleet_store=True)
