@@ -455,7 +455,7 @@ class OnlineTuner:
         st.alarms.append(Alarm(self.account.iterations, tuple(streams), tuple(reopen)))
         st.plan_source = "tuned"
         old, old_limit_w = self.reference, self._limit_w
-        self._limit_w = self.device.power_limit_w()
+        self._limit_w = self._conditions.limit_w = self.device.power_limit_w()
         alarm_at = self.account.iterations
         if streams != ["workload"]:
             self._settle_at_stock()
