@@ -124,14 +124,16 @@ class Observations:
         return {k.name: options[c] for k, c in zip(self.workload.kernels, sol.choice)}
 
 
-def measure_cell(device: RunnableDevice, obs: Observations, k: int, pair: ClockPair | None, window_s: float) -> Measurement:
+def measure_cell(device: RunnableDevice, obs: Observations, k: int, pair: ClockPair | None,
+                 window_s: float) -> Measurement | None:
     """Measure kernel k at a pair (None: stock) into obs, with a paired stock measurement
-    when the card throttled at the pair."""
+    when the card throttled at the pair. Returns the stock measurement it took, if any (the
+    measurement itself for pair None), for a caller that pairs the next cell with it."""
     kernel = obs.workload.kernels[k]
     res = measure_isolated(device, kernel, pair, window_s)
     if pair is None or not res.measurement.throttled:
         obs.add(k, pair, res.measurement, res.cost_s)
-        return res.measurement
+        return res.measurement if pair is None else None
     stock = measure_isolated(device, kernel, None, window_s)
     obs.add_paired(k, pair, res.measurement, stock.measurement, res.cost_s + stock.cost_s)
-    return res.measurement
+    return stock.measurement

@@ -52,7 +52,7 @@ from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.measure import SUB_WINDOW_S, IterationReference, measure_isolated, measure_reference_iterations
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
-from kdvfs.tuner.observations import SAFETY_Z, Observations
+from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.sweep import evaluate
 
@@ -107,23 +107,21 @@ class Bench:
         self._last_stock: tuple[Observations, int, Measurement] | None = None
 
     def stock(self, obs: Observations, k: int) -> None:
-        res = measure_isolated(self.device, obs.workload.kernels[k], None, self.window_s)
-        obs.add(k, None, res.measurement, res.cost_s)
-        self._last_stock = (obs, k, res.measurement)
+        self._last_stock = (obs, k, measure_cell(self.device, obs, k, None, self.window_s))
 
     def cell(self, obs: Observations, k: int, pair: ClockPair) -> None:
-        kernel = obs.workload.kernels[k]
-        res = measure_isolated(self.device, kernel, pair, self.window_s)
         last, self._last_stock = self._last_stock, None
+        if last is None or last[0] is not obs or last[1] != k:
+            stock = measure_cell(self.device, obs, k, pair, self.window_s)
+            if stock is not None:
+                self._last_stock = (obs, k, stock)
+            return
+        res = measure_isolated(self.device, obs.workload.kernels[k], pair, self.window_s)
         if not res.measurement.throttled:
             obs.add(k, pair, res.measurement, res.cost_s)
-        elif last is not None and last[0] is obs and last[1] == k:
+        else:
             obs.add_paired(k, pair, res.measurement, last[2], res.cost_s)
             obs.measurements -= 1  # the stock measurement it pairs with was counted when taken
-        else:
-            stock = measure_isolated(self.device, kernel, None, self.window_s)
-            obs.add_paired(k, pair, res.measurement, stock.measurement, res.cost_s + stock.cost_s)
-            self._last_stock = (obs, k, stock.measurement)
 
 
 def _options(obs: Observations) -> tuple[np.ndarray, np.ndarray]:
