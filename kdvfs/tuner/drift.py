@@ -245,6 +245,12 @@ class DriftMonitor:
             self.detectors[name].reset()
 
 
+def limit_moved(old_w: float | None, new_w: float, tolerance_w: float = POWER_LIMIT_TOLERANCE_W) -> bool:
+    """The enforced power limit changed (None: not read before; math.inf on both sides, a
+    card or table without one, never changes)."""
+    return old_w is not None and abs(new_w - old_w) > tolerance_w
+
+
 class ConditionWatch:
     """The inputs a plan was made under: the enforced power limit and the settled temperature.
 
@@ -282,7 +288,7 @@ class ConditionWatch:
         if not math.isfinite(temp_c):
             raise KdvfsError(f"condition watch: temperature reading {temp_c} is not a finite number")
         moved = []
-        if self.limit_w is not None and abs(power_limit_w - self.limit_w) > self.limit_tolerance_w:
+        if limit_moved(self.limit_w, power_limit_w, self.limit_tolerance_w):
             moved.append("power_limit")
         self.limit_w = power_limit_w
         if self.centre_c is not None:

@@ -69,7 +69,7 @@ from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
-from kdvfs.tuner.drift import POWER_LIMIT_TOLERANCE_W, ConditionWatch, DriftMonitor
+from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, limit_moved
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
@@ -230,7 +230,7 @@ class OnlineTuner:
         self._task: Task | None = None
         self._since_plan = (0.0, 0, device.energy_j())   # training seconds, iterations, counter at its start
         self._refine: Refinement | None = None
-        self._grouped: tuple[Schedule, float, float] | None = None   # a grouped schedule on trial against one pair
+        self._grouped: tuple[Schedule, float] | None = None   # a grouped schedule on trial against one pair, its energy/iteration
         self._refined = False            # the settled one-pair schedule was refined in training
         self._watch: DriftMonitor | None = None
         self._conditions = ConditionWatch()
@@ -279,7 +279,7 @@ class OnlineTuner:
             if moved:
                 self._on_drift(moved, self._group_spans())
                 return
-        elif self.drift_watch and abs(self.device.power_limit_w() - self._limit_w) > POWER_LIMIT_TOLERANCE_W:
+        elif self.drift_watch and limit_moved(self._limit_w, self.device.power_limit_w()):
             # a new power limit while exploring: the reference and the cells measured under the old one are off
             self._on_drift(["power_limit"], self._group_spans())
             return
@@ -323,7 +323,7 @@ class OnlineTuner:
         if alternative is None:
             self._refined = True
             return
-        self._grouped = (self.state.schedule, slowdown, energy_j)
+        self._grouped = (self.state.schedule, energy_j)
         self.state.schedule = Schedule(((0, alternative),))
         self._start_window()
 
@@ -364,7 +364,7 @@ class OnlineTuner:
             self._refine.tell(trial)
             self._next_trial()
             return
-        grouped, grouped_slowdown, grouped_energy_j = self._grouped
+        grouped, grouped_energy_j = self._grouped
         self._grouped = None
         if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * grouped_energy_j:
             # one pair beats the groups in training: keep it, refine it after its own judge window
@@ -562,7 +562,8 @@ class OnlineTuner:
         while run_s < 1.0:
             _, total_s = self.runner.run(Schedule.stock(), 1)
             run_s, runs = run_s + total_s, runs + 1
-        stock_s, stock_runs = run_s / runs, runs
+        stock_total_s, stock_runs = run_s, runs
+        stock_s = stock_total_s / stock_runs
         schedule = plan_schedule(plan)
         chunk = max(1, math.ceil(CHUNK_S / stock_s))
         while run_s < warmup_s:
@@ -573,7 +574,7 @@ class OnlineTuner:
                 note = (f"stored plan refused: measured slowdown {measured:+.4f} against a first second at stock, "
                         f"over the budget {self.budget}")
                 break
-        return run_s, runs, run_s - stock_s * stock_runs, runs - stock_runs, note
+        return run_s, runs, run_s - stock_total_s, runs - stock_runs, note
 
     def _judge_stored_plan(self, plan: Plan, run_s: float, runs: int, from_iteration: int) -> None:
         """Keep the stored plan, which ran through the warm-up, when its measured slowdown

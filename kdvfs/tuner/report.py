@@ -28,14 +28,14 @@ class TuneReport:
         st = t.state
         n = len(t.workload)
         ends = [s for s, _ in st.schedule.groups[1:]] + [n]
-        spans = []
-        per_kernel_t, per_kernel_e = _schedule_cells(t)
-        for (start, pair), end in zip(st.schedule.groups, ends):
-            spans.append((start, end, pair, float(per_kernel_t[start:end].sum()), float(per_kernel_e[start:end].sum())))
         refined = st.refinements[-1] if st.refinements else None
         if refined is not None and st.schedule.groups == ((0, refined.to_pair),):
             # a pair refined in training: its figures are the training run's, not isolated cells
             spans = [(0, n, refined.to_pair, (1.0 + refined.slowdown) * float(st.obs.ref_time_s.sum()), refined.energy_j)]
+        else:
+            per_kernel_t, per_kernel_e = _schedule_cells(t)
+            spans = [(start, end, pair, float(per_kernel_t[start:end].sum()), float(per_kernel_e[start:end].sum()))
+                     for (start, pair), end in zip(st.schedule.groups, ends)]
         ideal = list(st.obs.kernel_level_choice(t.budget).values())
         return Plan.from_groups(
             gpu_name=t.device.name, grid=t.device.grid, workload=t.workload, budget=t.budget, groups=spans,
