@@ -49,17 +49,20 @@ class IterationRunner:
         """(each kernel's time in the last iteration run kernel by kernel, launches included, as
         launch timings give it; total seconds of all the iterations). Iterations run kernel by
         kernel until one runs in steady state: at least one (two after an isolated
-        measurement), and more while a switch that the steady cycle would not make is still
-        landing (a new schedule's first request, or one made before the iteration began: on
-        the H200 a switch takes 10 ms, longer than an iteration). The rest repeat that one
-        (ModelDevice.repeat_since), which keeps long runs cheap."""
+        measurement), and more while a switch that the steady cycle would not make is in
+        flight during it (a new schedule's first request, or one made before the previous
+        iteration began: on the H200 a switch takes 10 ms, longer than an iteration, and an
+        iteration in which such a switch lands runs partly at the old clocks). The rest repeat
+        that one (ModelDevice.repeat_since), which keeps long runs cheap."""
         starts = dict(schedule.groups)
         cyclic_first = schedule.groups[0][1] != schedule.groups[-1][1]    # the steady cycle requests at kernel 0
         t0 = self.device.now_s()
         exact = 1 if self._requested != "unset" else 2
         done = 0
+        prev_start_s: float | None = None       # start of the previous iteration, when it was steady
         while done < iterations:
             t_it, e_it = self.device.now_s(), self.device.true_energy_j()
+            inherited_s = self.device.switch_requested_s()     # in flight as it begins: the cycle's own?
             times = np.empty(len(self.workload))
             transient = False
             for k, kernel in enumerate(self.workload.kernels):
@@ -69,8 +72,10 @@ class IterationRunner:
                 times[k] = self.device.run(kernel, kernel.launches)
             done += 1
             requested_s = self.device.switch_requested_s()
-            if done >= exact and not transient and (requested_s is None or requested_s >= t_it):
+            own_start = inherited_s is None or (prev_start_s is not None and inherited_s >= prev_start_s)
+            if done >= exact and not transient and own_start and (requested_s is None or requested_s >= t_it):
                 break
+            prev_start_s = None if transient else t_it
         self.device.repeat_since(t_it, e_it, iterations - done)
         return times, self.device.now_s() - t0
 

@@ -23,3 +23,15 @@ def test_a_chunk_runs_at_the_new_clocks_when_a_switch_outlasts_an_iteration(afte
     at_low_s = device.expected_iteration([(k, low, k.launches) for k in SIX.kernels])[0]
     assert device.switch_latency_s > 5 * at_low_s / 10       # the switch outlasts a stock iteration
     assert total_s == pytest.approx(10_000 * at_low_s, rel=0.01)
+
+
+def test_a_chunk_after_an_isolated_measurement_does_not_repeat_the_iteration_its_switch_landed_in():
+    device = SimulatedDevice("a100", seed=0, noise=0.0)       # a 15-ms switch; an iteration of SIX is ~4.4 ms
+    runner = IterationRunner(device, SIX)
+    runner.run(Schedule.stock(), 1_000)
+    device.set_clocks(ClockPair(705, 1215))                   # an isolated measurement at a low pair...
+    device.run(SIX.kernels[0], 10_000)                        # ...which landed, and ran
+    runner.forget_requests()
+    _, total_s = runner.run(Schedule.stock(), 2_000)          # back to stock: lands during the third iteration
+    stock_s = device.expected_iteration([(k, None, k.launches) for k in SIX.kernels])[0]
+    assert total_s == pytest.approx(2_000 * stock_s, rel=0.01)
