@@ -11,13 +11,13 @@ so the store has none for the new key and the session cold-starts (detection is 
 itself). Figures, per scenario:
 - detected_after_iterations: iterations from the change to the first drift alarm (0 on a
   restart; None when nothing alarmed);
-- recovered_after_iterations: first iteration after the change at which the running
-  schedule's noiseless saving (schedule_figures under the new conditions) is >= RECOVERED_SHARE
-  of the oracle's with its noiseless slowdown within the budget (a refinement's trial over
-  the budget does not count; on a restart whose stored plan was kept, the plan counts from
-  the iteration it began to run, a second into the job, although it is verified only after
-  the reference's warm-up); None when never; recovery_held: every later point stays there
-  (the trials of a refinement, 20 s each at most, excepted);
+- recovered_after_iterations: first iteration after the change from which the running
+  schedule's noiseless saving (schedule_figures under the new conditions) stays >=
+  RECOVERED_SHARE of the oracle's with its noiseless slowdown within the budget, to the end
+  of the run (the trials of a refinement, 20 s each at most, excepted; the tuner's runs at
+  stock, settling and references, count as saving nothing; on a restart whose stored plan was
+  kept, the plan counts from the iteration it began to run, a second into the job); None when
+  never; first_reached_after_iterations: the first point there at all, even if it fell back;
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
 - energy_saving_after: noiseless saving of the schedule running at the end;
@@ -84,12 +84,15 @@ class Session:
 
 
 class SavingTrace:
-    """The running schedule's noiseless saving, point by point (evaluated when it changes)."""
+    """The running schedule's noiseless saving, point by point (evaluated when it changes).
+    The tuner's runs at stock between two points (an alarm's settling and reference, a stored
+    plan's reference: state.stock_spans) are recorded too, as saving nothing from their start."""
 
     def __init__(self, tuner: OnlineTuner, offset: int = 0) -> None:
         self.tuner, self.offset = tuner, offset
         self._cache: dict[Schedule, tuple[float, float]] = {}
         self.points: list[tuple[int, float, float, bool]] = []     # (iteration, saving, slowdown, a trial's)
+        self._spans_seen = 0
 
     def figures(self) -> tuple[float, float]:
         t = self.tuner
@@ -99,6 +102,9 @@ class SavingTrace:
         return self._cache[schedule]
 
     def __call__(self, point: Point) -> None:
+        spans = self.tuner.state.stock_spans
+        self.points += [(start + self.offset, 0.0, 0.0, False) for start, _ in spans[self._spans_seen:]]
+        self._spans_seen = len(spans)
         saving, slowdown = self.figures()
         self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refining))
 
@@ -110,10 +116,18 @@ class SavingTrace:
             saving, slowdown = self.figures()
             self.points.append((start + self.offset, saving, slowdown, False))
 
-    def holds(self, saving: float, budget: float, after: int) -> bool:
-        """Every recorded schedule from iteration `after` on, a refinement's trials excepted,
-        saves at least `saving` within the budget."""
-        return all(s >= saving and d <= budget for it, s, d, trial in self.points if it >= after and not trial)
+    def holds_from(self, saving: float, budget: float, after: int = 0) -> int | None:
+        """First recorded iteration (>= after) from which every recorded schedule, a
+        refinement's trials excepted, saves at least `saving` within the budget."""
+        start = None
+        for it, s, d, trial in self.points:
+            if it < after or trial:
+                continue
+            if s >= saving and d <= budget:
+                start = it if start is None else start
+            else:
+                start = None
+        return start
 
     def first_reaching(self, saving: float, budget: float, after: int = 0) -> int | None:
         """First recorded iteration (>= after) whose schedule saves at least `saving` within
@@ -220,7 +234,8 @@ def run_scenario(
         points = [p for p in tuner.state.points if restart or p.iteration > at]
         say(f"{scenario_name}: oracle sweep under the new conditions")
         oracle, oracle_schedule = oracle_saving(session, scenario_name)
-        recovered_at = trace.first_reaching(RECOVERED_SHARE * oracle, session.budget, after=at)
+        first_at = trace.first_reaching(RECOVERED_SHARE * oracle, session.budget, after=at)
+        recovered_at = trace.holds_from(RECOVERED_SHARE * oracle, session.budget, after=at)
         say(f"{scenario_name}: stable run of the same length")
         stable_alarms, stable_windows = stable_run(session, at + after)
         end_saving, end_slowdown = trace.figures()
@@ -247,13 +262,14 @@ def run_scenario(
             "plan_store_on_restart": tuner.state.store_note if restart else None,
             "plan_source_after": tuner.state.plan_source,
             "stored_plan_from_iteration": tuner.state.plan_from_iteration if restart else None,
+            "iteration_time_s_after": tuner.reference.iteration_time_s,
             "detected_after_iterations": detected,
             "alarms_after_change": [{"after_iterations": a.iteration - at, "streams": list(a.streams),
                                      "reopened_kernels": len(a.reopened)} for a in tuner.state.alarms[alarms_before:]],
             "reconverged_after_iterations": [i - at for i in tuner.state.reconverged_at]
             if not restart else ([tuner.state.converged_at_iteration] if tuner.state.converged_at_iteration else []),
             "recovered_after_iterations": None if recovered_at is None else recovered_at - at,
-            "recovery_held": recovered_at is not None and trace.holds(RECOVERED_SHARE * oracle, session.budget, after=recovered_at),
+            "first_reached_after_iterations": None if first_at is None else first_at - at,
             "max_slowdown": float(max((p.slowdown for p in points), default=0.0)),
             "budget_violations": int(sum(p.slowdown > session.budget for p in points)),
             "points_after": len(points),

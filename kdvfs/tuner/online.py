@@ -47,7 +47,10 @@ The session, iteration by iteration:
    watch on) if its measured slowdown over the warm-up is within the budget plus noise.
    Else, or when it runs plainly slow in its first chunk, the session cold-starts. A plan the
    store cannot vouch for (corrupt, or made for another GPU / workload under this key) is
-   refused, noted in state.store_note.
+   refused, noted in state.store_note. With no plan for this card, the newest plan for this
+   workload from another GPU is carried to this card's clocks (transfer.py) and run the same
+   way, noted and verified (plan_source "transferred"); kept, it is refined in training, and
+   dropped for a cold start if it later runs over the budget.
 9. Refinement (refine.py): a settled schedule of one pair for the whole iteration (a card
    whose switch is slow against its iteration) is refined in training once its judge window
    passed: the core clock is bisected downwards on the slowdown each candidate measures in
@@ -76,6 +79,7 @@ from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.refine import ABORT_S, ENERGY_MARGIN, TRIAL_S, TRIAL_SLACK_S, Refined, Refinement, Trial
 from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
+from kdvfs.tuner.transfer import carry_schedule
 
 EXPLORE_PLAN_SHARE = 0.5
 SIGNIFICANT_SHARE = 0.005
@@ -187,6 +191,9 @@ class TuneState:
     plan_source: str = "tuned"      # "store": a stored plan verified and kept (until a drift alarm)
     store_note: str | None = None   # what the plan store lookup found, when not a usable plan
     plan_from_iteration: int | None = None   # a kept stored plan ran from this iteration on (after a second at stock)
+    stock_spans: list[tuple[int, int]] = field(default_factory=list)
+    """Iterations run at stock outside the schedule, [start, end): a stored plan's reference,
+    and each drift alarm's settling and reference. Reported points fall only between them."""
 
 
 class OnlineTuner:
@@ -210,10 +217,12 @@ class OnlineTuner:
         self.runner = IterationRunner(device, workload)
         self.policy = make_policy(strategy, search_space(device), seed=seed)
         self._t0, self._e0 = device.now_s(), device.energy_j()
-        plan, store_note = self._stored_plan(plan_store) if plan_store is not None else (None, None)
-        warm_s, warm_runs, plan_s, plan_runs, store_note = (self._warm_up_under(plan, warmup_s, store_note) if plan
-                                                            else (0.0, 0, 0.0, 0, store_note))
-        kept = plan is not None and store_note is None
+        plan, source, store_note = self._store_lookup(plan_store) if plan_store is not None else (None, "tuned", None)
+        stored = plan if source == "store" else None
+        warm_s, warm_runs, plan_s, plan_runs, refused = (self._warm_up_under(stored, warmup_s) if stored
+                                                         else (0.0, 0, 0.0, 0, None))
+        kept = stored is not None and refused is None
+        store_note = "; ".join(filter(None, [store_note, refused])) or None
         # the warm-up already brought the card to its training temperature (under the plan, a
         # little cooler than at stock: a reference measured then is faster and cheaper, i.e. stricter)
         ref = measure_reference_iterations(device, workload.kernels, warmup_s=0.0 if kept else warmup_s)
@@ -230,8 +239,9 @@ class OnlineTuner:
         self._task: Task | None = None
         self._since_plan = (0.0, 0, device.energy_j())   # training seconds, iterations, counter at its start
         self._refine: Refinement | None = None
-        self._grouped: tuple[Schedule, float] | None = None   # a grouped schedule on trial against one pair, its energy/iteration
+        self._incumbent: tuple[Schedule, float] | None = None   # a schedule on trial against a one-pair challenger, its energy/iteration
         self._refined = False            # the settled one-pair schedule was refined in training
+        self._remembered: ClockPair | None = None   # the pair training chose before a drift re-plan: tried first
         self._watch: DriftMonitor | None = None
         self._conditions = ConditionWatch()
         self._limit_w = device.power_limit_w()     # the power limit the cells were measured under
@@ -239,7 +249,10 @@ class OnlineTuner:
         self._energy_window = (0.0, 0.0, 0)   # counter, seconds, iterations at/since its opening
         self.runner.forget_requests()
         if kept:
-            self._judge_stored_plan(plan, plan_s, plan_runs, warm_runs - plan_runs)
+            self.state.stock_spans.append((warm_runs, warm_runs + ref.all_iterations))
+            self._judge_stored_plan(stored, plan_s, plan_runs, warm_runs - plan_runs)
+        elif source == "transferred":
+            self._adopt(plan, "transferred", self.account.iterations)
 
     # --- the loop --------------------------------------------------------------------------
     def run(self, iterations: int, on_point: Callable[[Point], None] | None = None) -> TuneState:
@@ -272,6 +285,9 @@ class OnlineTuner:
             rate = max(self.account.budget - self._schedule_slowdown(), 1e-4) * self.account.ref_time_s
             need = self._measure_cost_s - self.account.slack_s()
             n = max(n, min(int(math.ceil(need / rate)), int(TRAIN_MAX_S / iter_s)))
+        worst_s = iter_s * self._worst_slowdown(self.state.schedule)    # most an iteration can overspend
+        if self.state.plan_source == "transferred" and worst_s > 0.0:
+            n = min(n, max(1, int(self.account.slack_s() / worst_s)))      # unproven here: never past the slack
         n = min(n, target_iterations - self.account.iterations)
         if self.drift_watch and self._settled():
             n = min(n, WATCH_ITERATIONS)
@@ -293,10 +309,16 @@ class OnlineTuner:
             return
         if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
             return
-        if run_s >= JUDGE_S and self.state.grouping is not None:
-            measured = run_s / runs / self.account.ref_time_s - 1.0
-            noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)     # sub-window s.d. is per ~1 s
-            if measured > self.state.plan_budget + noise + 1e-3:
+        transferred = self.state.plan_source == "transferred"
+        measured = run_s / runs / self.account.ref_time_s - 1.0
+        noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)     # sub-window s.d. is per ~1 s
+        over = measured > self.state.plan_budget + noise + 1e-3
+        plainly_slow = run_s >= ABORT_S and measured > self.state.plan_budget + 2.0 * noise
+        if transferred and ((over and run_s >= JUDGE_S) or plainly_slow or self.account.slack_s() < worst_s):
+            # over the budget after its judge window, plainly slow after ABORT_S, or the slack spent on it
+            self._drop_transferred(measured)
+        elif run_s >= JUDGE_S and (self.state.grouping is not None or transferred):
+            if over:
                 self.state.plan_budget *= 0.5       # the schedule runs slower than planned: back off
                 self._replan()
             elif self._settled() and not self._refined and self.account.slack_s() >= TRIAL_SLACK_S:
@@ -306,14 +328,22 @@ class OnlineTuner:
     @property
     def refining(self) -> bool:
         """A trial of the in-training refinement is running."""
-        return self._refine is not None or self._grouped is not None
+        return self._refine is not None or self._incumbent is not None
 
     def _start_refinement(self, slowdown: float, energy_j: float) -> None:
         """A settled schedule passed its judge window (measured slowdown and energy per
-        iteration). One pair: bisect its core clock. Several groups: first try the best
+        iteration). After a drift re-plan, first try the pair training chose before the drift
+        against it. One pair: bisect its core clock. Several groups: first try the best
         one-pair schedule against it (on a slow-switch card the planner, working from
         isolated cells, may prefer groups that training does not bear out)."""
         pair = self._one_pair()
+        remembered, self._remembered = self._remembered, None
+        if remembered is not None and remembered != pair:
+            # after a drift re-plan: training's own choice from before the drift, against the planner's
+            self._incumbent = (self.state.schedule, energy_j)
+            self.state.schedule = Schedule(((0, remembered),))
+            self._start_window()
+            return
         if pair is not None:
             cores = [p.core_mhz for p in self.device.grid.pairs if p.mem_mhz == pair.mem_mhz]
             self._refine = Refinement(Trial(pair, slowdown, energy_j, True), cores)
@@ -323,7 +353,7 @@ class OnlineTuner:
         if alternative is None:
             self._refined = True
             return
-        self._grouped = (self.state.schedule, energy_j)
+        self._incumbent = (self.state.schedule, energy_j)
         self.state.schedule = Schedule(((0, alternative),))
         self._start_window()
 
@@ -360,17 +390,20 @@ class OnlineTuner:
             return
         trial = Trial(self._one_pair(), slowdown, (self.device.energy_j() - counter_j) / runs,
                       run_s >= TRIAL_S and slowdown <= limit)
-        if self._grouped is None:
+        if self._incumbent is None:
             self._refine.tell(trial)
             self._next_trial()
             return
-        grouped, grouped_energy_j = self._grouped
-        self._grouped = None
-        if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * grouped_energy_j:
-            # one pair beats the groups in training: keep it, refine it after its own judge window
-            self.state.refinements.append(Refined(self.account.iterations, None, trial.pair, 1, trial.slowdown, trial.energy_j))
+        incumbent, incumbent_energy_j = self._incumbent
+        self._incumbent = None
+        incumbent_pair = incumbent.groups[0][1] if len(incumbent.groups) == 1 else None
+        if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * incumbent_energy_j:
+            # the one-pair challenger wins in training: keep it, refine it after its own judge window
+            self.state.refinements.append(Refined(self.account.iterations, incumbent_pair, trial.pair, 1, trial.slowdown,
+                                                  trial.energy_j))
         else:
-            self.state.schedule, self._refined = grouped, True
+            # back to the incumbent: a one-pair one is refined after its judge window, groups are final
+            self.state.schedule, self._refined = incumbent, incumbent_pair is None
         self._start_window()
 
     def _next_trial(self) -> None:
@@ -453,6 +486,7 @@ class OnlineTuner:
         else:
             reopen = sorted({k for i in moved_groups for k in range(*spans[i])})
         st.alarms.append(Alarm(self.account.iterations, tuple(streams), tuple(reopen)))
+        self._remembered = None
         st.plan_source = "tuned"
         old, old_limit_w = self.reference, self._limit_w
         self._limit_w = self._conditions.limit_w = self.device.power_limit_w()
@@ -462,6 +496,7 @@ class OnlineTuner:
         ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=0.0, window_s=REMEASURE_WINDOW_S)
         self.account.rebase(ref.iteration_time_s, since_iteration=alarm_at)
         self.account.charge(ref.cost_s, ref.all_iterations)
+        st.stock_spans.append((alarm_at, self.account.iterations))
         self.reference = ref
         obs.reference = ref
         obs.cost_s += ref.cost_s
@@ -491,6 +526,8 @@ class OnlineTuner:
                 st.plan_budget = self.budget
                 st.reconverged_at.append(self.account.iterations)
             self._replan()
+            last = st.refinements[-1] if st.refinements and not self._exploring() else None
+            self._remembered = None if last is None else last.to_pair
             return
         self.policy = make_policy(self.strategy, search_space(self.device), seed=self.seed + len(st.alarms))
         self._task = None
@@ -541,55 +578,84 @@ class OnlineTuner:
             obs.time_s[paired], obs.energy_j[paired], obs.counts[paired], obs.paired_ratio[paired] = np.nan, np.nan, 0, np.nan
 
     # --- plan reuse ------------------------------------------------------------------------
-    def _stored_plan(self, store: PlanStore) -> tuple[Plan | None, str | None]:
-        """The store's plan for this GPU, grid and workload, or why there is none."""
+    def _store_lookup(self, store: PlanStore) -> tuple[Schedule | None, str, str | None]:
+        """The store's plan for this GPU, grid and workload ("store"); else the newest plan for
+        this workload from another GPU, carried to this card's clocks ("transferred",
+        transfer.py); else none. With a note of what was found, where it matters."""
         try:
             plan = store.get(self.device.name, self.device.grid, self.workload.signature)
         except KdvfsError as exc:
-            return None, f"stored plan refused: {exc}"
-        if plan is None:
-            return None, "no stored plan for this GPU, clock grid and workload"
-        return plan, None
+            return None, "tuned", f"stored plan refused: {exc}"
+        if plan is not None:
+            return plan_schedule(plan), "store", None
+        note = "no stored plan for this GPU, clock grid and workload"
+        other = store.newest_for_other_gpu(self.device.name, self.workload.signature)
+        if other is None:
+            return None, "tuned", note
+        carried = carry_schedule(plan_schedule(other), other.grid, self.device.grid)
+        clocks = ", ".join("stock" if p is None else f"{p.core_mhz}/{p.mem_mhz}" for _, p in carried.groups)
+        return carried, "transferred", (f"{note}; the plan of {other.gpu_name} for this workload carried to this card's "
+                                        f"clocks by relative position ({clocks} MHz), verified in training")
 
-    def _warm_up_under(self, plan: Plan, warmup_s: float, note: str | None) -> tuple[float, int, float, int, str | None]:
-        """Run the stored plan for the reference's warm-up (warmup_s of training): the job
-        saves from its first iteration. A second at stock first gives a provisional reference
-        (a cool card's stock, fast: strict); the plan is stopped after a chunk when it runs
-        slower than that by more than the budget plus WARM_ABORT_SLOWDOWN. Returns the
-        seconds and iterations run, those of them under the plan, and why the plan was
-        refused, if it was."""
+    def _warm_up_under(self, schedule: Schedule, warmup_s: float) -> tuple[float, int, float, int, str | None]:
+        """Run a stored schedule for the reference's warm-up (warmup_s of training): the job
+        saves from its first iteration. A second at stock first gives a
+        provisional reference (a cool card's stock, fast: strict); the schedule is stopped
+        after a chunk when it runs slower than that by more than the budget plus
+        WARM_ABORT_SLOWDOWN. Returns the seconds and iterations run, those of them under the
+        schedule, and why it was refused, if it was."""
         run_s, runs = 0.0, 0
         while run_s < 1.0:
             _, total_s = self.runner.run(Schedule.stock(), 1)
             run_s, runs = run_s + total_s, runs + 1
         stock_total_s, stock_runs = run_s, runs
         stock_s = stock_total_s / stock_runs
-        schedule = plan_schedule(plan)
         chunk = max(1, math.ceil(CHUNK_S / stock_s))
+        refused = None
         while run_s < warmup_s:
             _, total_s = self.runner.run(schedule, chunk)
             run_s, runs = run_s + total_s, runs + chunk
             measured = total_s / chunk / stock_s - 1.0
             if measured > self.budget + WARM_ABORT_SLOWDOWN:
-                note = (f"stored plan refused: measured slowdown {measured:+.4f} against a first second at stock, "
-                        f"over the budget {self.budget}")
+                refused = (f"stored plan refused: measured slowdown {measured:+.4f} against a first second at stock, "
+                           f"over the budget {self.budget}")
                 break
-        return run_s, runs, run_s - stock_total_s, runs - stock_runs, note
+        return run_s, runs, run_s - stock_total_s, runs - stock_runs, refused
 
-    def _judge_stored_plan(self, plan: Plan, run_s: float, runs: int, from_iteration: int) -> None:
-        """Keep the stored plan, which ran through the warm-up, when its measured slowdown
+    def _judge_stored_plan(self, schedule: Schedule, run_s: float, runs: int, from_iteration: int) -> None:
+        """Keep the stored schedule, which ran through the warm-up, when its measured slowdown
         against the reference measured after it is within the budget plus 3 s.d. of noise."""
-        st = self.state
         measured = run_s / runs / self.reference.iteration_time_s - 1.0
         noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)    # sub-window s.d. is per ~1 s
         if measured > self.budget + noise + 1e-3:
-            st.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
+            self.state.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
             return
-        st.schedule, st.plan_source, st.plan_budget = plan_schedule(plan), "store", self.budget
+        self._adopt(schedule, "store", from_iteration)
+
+    def _adopt(self, schedule: Schedule, source: str, from_iteration: int) -> None:
+        """Run a schedule from the store as the settled one, nothing to explore. A transferred
+        one is still on trial: _train drops it when training measures it over the budget."""
+        st = self.state
+        st.schedule, st.plan_source, st.plan_budget = schedule, source, self.budget
         st.plan_from_iteration = from_iteration
         st.converged = set(range(len(self.workload)))
         st.converged_at_iteration = self.account.iterations
         self._start_window()
+
+    def _worst_slowdown(self, schedule: Schedule) -> float:
+        """Bound on a schedule's slowdown: no kernel runs slower than its stock time scaled by
+        the larger of the clock ratios (the planner's pessimistic fill-in)."""
+        top_core, top_mem = max(self.device.grid.core_levels_mhz), max(self.device.grid.mem_levels_mhz)
+        return max((max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0 for _, p in schedule.groups if p is not None),
+                   default=0.0)
+
+    def _drop_transferred(self, measured: float) -> None:
+        """A transferred schedule ran over the budget in training: tune this card from scratch."""
+        st = self.state
+        st.store_note = f"{st.store_note}; transferred plan dropped: measured slowdown {measured:+.4f} in training"
+        st.plan_source, st.converged, st.converged_at_iteration = "tuned", set(), None
+        st.plan_budget = EXPLORE_PLAN_SHARE * self.budget
+        self._replan()
 
     def _schedule_slowdown(self) -> float:
         g = self.state.grouping
@@ -711,7 +777,7 @@ class OnlineTuner:
     def _replan(self) -> None:
         st = self.state
         self._start_window()
-        self._refine, self._grouped, self._refined = None, None, False
+        self._refine, self._incumbent, self._refined = None, None, False
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None

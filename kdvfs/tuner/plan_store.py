@@ -99,3 +99,9 @@ class PlanStore:
             and (grid is None or grid.pairs == e.plan.grid.pairs)
             and signature in (None, e.plan.workload_signature)
         ]
+
+    def newest_for_other_gpu(self, gpu_name: str, signature: str) -> Plan | None:
+        """The most recent usable plan for this workload made on another GPU (tuner/transfer.py
+        carries it over), None when the store has none."""
+        others = [e.plan for e in self.find(signature=signature) if e.plan.gpu_name != gpu_name]
+        return max(others, key=lambda plan: plan.created, default=None)

@@ -54,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     tuner = OnlineTuner(device, workload, strategy=args.strategy, budget=args.budget, seed=args.seed, window_s=args.window_s,
                         plan_store=store)
     if store is not None:
-        print(f"plan store {store.root}: " + ("stored plan verified in training, running it"
-                                               if tuner.state.plan_source == "store" else f"{tuner.state.store_note}; cold start"),
+        found = {"store": "stored plan verified in training, running it",
+                 "transferred": f"{tuner.state.store_note}: kept, running it"}
+        print(f"plan store {store.root}: " + found.get(tuner.state.plan_source, f"{tuner.state.store_note}; cold start"),
               file=sys.stderr)
     every = max(1, args.iterations // METRIC_POINTS)
     next_log = [0]
