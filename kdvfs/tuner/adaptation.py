@@ -7,8 +7,9 @@ inputs, power limit and temperature, or its drift watch) and re-plan. workload-c
 place too: the training loop hands the tuner its kernels at the new batch size
 (OnlineTuner.change_workload), which carries its table over. gpu-swap restarts the job: a
 new session on the new card asks the plan store first; the stored plan is for another GPU,
-so the store has none for the new key and the session cold-starts (detection is the restart
-itself). Figures, per scenario:
+so the store has none for the new key: the session carries the old card's plan over to the
+new card's clocks and tries it in training after the reference (transfer.py), or
+cold-starts if that fails (detection is the restart itself). Figures, per scenario:
 - detected_after_iterations: iterations from the change to the first drift alarm (0 on a
   restart; None when nothing alarmed);
 - recovered_after_iterations: first iteration after the change from which the running
@@ -182,10 +183,12 @@ def run_scenario(
 ) -> dict[str, Any]:
     """The scenario's JSON document (module docstring); after_iterations defaults to twice
     the iterations the first convergence took. fleet_store (gpu-swap only): another job of
-    the fleet has tuned the new card first and left its plan in the shared store."""
+    the fleet, started after this one, has tuned the new card meanwhile (a cold start of its
+    own) and left its plan in the shared store."""
     say = progress or (lambda _msg: None)
     with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
         store = PlanStore(store_dir or tmp)
+        fleet_job = None
         if fleet_store:
             fleet_device, fleet_workload = session.open(seed=session.seed + 2)
             other, other_workload = get_scenario(scenario_name).apply(fleet_device, fleet_workload, seed=session.seed + 2)
@@ -193,11 +196,12 @@ def run_scenario(
                 raise KdvfsError(f"scenario {scenario_name}: a fleet store only matters where the job restarts on another "
                                  "card (gpu-swap)")
             say(f"{scenario_name}: another job tunes {other.name} and stores its plan")
-            fleet_job = session.tuner(other, other_workload, store, seed_offset=2)
+            fleet_job = session.tuner(other, other_workload, None, seed_offset=2)
             settle(fleet_job)
-            store_plan(fleet_job, store)
         device, workload = session.open()
         tuner = session.tuner(device, workload, store)
+        if fleet_job is not None:
+            store_plan(fleet_job, store)
         say(f"{scenario_name}: tuning to convergence")
         if at_iteration is None:
             at = settle(tuner)
