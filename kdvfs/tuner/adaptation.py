@@ -331,6 +331,7 @@ def measure_restart(session: Session, *, iterations: int | None = None, store_di
             "restart_store_note": warm.state.store_note,
             "restart_iterations_to_old_saving": warm_at,
             "restart_plan_from_iteration": warm.state.plan_from_iteration,
+            "restart_verified_after_iterations": warm.state.converged_at_iteration,
             "restart_reference_iterations": warm.reference.all_iterations,
             "restart_measurements": warm.state.obs.measurements,
             "restart_share_of_cold": None if cold_at in (None, 0) or warm_at is None else warm_at / cold_at,

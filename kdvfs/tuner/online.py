@@ -48,9 +48,9 @@ The session, iteration by iteration:
    Else, or when it runs plainly slow in its first chunk, the session cold-starts. A plan the
    store cannot vouch for (corrupt, or made for another GPU / workload under this key) is
    refused, noted in state.store_note. With no plan for this card, the newest plan for this
-   workload from another GPU is carried to this card's clocks (transfer.py) and run the same
-   way, noted and verified (plan_source "transferred"); kept, it is refined in training, and
-   dropped for a cold start if it later runs over the budget.
+   workload from another GPU is carried to this card's clocks (transfer.py), noted, and run
+   from the end of a normal reference (plan_source "transferred"): it is dropped for a cold
+   start when training measures it over the budget, and refined in training otherwise.
 9. Refinement (refine.py): a settled schedule of one pair for the whole iteration (a card
    whose switch is slow against its iteration) is refined in training once its judge window
    passed: the core clock is bisected downwards on the slowdown each candidate measures in
@@ -188,8 +188,8 @@ class TuneState:
     reconverged_at: list[int] = field(default_factory=list)   # after each alarm's re-tuning
     watch_windows: int = 0          # time windows the drift watch judged
     refinements: list[Refined] = field(default_factory=list)   # one-pair schedules refined in training
-    plan_source: str = "tuned"      # "store": a stored plan verified and kept (until a drift alarm)
-    store_note: str | None = None   # what the plan store lookup found, when not a usable plan
+    plan_source: str = "tuned"      # "store": a stored plan verified and kept; "transferred": another GPU's, on trial (until a drift alarm)
+    store_note: str | None = None   # what the plan store lookup found, unless a plan for this very card was kept
     plan_from_iteration: int | None = None   # a kept stored plan ran from this iteration on (after a second at stock)
     stock_spans: list[tuple[int, int]] = field(default_factory=list)
     """Iterations run at stock outside the schedule, [start, end): a stored plan's reference,
@@ -599,11 +599,11 @@ class OnlineTuner:
 
     def _warm_up_under(self, schedule: Schedule, warmup_s: float) -> tuple[float, int, float, int, str | None]:
         """Run a stored schedule for the reference's warm-up (warmup_s of training): the job
-        saves from its first iteration. A second at stock first gives a
-        provisional reference (a cool card's stock, fast: strict); the schedule is stopped
-        after a chunk when it runs slower than that by more than the budget plus
-        WARM_ABORT_SLOWDOWN. Returns the seconds and iterations run, those of them under the
-        schedule, and why it was refused, if it was."""
+        saves from its first iteration. A second at stock first gives a provisional reference
+        (a cool card's stock, fast: strict); the schedule is stopped after a chunk when it
+        runs slower than that by more than the budget plus WARM_ABORT_SLOWDOWN. Returns the
+        seconds and iterations run, those of them under the schedule, and why it was refused,
+        if it was."""
         run_s, runs = 0.0, 0
         while run_s < 1.0:
             _, total_s = self.runner.run(Schedule.stock(), 1)

@@ -90,3 +90,28 @@ def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-tune").experiment_id])
     assert run.info.status == "KILLED"
+
+
+def test_tune_on_a_card_the_store_has_no_plan_for_carries_another_gpus_plan_and_says_so(tmp_path, capsys):
+    from kdvfs.runtime.registry import open_device, open_workload
+    from kdvfs.runtime.types import ClockPair
+    from kdvfs.tuner.plan import Plan
+    from kdvfs.tuner.plan_store import PlanStore
+
+    rtx = open_device("sim:rtx3080ti")
+    workload = open_workload("gpt3-xl-layer")
+    store = PlanStore(tmp_path / "plans")
+    store.put(Plan.from_groups(
+        gpu_name=rtx.name, grid=rtx.grid, workload=workload, budget=0.01,
+        groups=[(0, len(workload), ClockPair(1680, 9501), 1.0, 1.0)], reference_time_s=1.0, reference_energy_j=1.0,
+        source="simulated", strategy="ucb", measurements=0))
+    out = tmp_path / "t.json"
+    assert main(["tune", "--device", "sim:a100", "--strategy", "ucb", "--no-sweep", "--no-mlflow", "--iterations", "20000",
+                 "--plan-store", str(store.root), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["plan_source"] == "transferred" and "the plan of NVIDIA GeForce RTX 3080 Ti" in doc["plan_store_note"]
+    assert doc["max_cumulative_slowdown"] <= 0.01
+    captured = capsys.readouterr()
+    assert "carried to this card's clocks by relative position (1125/1215 MHz)" in captured.err
+    assert "plan source: transferred" in captured.out
+    assert len(store.entries()) == 1          # a carried plan is not stored as this card's own

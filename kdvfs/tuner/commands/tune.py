@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                         plan_store=store)
     if store is not None:
         found = {"store": "stored plan verified in training, running it",
-                 "transferred": f"{tuner.state.store_note}: kept, running it"}
+                 "transferred": f"{tuner.state.store_note}: on trial in training"}
         print(f"plan store {store.root}: " + found.get(tuner.state.plan_source, f"{tuner.state.store_note}; cold start"),
               file=sys.stderr)
     every = max(1, args.iterations // METRIC_POINTS)
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
                          seed=args.seed, full_grid=args.full_grid)
     st = tuner.state
     report.doc["plan_source"] = st.plan_source
+    report.doc["plan_store_note"] = st.store_note
     report.doc["drift_alarms"] = [{"iteration": a.iteration, "streams": list(a.streams), "reopened_kernels": len(a.reopened)}
                                   for a in st.alarms]
     report.doc["reconverged_at_iterations"] = list(st.reconverged_at)
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     if st.alarms:
         print(f"  drift: {len(st.alarms)} alarm(s), first after {st.alarms[0].iteration} iterations; re-converged at "
               f"{st.reconverged_at or 'not yet'}")
+    if store is not None:
+        print(f"  plan source: {st.plan_source}" + (f" ({st.store_note})" if st.store_note else ""))
     if store is not None and st.converged_at_iteration is not None and st.plan_source == "tuned":
         print(f"  plan stored: {store.put(report.plan(args.strategy))}")
     if args.plan_out is not None:
