@@ -288,6 +288,7 @@ def test_sigterm_restores_clocks_then_terminates(tmp_path, lease_dir):
     assert lease_files(lease_dir) == []
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_sigint_restores_clocks_then_raises_keyboard_interrupt(tmp_path, lease_dir):
     child, calls = start_child(tmp_path, lease_dir, "sleep")
     child.send_signal(signal.SIGINT)

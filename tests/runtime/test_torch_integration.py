@@ -243,6 +243,7 @@ class ResetLoggingDevice(LoggingDevice):
         super().reset_clocks()
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_sigint_halts_the_controller_then_restores_stock(mlp):
     model, optimizer, step, workload = mlp
     device = ResetLoggingDevice()

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from kdvfs.cli import main
@@ -76,6 +77,7 @@ def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _spawn(tmp_path, "--iterations", "50000000", "--mlflow-uri", uri, "--plan-out", "plan.json", "--json", "t.json")
