@@ -39,7 +39,8 @@ The session, iteration by iteration:
    reference is measured again in training, the budget account allows (1 + budget) x the new
    stock time for the iterations since the alarm, and the schedule is re-planned at once
    from the cells that still hold (_on_drift): only the kernels of groups whose own time
-   moved are explored again. A new workload of the same kernels at other sizes
+   moved are explored again. When none is, the pair the last refinement chose is tried
+   against the new plan in training (one trial) before the winner is refined. A new workload of the same kernels at other sizes
    (change_workload) is handled the same way, its cells scaled, without the settling.
 8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
    from the first iteration, through the warm-up the reference needs anyway; the reference
