@@ -9,8 +9,7 @@ the new conditions, a stable run of the same length for false alarms), then the 
 measurement (adaptation.measure_restart: cold start vs a restart that finds its plan in the
 store). gpu-swap runs twice: on a card new to the plan store (the old card's plan carried
 over, tuner/transfer.py, or a cold start), and with a store shared by the fleet where another
-job has already tuned the new card. Prints a table and the
-JSON; every figure is simulated.
+job has already tuned the new card. Prints a table and the JSON; every figure is simulated.
 """
 
 from __future__ import annotations

@@ -110,8 +110,8 @@ class SavingTrace:
         self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refining))
 
     def from_stored_plan(self) -> None:
-        """A kept stored plan ran from the restarted job's first iterations (state.plan_from_iteration),
-        before the first reported point: record it there."""
+        """A kept stored (or carried) plan ran from state.plan_from_iteration, before the first
+        reported point: record it there."""
         start = self.tuner.state.plan_from_iteration
         if start is not None:
             saving, slowdown = self.figures()

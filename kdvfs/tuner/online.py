@@ -40,8 +40,9 @@ The session, iteration by iteration:
    stock time for the iterations since the alarm, and the schedule is re-planned at once
    from the cells that still hold (_on_drift): only the kernels of groups whose own time
    moved are explored again. When none is, the pair the last refinement chose is tried
-   against the new plan in training (one trial) before the winner is refined. A new workload of the same kernels at other sizes
-   (change_workload) is handled the same way, its cells scaled, without the settling.
+   against the new plan in training (one trial) before the winner is refined. A new
+   workload of the same kernels at other sizes (change_workload) is handled the same way,
+   its cells scaled, without the settling.
 8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
    from the first iteration, through the warm-up the reference needs anyway; the reference
    is then measured, and the plan is kept as the settled schedule (no exploration, drift
@@ -286,8 +287,9 @@ class OnlineTuner:
             rate = max(self.account.budget - self._schedule_slowdown(), 1e-4) * self.account.ref_time_s
             need = self._measure_cost_s - self.account.slack_s()
             n = max(n, min(int(math.ceil(need / rate)), int(TRAIN_MAX_S / iter_s)))
-        worst_s = iter_s * self._worst_slowdown(self.state.schedule)    # most an iteration can overspend
-        if self.state.plan_source == "transferred" and worst_s > 0.0:
+        transferred = self.state.plan_source == "transferred"
+        worst_s = iter_s * self._worst_slowdown(self.state.schedule) if transferred else 0.0   # most an iteration can overspend
+        if worst_s > 0.0:
             n = min(n, max(1, int(self.account.slack_s() / worst_s)))      # unproven here: never past the slack
         n = min(n, target_iterations - self.account.iterations)
         if self.drift_watch and self._settled():
@@ -310,11 +312,9 @@ class OnlineTuner:
             return
         if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
             return
-        transferred = self.state.plan_source == "transferred"
         measured = run_s / runs / self.account.ref_time_s - 1.0
-        noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)     # sub-window s.d. is per ~1 s
-        over = measured > self.state.plan_budget + noise + 1e-3
-        plainly_slow = run_s >= ABORT_S and measured > self.state.plan_budget + 2.0 * noise
+        over = self._beyond(measured, self.state.plan_budget, run_s, 3.0, 1e-3)
+        plainly_slow = run_s >= ABORT_S and self._beyond(measured, self.state.plan_budget, run_s, 6.0)
         if transferred and ((over and run_s >= JUDGE_S) or plainly_slow or self.account.slack_s() < worst_s):
             # over the budget after its judge window, plainly slow after ABORT_S, or the slack spent on it
             self._drop_transferred(measured)
@@ -371,6 +371,11 @@ class OnlineTuner:
         groups = self.state.schedule.groups
         return groups[0][1] if len(groups) == 1 else None
 
+    def _beyond(self, slowdown: float, limit: float, run_s: float, sds: float, slack: float = 0.0) -> bool:
+        """A slowdown measured over run_s of training exceeds the limit by more than sds s.d.
+        of the reference's noise (its sub-window s.d. is per ~1 s) plus slack."""
+        return slowdown > limit + sds * self.reference.time_rel_sd / math.sqrt(run_s) + slack
+
     def _limit_slowdown(self) -> float:
         obs = self.state.obs
         return obs.time_limit_s(self.state.plan_budget) / float(obs.ref_time_s.sum()) - 1.0
@@ -386,7 +391,7 @@ class OnlineTuner:
         run_s, runs, counter_j = self._since_plan
         slowdown = run_s / runs / self.account.ref_time_s - 1.0
         limit = self._limit_slowdown()
-        too_slow = slowdown > limit + 6.0 * self.reference.time_rel_sd / math.sqrt(run_s)
+        too_slow = self._beyond(slowdown, limit, run_s, 6.0)
         if not (run_s >= TRIAL_S or (run_s >= ABORT_S and too_slow)):
             return
         trial = Trial(self._one_pair(), slowdown, (self.device.energy_j() - counter_j) / runs,
@@ -627,8 +632,7 @@ class OnlineTuner:
         """Keep the stored schedule, which ran through the warm-up, when its measured slowdown
         against the reference measured after it is within the budget plus 3 s.d. of noise."""
         measured = run_s / runs / self.reference.iteration_time_s - 1.0
-        noise = 3.0 * self.reference.time_rel_sd / math.sqrt(run_s)    # sub-window s.d. is per ~1 s
-        if measured > self.budget + noise + 1e-3:
+        if self._beyond(measured, self.budget, run_s, 3.0, 1e-3):
             self.state.store_note = f"stored plan refused: measured slowdown {measured:+.4f} over the budget {self.budget}"
             return
         self._adopt(schedule, "store", from_iteration)
@@ -644,11 +648,14 @@ class OnlineTuner:
         self._start_window()
 
     def _worst_slowdown(self, schedule: Schedule) -> float:
-        """Bound on a schedule's slowdown: no kernel runs slower than its stock time scaled by
-        the larger of the clock ratios (the planner's pessimistic fill-in)."""
-        top_core, top_mem = max(self.device.grid.core_levels_mhz), max(self.device.grid.mem_levels_mhz)
-        return max((max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0 for _, p in schedule.groups if p is not None),
-                   default=0.0)
+        """Bound on a schedule's slowdown: no kernel runs slower than at its slowest ratio."""
+        return max((self._slowest_ratio(p) - 1.0 for _, p in schedule.groups if p is not None), default=0.0)
+
+    def _slowest_ratio(self, pair: ClockPair) -> float:
+        """How much slower than stock a kernel can run at a pair: the larger of the clock
+        ratios to the top clocks (the planner's pessimistic fill-in)."""
+        grid = self.device.grid
+        return max(max(grid.core_levels_mhz) / pair.core_mhz, max(grid.mem_levels_mhz) / pair.mem_mhz, 1.0)
 
     def _drop_transferred(self, measured: float) -> None:
         """A transferred schedule ran over the budget in training: tune this card from scratch."""
@@ -760,8 +767,6 @@ class OnlineTuner:
         ref_t = obs.ref_time_s
         mean_power_w = self.reference.iteration_energy_j / self.reference.iteration_time_s
         stock_e = np.where(np.isnan(obs.stock_energy_j), ref_t * mean_power_w, obs.stock_energy_j)
-        top_core = max(self.device.grid.core_levels_mhz)
-        top_mem = max(self.device.grid.mem_levels_mhz)
         t = np.empty((len(self.workload), len(columns)))
         e = np.empty_like(t)
         for c, pair in enumerate(columns):
@@ -769,7 +774,7 @@ class OnlineTuner:
                 t[:, c], e[:, c] = ref_t, stock_e
                 continue
             j = obs.pairs.index(pair)
-            fill_t = ref_t * max(top_core / pair.core_mhz, top_mem / pair.mem_mhz, 1.0)
+            fill_t = ref_t * self._slowest_ratio(pair)
             fill_e = stock_e / ref_t * fill_t
             t[:, c] = np.where(np.isnan(time_m[:, j]), fill_t, time_m[:, j])
             e[:, c] = np.where(np.isnan(energy_m[:, j]), fill_e, energy_m[:, j])

@@ -128,11 +128,11 @@ def test_a_plan_for_another_workload_is_not_used(settled_store):
     assert tuner.state.store_note == "no stored plan for this GPU, clock grid and workload"
 
 
-def _one_pair_store(path, pair: ClockPair) -> PlanStore:
-    """A store holding a 3080 Ti plan for SIX that runs every kernel at one pair."""
-    rtx = SimulatedDevice("rtx3080ti", seed=0)
+def _one_pair_store(path, pair: ClockPair, device=None) -> PlanStore:
+    """A store holding a plan for SIX, made on device (a 3080 Ti), that runs every kernel at one pair."""
+    device = device or SimulatedDevice("rtx3080ti", seed=0)
     plan = Plan.from_groups(
-        gpu_name=rtx.name, grid=rtx.grid, workload=SIX, budget=0.01,
+        gpu_name=device.name, grid=device.grid, workload=SIX, budget=0.01,
         groups=[(0, len(SIX), pair, 1.0, 1.0)], reference_time_s=1.0, reference_energy_j=1.0,
         source="simulated", strategy="ucb", measurements=0)
     store = PlanStore(path)
@@ -182,13 +182,7 @@ def test_the_store_refuses_a_mismatched_file_and_the_tuner_cold_starts(settled_s
 def test_a_stored_plan_that_runs_too_slow_is_refused(tmp_path):
     device = SimulatedDevice(FAST, seed=0)
     slow = ClockPair(min(device.grid.core_levels_mhz), max(device.grid.mem_levels_mhz))
-    plan = Plan.from_groups(
-        gpu_name=device.name, grid=device.grid, workload=SIX, budget=0.01,
-        groups=[(0, len(SIX), slow, 1.0, 1.0)], reference_time_s=1.0, reference_energy_j=1.0,
-        source="simulated", strategy="ucb", measurements=0)
-    store = PlanStore(tmp_path)
-    store.put(plan)
-    tuner = _tuner(device, store=store)
+    tuner = _tuner(device, store=_one_pair_store(tmp_path, slow, device))
     assert tuner.state.plan_source == "tuned" and "slowdown" in tuner.state.store_note
     assert tuner.account.spent_s < tuner.account.ref_total_s + 20.0     # stopped after its first window
     tuner.run(tuner.account.iterations + 200_000)

@@ -92,13 +92,13 @@ def _run_scenario(args: argparse.Namespace) -> int:
     doc = run_scenario(session, args.scenario, at_iteration=args.at_iteration, after_iterations=args.iterations,
                        store_dir=args.plan_store, fleet_store=args.fleet_store, progress=lambda msg: print(msg, file=sys.stderr))
     label = SOURCE_LABEL[doc["source"]]
-    detected, recovered, first = (doc[k] for k in ("detected_after_iterations", "recovered_after_iterations",
-                                                   "first_reached_after_iterations"))
+    detected, recovered, first = ("never" if doc[k] is None else doc[k] for k in (
+        "detected_after_iterations", "recovered_after_iterations", "first_reached_after_iterations"))
     print(f"scenario {doc['scenario']} on {args.device} ({doc['gpu_after']} after), {args.strategy}, budget {pct(args.budget)} [{label}]")
     print(f"  change after {doc['at_iteration']} iterations (converged at {doc['converged_at_iteration']}), then {doc['after_iterations']} more"
           + (f"; job restarted: {doc['plan_store_on_restart']}" if doc["restart"] else ""))
-    print(f"  detected after {'never' if detected is None else detected} iterations, within 95% of the oracle to the end "
-          f"after {'never' if recovered is None else recovered} (first reached after {'never' if first is None else first}; "
+    print(f"  detected after {detected} iterations, within 95% of the oracle to the end after {recovered} "
+          f"(first reached after {first}; "
           f"an iteration takes {doc['iteration_time_s_after'] * 1e3:.1f} ms)")
     print(f"  max cumulative slowdown after the change {pct(doc['max_slowdown'])} ({doc['budget_violations']} points over budget)")
     print(f"  saving at the end {pct(doc['energy_saving_after'])} (slowdown {pct(doc['schedule_slowdown_after'])}), oracle "
