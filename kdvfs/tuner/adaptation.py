@@ -269,7 +269,8 @@ def run_scenario(
             "iteration_time_s_after": tuner.reference.iteration_time_s,
             "detected_after_iterations": detected,
             "alarms_after_change": [{"after_iterations": a.iteration - at, "streams": list(a.streams),
-                                     "reopened_kernels": len(a.reopened)} for a in tuner.state.alarms[alarms_before:]],
+                                     "reopened_kernels": len(a.reopened), "plan_held": a.held}
+                                    for a in tuner.state.alarms[alarms_before:]],
             "reconverged_after_iterations": [i - at for i in tuner.state.reconverged_at]
             if not restart else ([tuner.state.converged_at_iteration] if tuner.state.converged_at_iteration else []),
             "recovered_after_iterations": None if recovered_at is None else recovered_at - at,

@@ -275,6 +275,8 @@ class ConditionWatch:
         self.limit_tolerance_w = limit_tolerance_w
         self.limit_w: float | None = None
         self.centre_c: float | None = None
+        self.step_c = 0.0
+        """The last temperature alarm's reading less the centre it left (> 0: the card warmed)."""
         self.half_width_c = 0.0
         self._last_s = 0.0
         self._readings: deque[tuple[float, float]] = deque()
@@ -294,6 +296,7 @@ class ConditionWatch:
         if self.centre_c is not None:
             if abs(temp_c - self.centre_c) > self.half_width_c:
                 moved.append("temperature")
+                self.step_c = temp_c - self.centre_c
             else:
                 self.centre_c += (temp_c - self.centre_c) * min(1.0, (now_s - self._last_s) / self.track_s)
                 self._last_s = now_s

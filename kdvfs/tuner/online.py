@@ -35,7 +35,13 @@ The session, iteration by iteration:
    time (launch timings, total / n) and of each group's time; once a window spans CHUNK_S it
    is judged; the energy counter, which advances only every 100 ms, gives the energy per
    iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM) watches
-   them. On an alarm the card runs at stock until its temperature is flat again, the stock
+   them. A card that warmed (its temperature stepped up) while nothing throttles it keeps its
+   plan and its reference: warmer stock can only be slower, so the reference stays a strict
+   bound; the energy stream sits out while it warms, a throttle reason meanwhile is an alarm,
+   and once the temperature is flat stock is measured again (one window, from here) and the
+   kept plan refined against it (_hold_plan). On any other alarm (a new power limit, a
+   cooling step, a group's time or the energy moved) the card runs at stock until its
+   temperature is flat again, the stock
    reference is measured again in training, the budget account allows (1 + budget) x the new
    stock time for the iterations since the alarm, and the schedule is re-planned at once
    from the cells that still hold (_on_drift): only the kernels of groups whose own time
@@ -71,7 +77,7 @@ import numpy as np
 from kdvfs.policies.base import Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import IterationRunner, Schedule
-from kdvfs.runtime.measure import measure_reference_iterations
+from kdvfs.runtime.measure import THROTTLES, IterationReference, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, limit_moved
@@ -166,11 +172,13 @@ class BudgetAccount:
 
 @dataclass(frozen=True)
 class Alarm:
-    """A drift alarm: after how many iterations, which streams, which kernels re-opened."""
+    """A drift alarm: after how many iterations, which streams, which kernels re-opened;
+    held: the plan was kept (the card warmed without throttling: _hold_plan)."""
 
     iteration: int
     streams: tuple[str, ...]
     reopened: tuple[int, ...]
+    held: bool = False
 
 
 @dataclass
@@ -244,6 +252,7 @@ class OnlineTuner:
         self._incumbent: tuple[Schedule, float] | None = None   # a schedule on trial against a one-pair challenger, its energy/iteration
         self._refined = False            # the settled one-pair schedule was refined in training
         self._remembered: ClockPair | None = None   # the pair training chose before a drift re-plan: tried first
+        self._warming_since_s: float | None = None   # a held plan runs while the card warms, since then (_hold_plan)
         self._watch: DriftMonitor | None = None
         self._conditions = ConditionWatch()
         self._limit_w = device.power_limit_w()     # the power limit the cells were measured under
@@ -295,7 +304,12 @@ class OnlineTuner:
         if self.drift_watch and self._settled():
             n = min(n, WATCH_ITERATIONS)
             moved = self._conditions.update(self.device.now_s(), self.device.temperature_c(), self.device.power_limit_w())
-            if moved:
+            throttled = bool(self.device.throttle_reasons() & THROTTLES)
+            if self._warming_since_s is not None and throttled:
+                moved = ["temperature"]      # the card warming under a held plan now throttles: its pairs slow
+            if moved == ["temperature"] and self._conditions.step_c > 0.0 and not throttled and self._warming_since_s is None:
+                self._hold_plan()
+            elif moved:
                 self._on_drift(moved, self._group_spans())
                 return
         elif self.drift_watch and limit_moved(self._limit_w, self.device.power_limit_w()):
@@ -462,9 +476,15 @@ class OnlineTuner:
             win_s, win_n = 0.0, 0
             self.state.watch_windows += 1
         self._time_window = (win_s, win_n)
+        warming_s = None if self._warming_since_s is None else self.device.now_s() - self._warming_since_s
+        if warming_s is not None and (self._conditions.centre_c is not None or warming_s >= SETTLE_MAX_S):
+            self._end_warming()
+            return False
         e0, e_s, e_n = self._energy_window
         e_s, e_n = e_s + total_s, e_n + n
-        if e_s >= ENERGY_WINDOW_S:
+        if warming_s is not None:
+            e0, e_s, e_n = self.device.energy_j(), 0.0, 0    # leakage rises with the temperature: energy sits out
+        elif e_s >= ENERGY_WINDOW_S:
             now_j = self.device.energy_j()
             values["energy"], expected["energy"] = (now_j - e0) / e_n, self.reference.iteration_energy_j
             e0, e_s, e_n = now_j, 0.0, 0
@@ -476,6 +496,19 @@ class OnlineTuner:
             self._on_drift(moved, spans)
         return bool(moved)
 
+    def _hold_plan(self) -> None:
+        """The card warmed (its inlet air or cooling changed) and nothing throttles it: keep the
+        plan and the reference. A hotter card can only run stock slower (its boost clock falls
+        with temperature and leakage power), so the reference stays a strict bound for the
+        budget; a locked pair's time does not depend on the temperature until the card
+        throttles. Settling at stock and measuring the reference again (_on_drift) would
+        give up the saving for minutes and, in this direction, tell the budget nothing it
+        needs. While the card warms the energy stream sits out (leakage rises with it) and
+        is learned afresh once the temperature is flat; the time streams keep watching, and
+        a throttle reason while warming is an alarm like any other."""
+        self.state.alarms.append(Alarm(self.account.iterations, ("temperature",), (), held=True))
+        self._warming_since_s = self.device.now_s()
+
     def _on_drift(self, streams: list[str], spans: list[tuple[int, int]]) -> None:
         """Re-measure the stock reference and re-plan from what still holds. The kernels of the
         groups whose time moved are re-opened (their cells forgotten, explored again); the
@@ -486,6 +519,7 @@ class OnlineTuner:
         plan came from the store and has no cells."""
         st = self.state
         obs = st.obs
+        self._warming_since_s = None
         moved_groups = [int(name[1:]) for name in streams if name.startswith("g")]
         if not obs.counts.any():
             reopen = list(range(len(self.workload)))
@@ -499,16 +533,8 @@ class OnlineTuner:
         alarm_at = self.account.iterations
         if streams != ["workload"]:
             self._settle_at_stock()
-        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=0.0, window_s=REMEASURE_WINDOW_S)
-        self.account.rebase(ref.iteration_time_s, since_iteration=alarm_at)
-        self.account.charge(ref.cost_s, ref.all_iterations)
-        st.stock_spans.append((alarm_at, self.account.iterations))
-        self.reference = ref
-        obs.reference = ref
-        obs.cost_s += ref.cost_s
-        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        ref = self._measure_reference_again(alarm_at)
         kernel_ratio = ref.kernel_time_s / old.kernel_time_s
-        obs.stock_time_s *= kernel_ratio          # isolated stock moves as stock in training did
         if "workload" in streams:
             # the same kernels at other sizes: each one's cells scale with its stock time (a
             # kernel twice as long at one pair draws the same power for twice the time)
@@ -540,6 +566,34 @@ class OnlineTuner:
         st.completion, st.completion_rounds = [], 0
         st.plan_budget = EXPLORE_PLAN_SHARE * self.budget
         self._replan()
+
+    def _measure_reference_again(self, since_iteration: int) -> IterationReference:
+        """Measure stock in training again (REMEASURE_WINDOW_S) and allow the iterations
+        from since_iteration on against it; isolated stock cells move as stock in training did."""
+        st, old = self.state, self.reference
+        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=0.0, window_s=REMEASURE_WINDOW_S)
+        self.account.rebase(ref.iteration_time_s, since_iteration=since_iteration)
+        start = self.account.iterations
+        self.account.charge(ref.cost_s, ref.all_iterations)
+        st.stock_spans.append((min(since_iteration, start), self.account.iterations))
+        self.reference = st.obs.reference = ref
+        st.obs.cost_s += ref.cost_s
+        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        st.obs.stock_time_s *= ref.kernel_time_s / old.kernel_time_s
+        return ref
+
+    def _end_warming(self) -> None:
+        """The card settled under a held plan (or SETTLE_MAX_S passed): measure stock again, from here (stock run
+        from the plan's cooler temperature is faster than at its own: a strict reference), so
+        that the refinement can spend what a warmer, slower stock leaves to the budget. The
+        plan is kept and refined again; every stream learns its baseline afresh."""
+        self._warming_since_s = None
+        old = self.reference
+        ref = self._measure_reference_again(self.account.iterations)
+        self.state.obs.stock_energy_j *= ref.iteration_energy_j / old.iteration_energy_j
+        self.runner.forget_requests()
+        self._refined = False
+        self._start_window()
 
     def _settle_at_stock(self) -> None:
         """Run stock iterations until the card's temperature is flat again (ConditionWatch

@@ -49,21 +49,68 @@ def test_an_in_place_change_is_read_from_the_inputs_and_re_planned_from_the_cell
     assert tuner.state.reconverged_at and tuner.state.reconverged_at[0] > alarm.iteration
 
 
-def test_after_an_alarm_the_pair_training_chose_is_tried_again_and_the_trace_sees_the_stock_run():
-    device = SimulatedDevice("h200", seed=0)           # 10-ms switch: one pair, refined in training
+def _settled_h200():
+    """A settled H200 session on SIX (10-ms switch: one pair, refined in training), its
+    device, the iteration it settled at and the pair training chose."""
+    device = SimulatedDevice("h200", seed=0)
     tuner = _tuner(device)
     at = settle(tuner)
     (refined,) = tuner.state.refinements
     chosen = tuner._one_pair()
     assert chosen == refined.to_pair != refined.from_pair
-    trace = SavingTrace(tuner)
-    trace(tuner._point())
-    get_scenario("ambient-step", at).apply(device, SIX)
+    return tuner, device, at, chosen
+
+
+def _run_until_refined_again(tuner, at, trace):
     n = at
     while len(tuner.state.refinements) < 2 and n < at + 1_000_000:
         n += 20_000
         tuner.run(n, trace)
+
+
+def test_a_card_that_warms_without_throttling_keeps_its_plan_then_measures_stock_once_settled():
+    tuner, device, at, chosen = _settled_h200()
+    old_ref_s = tuner.account.ref_time_s
+    trace = SavingTrace(tuner)
+    trace(tuner._point())
+    get_scenario("ambient-step", at).apply(device, SIX)
+    tuner.run(at + 2_000, trace)
+    (alarm,) = tuner.state.alarms
+    assert alarm.held and alarm.streams == ("temperature",) and alarm.reopened == ()
+    assert tuner._one_pair() == chosen and tuner.account.ref_time_s == old_ref_s     # the plan runs on, reference kept
+    _run_until_refined_again(tuner, at, trace)
+    assert len(tuner.state.alarms) == 1                          # no alarm while the card warmed
+    (span,) = [s for s in tuner.state.stock_spans if s[0] >= at]
+    warmed_s = (span[0] - alarm.iteration) * old_ref_s
+    assert 30.0 < warmed_s < 300.0                               # stock measured only once the card settled
+    assert (span[1] - span[0]) * old_ref_s < 12.0                # one reference window, no settling at stock
+    assert tuner.account.ref_time_s > old_ref_s                  # the warmer stock is slower: more slack
+    assert tuner.state.refinements[1].from_pair == chosen        # the kept pair was refined again
+    assert trace.first_reaching(trace.points[0][1] * 0.99, 0.01, after=at) == at      # never left the plan
+    assert tuner.account.slowdown() <= 0.01
+
+
+def test_a_held_plan_is_re_tuned_once_the_warming_card_throttles():
+    device = SimulatedDevice("rtx3080ti", seed=0)          # the whole layer: its plan is not at the cap
+    tuner = _tuner(device, workload=gpt3_xl_layer())
+    at = settle(tuner)
+    assert not tuner.device.throttle_reasons()
+    get_scenario("ambient-step", at).apply(device, gpt3_xl_layer())
+    tuner.run(at + 3_000)
+    held, throttled = tuner.state.alarms[:2]
+    assert held.held and not throttled.held and throttled.iteration > held.iteration
+    assert [s[0] for s in tuner.state.stock_spans if s[0] >= at] == [throttled.iteration]   # settled at stock from there
+    assert tuner.account.slowdown() <= 0.01
+
+
+def test_after_a_cooling_step_stock_is_measured_again_and_the_pair_training_chose_is_tried_again():
+    tuner, device, at, chosen = _settled_h200()
+    trace = SavingTrace(tuner)
+    trace(tuner._point())
+    device.set_ambient_c(device.ambient_c - 15.0)     # stock may run faster now: the reference must be measured
+    _run_until_refined_again(tuner, at, trace)
     alarm = tuner.state.alarms[0]
+    assert not alarm.held and alarm.streams == ("temperature",)
     (span,) = [s for s in tuner.state.stock_spans if s[0] >= at]
     assert span[0] == alarm.iteration and span[1] == tuner.state.reconverged_at[0]
     assert (alarm.iteration, 0.0, 0.0, False) in trace.points         # the settling at stock saved nothing

@@ -85,13 +85,15 @@ def run(args: argparse.Namespace) -> int:
     st = tuner.state
     report.doc["plan_source"] = st.plan_source
     report.doc["plan_store_note"] = st.store_note
-    report.doc["drift_alarms"] = [{"iteration": a.iteration, "streams": list(a.streams), "reopened_kernels": len(a.reopened)}
+    report.doc["drift_alarms"] = [{"iteration": a.iteration, "streams": list(a.streams), "reopened_kernels": len(a.reopened),
+                                   "plan_held": a.held}
                                   for a in st.alarms]
     report.doc["reconverged_at_iterations"] = list(st.reconverged_at)
     report.print(label)
     if st.alarms:
-        print(f"  drift: {len(st.alarms)} alarm(s), first after {st.alarms[0].iteration} iterations; re-converged at "
-              f"{st.reconverged_at or 'not yet'}")
+        held = sum(a.held for a in st.alarms)
+        print(f"  drift: {len(st.alarms)} alarm(s)" + (f" ({held} kept the plan while the card warmed)" if held else "")
+              + f", first after {st.alarms[0].iteration} iterations; re-converged at {st.reconverged_at or 'not yet'}")
     if store is not None:
         print(f"  plan source: {st.plan_source}" + (f" ({st.store_note})" if st.store_note else ""))
     if store is not None and st.converged_at_iteration is not None and st.plan_source == "tuned":
