@@ -29,7 +29,9 @@ cold-starts if that fails (detection is the restart itself). Figures, per scenar
   exploration, references and the time before detection included) less what the oracle's
   schedule, running from the change, would use over as many iterations (noiseless);
   energy_lost_vs_oracle_share: that as a share of stock's energy over those iterations;
-- false_alarms_stable: alarms of a separate run of the same length without the change.
+- unconfirmed_alarms: output alarms after the change that did not recur (nothing re-tuned);
+- false_alarms_stable: alarms of a separate run of the same length without the change
+  (unconfirmed_alarms_stable: its output alarms that did not recur).
 measure_restart: a cold start that stores its plan, then a restart on a fresh card of the
 same kind that reuses it: iterations each needs until its schedule reaches the old saving.
 """
@@ -219,7 +221,7 @@ def run_scenario(
         counter_from_j, iterations_from = (new_device.energy_j(), 0) if restart else (device.energy_j(), at)
         if restart:
             device.reset_clocks()
-            alarms_before = 0
+            alarms_before = unconfirmed_before = 0
             tuner = session.tuner(new_device, new_workload, store, seed_offset=1)
             trace = SavingTrace(tuner, offset=at)
             trace.from_stored_plan()
@@ -227,7 +229,7 @@ def run_scenario(
             tuner.run(after, trace)
             detected: int | None = 0
         else:
-            alarms_before = len(tuner.state.alarms)
+            alarms_before, unconfirmed_before = len(tuner.state.alarms), tuner.state.unconfirmed_alarms
             if new_workload is not workload:
                 tuner.change_workload(new_workload)
             trace = SavingTrace(tuner)
@@ -241,7 +243,7 @@ def run_scenario(
         first_at = trace.first_reaching(RECOVERED_SHARE * oracle, session.budget, after=at)
         recovered_at = trace.holds_from(RECOVERED_SHARE * oracle, session.budget, after=at)
         say(f"{scenario_name}: stable run of the same length")
-        stable_alarms, stable_windows = stable_run(session, at + after)
+        stable_alarms, stable_windows, stable_unconfirmed = stable_run(session, at + after)
         end_saving, end_slowdown = trace.figures()
         n_after = tuner.account.iterations - iterations_from
         stock_j = tuner.device.expected_iteration([(k, None, k.launches) for k in tuner.workload.kernels])[1]
@@ -284,17 +286,20 @@ def run_scenario(
             "oracle_groups": len(oracle_schedule.groups),
             "energy_lost_vs_oracle_j": lost_j,
             "energy_lost_vs_oracle_share": lost_j / (stock_j * n_after),
+            "unconfirmed_alarms": tuner.state.unconfirmed_alarms - unconfirmed_before,
             "false_alarms_stable": stable_alarms,
+            "unconfirmed_alarms_stable": stable_unconfirmed,
             "stable_windows": stable_windows,
         }
 
 
-def stable_run(session: Session, iterations: int) -> tuple[int, int]:
-    """(alarms, time windows watched) of a run of `iterations` without any change."""
+def stable_run(session: Session, iterations: int) -> tuple[int, int, int]:
+    """(alarms, time windows watched, unconfirmed alarms) of a run of `iterations` without any
+    change."""
     device, workload = session.open()
     tuner = session.tuner(device, workload, None)
     tuner.run(iterations)
-    return len(tuner.state.alarms), tuner.state.watch_windows
+    return len(tuner.state.alarms), tuner.state.watch_windows, tuner.state.unconfirmed_alarms
 
 
 def measure_restart(session: Session, *, iterations: int | None = None, store_dir: Path | None = None) -> dict[str, Any]:

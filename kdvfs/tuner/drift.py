@@ -203,6 +203,15 @@ class DriftMonitor:
     this window (a stream may sit a window out) and what the plan expects of it; it returns the
     names of the streams that changed, in the order the monitor was given them. After re-tuning
     those, reset(names) re-learns their baselines (the others keep watching).
+
+    confirm > 0: a stream's alarm is reported only when the stream alarms again within its next
+    `confirm` windows (its sums restart at the first alarm, its baseline is kept). A lasting
+    shift alarms again after as many windows as it took the first time; a burst of two or three
+    wild windows does not, and is counted in `unconfirmed` instead. Why: a stream can be
+    bimodal without any change, e.g. a group whose clock switch lands within the jitter of a
+    kernel boundary runs that kernel at one pair or the other (simulated 3080 Ti, batch 16: a
+    3% step in one 2-s window whenever the 1-s noise draw is >= +1.8%), and two such windows
+    close together alarm a plain CUSUM.
     """
 
     def __init__(
@@ -214,10 +223,16 @@ class DriftMonitor:
         warmup: int = DEFAULT_WARMUP,
         clip: float = DEFAULT_CLIP,
         min_scale: float = DEFAULT_MIN_SCALE,
+        confirm: int = 0,
     ) -> None:
         if not streams or len(set(streams)) != len(streams):
             raise KdvfsError(f"drift monitor needs distinct stream names, got {list(streams)}")
+        if confirm < 0:
+            raise KdvfsError(f"drift monitor: confirm={confirm} windows, must be >= 0")
         self.detectors = {name: CusumDetector(k, h, warmup, clip, min_scale) for name in streams}
+        self.confirm = confirm
+        self.unconfirmed = 0
+        self._suspects: dict[str, int] = {}     # stream -> windows left to confirm its first alarm
 
     @property
     def ready(self) -> bool:
@@ -234,8 +249,24 @@ class DriftMonitor:
                 raise KdvfsError(f"drift monitor: stream {name!r} has a value but no expected value")
             if not (math.isfinite(expected[name]) and expected[name] > 0.0):
                 raise KdvfsError(f"drift monitor: expected value of stream {name!r} is {expected[name]}, must be > 0")
-        return [name for name, d in self.detectors.items()
-                if name in values and d.update(values[name] / expected[name] - 1.0)]
+        moved = []
+        for name, d in self.detectors.items():
+            if name not in values:
+                continue
+            alarm = d.update(values[name] / expected[name] - 1.0)
+            if name in self._suspects:
+                self._suspects[name] -= 1
+                if alarm:
+                    del self._suspects[name]
+                    moved.append(name)
+                elif self._suspects[name] == 0:
+                    del self._suspects[name]
+                    self.unconfirmed += 1
+            elif alarm and self.confirm:
+                self._suspects[name] = self.confirm
+            elif alarm:
+                moved.append(name)
+        return moved
 
     def reset(self, streams: Iterable[str] | None = None) -> None:
         """Re-learn the baselines of these streams (all when None)."""
@@ -243,6 +274,7 @@ class DriftMonitor:
             if name not in self.detectors:
                 raise KdvfsError(f"drift monitor: unknown stream {name!r}")
             self.detectors[name].reset()
+            self._suspects.pop(name, None)
 
 
 def limit_moved(old_w: float | None, new_w: float, tolerance_w: float = POWER_LIMIT_TOLERANCE_W) -> bool:

@@ -34,19 +34,19 @@ The session, iteration by iteration:
    settled, alarms at once. Then the outputs: every chunk adds to a window of the iteration
    time (launch timings, total / n) and of each group's time; once a window spans CHUNK_S it
    is judged; the energy counter, which advances only every 100 ms, gives the energy per
-   iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM) watches
-   them. A card that warmed (its temperature stepped up) while nothing throttles it keeps its
-   plan and its reference: warmer stock can only be slower, so the reference stays a strict
-   bound; the energy stream sits out while it warms, a throttle reason meanwhile is an alarm,
-   and once the temperature is flat stock is measured again (one window, from here) and the
-   kept plan refined against it (_hold_plan). On any other alarm (a new power limit, a
-   cooling step, a group's time or the energy moved) the card runs at stock until its
-   temperature is flat again, the stock
-   reference is measured again in training, the budget account allows (1 + budget) x the new
-   stock time for the iterations since the alarm, and the schedule is re-planned at once
-   from the cells that still hold (_on_drift): only the kernels of groups whose own time
-   moved are explored again. When none is, the pair the last refinement chose is tried
-   against the new plan in training (one trial) before the winner is refined. A new
+   iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM)
+   watches them; a stream's alarm counts once it recurs within CONFIRM_WINDOWS. A card that
+   warmed (its temperature stepped up) while nothing throttles it keeps its plan and its
+   reference: warmer stock can only be slower, so the reference stays a strict bound; the
+   energy stream sits out while it warms, a throttle reason meanwhile is an alarm, and once
+   the temperature is flat stock is measured again (one window, from here) and the kept plan
+   refined against it (_hold_plan). On any other alarm (a new power limit, a cooling step, a
+   group's time or the energy moved) the card runs at stock until its temperature is flat
+   again, the stock reference is measured again in training, the budget account allows (1 +
+   budget) x the new stock time for the iterations since the alarm, and the schedule is
+   re-planned at once from the cells that still hold (_on_drift): only the kernels of groups
+   whose own time moved are explored again. When none is, the pair the last refinement chose
+   is tried against the new plan in training (one trial) before the winner is refined. A new
    workload of the same kernels at other sizes (change_workload) is handled the same way,
    its cells scaled, without the settling.
 8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
@@ -117,6 +117,11 @@ needs no settling (ordinary conditions, the card warm from its plan)."""
 REMEASURE_WINDOW_S = 10.0
 """Window of the reference measured again: ten of the card's 1-s noise periods and a hundred
 energy-counter steps."""
+CONFIRM_WINDOWS = 30
+"""An output stream's alarm re-tunes only when the stream alarms again within its next 30
+windows (60 s of a time stream, 300 s of the energy stream): drift.DriftMonitor(confirm).
+Inputs (power limit, temperature, workload) need no confirmation: they are read, not
+inferred. The budget does not wait for it: a schedule measured over it is backed off anyway."""
 WATCH_ITERATIONS = 25
 """Longest training chunk under a settled plan: the inputs (power limit, temperature) are read
 before each chunk, so a change is seen within this many iterations."""
@@ -197,6 +202,7 @@ class TuneState:
     alarms: list[Alarm] = field(default_factory=list)
     reconverged_at: list[int] = field(default_factory=list)   # after each alarm's re-tuning
     watch_windows: int = 0          # time windows the drift watch judged
+    unconfirmed_alarms: int = 0     # output alarms that did not recur within CONFIRM_WINDOWS (nothing re-tuned)
     refinements: list[Refined] = field(default_factory=list)   # one-pair schedules refined in training
     plan_source: str = "tuned"      # "store": a stored plan verified and kept; "transferred": another GPU's, on trial (until a drift alarm)
     store_note: str | None = None   # what the plan store lookup found, unless a plan for this very card was kept
@@ -462,7 +468,7 @@ class OnlineTuner:
         spans = self._group_spans()
         if self._watch is None:
             names = ["iteration", "energy"] + [f"g{i}" for i in range(len(spans))]
-            self._watch = DriftMonitor(names)
+            self._watch = DriftMonitor(names, confirm=CONFIRM_WINDOWS)
             self._time_window = (0.0, 0)
             self._energy_window = (self.device.energy_j(), 0.0, 0)
             return False
@@ -491,7 +497,9 @@ class OnlineTuner:
         self._energy_window = (e0, e_s, e_n)
         if not values:
             return False
+        unconfirmed = self._watch.unconfirmed
         moved = self._watch.update(values, expected)
+        self.state.unconfirmed_alarms += self._watch.unconfirmed - unconfirmed
         if moved:
             self._on_drift(moved, spans)
         return bool(moved)

@@ -128,6 +128,32 @@ def test_monitor_reports_only_the_stream_that_moved_and_resets_it():
     assert monitor.update({"energy": 4.0}, expected) == []
 
 
+def test_with_confirmation_a_burst_of_wild_windows_is_not_reported_and_a_lasting_shift_is():
+    expected = {"g0": 1e-2, "g1": 2e-2}
+    rng = np.random.default_rng(12)
+    monitor = DriftMonitor(list(expected), confirm=30)
+
+    def window(shift: float = 0.0) -> list[str]:
+        values = {k: v * (1.0 + 0.005 * rng.standard_normal()) for k, v in expected.items()}
+        values["g1"] *= 1.0 + shift
+        return monitor.update(values, expected)
+
+    assert all(window() == [] for _ in range(200))
+    # a kernel of g1 ran at the other pair in three windows (its switch landed before it): +4%
+    assert window(0.04) == [] and window(0.04) == [] and window(0.04) == []
+    assert monitor.detectors["g1"].alarms == 1 and monitor.unconfirmed == 0     # suspected
+    assert all(window() == [] for _ in range(30))
+    assert monitor.unconfirmed == 1                                               # not confirmed: nothing reported
+    plain = DriftMonitor(list(expected))
+    for d_plain, d in zip(plain.detectors.values(), monitor.detectors.values()):
+        d_plain.n, d_plain.mean, d_plain._m2 = d.n, d.mean, d._m2                   # the same baseline, no confirmation
+    reported = [window(0.015) for _ in range(60)]                                   # a lasting 3-sigma shift
+    at = next(i for i, r in enumerate(reported) if r)
+    assert reported[at] == ["g1"] and 2 <= at < 40          # after two alarms: about twice a plain CUSUM's delay
+    with pytest.raises(KdvfsError, match="confirm=-1"):
+        DriftMonitor(["a"], confirm=-1)
+
+
 def test_monitor_rejects_bad_input_with_one_line():
     with pytest.raises(KdvfsError, match="distinct stream names"):
         DriftMonitor(["a", "a"])

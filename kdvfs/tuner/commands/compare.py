@@ -105,6 +105,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
           f"{pct(doc['oracle_saving_after'])} [{label}, noiseless]")
     print(f"  energy lost against the oracle since the change: {pct(doc['energy_lost_vs_oracle_share'])} of stock's "
           f"({doc['energy_lost_vs_oracle_j']:.0f} J) [{label}]")
-    print(f"  false alarms on a stable run of the same length: {doc['false_alarms_stable']} over {doc['stable_windows']} windows")
+    print(f"  false alarms on a stable run of the same length: {doc['false_alarms_stable']} over {doc['stable_windows']} windows "
+          f"({doc['unconfirmed_alarms_stable']} unconfirmed, nothing re-tuned; after the change: {doc['unconfirmed_alarms']})")
     write_json(args.json, doc)
     return 0
