@@ -286,13 +286,23 @@ def test_a_power_cap_lowered_while_exploring_is_seen_and_the_budget_holds():
     assert max(p.slowdown for p in tuner.state.points) <= 0.01
 
 
-def test_the_compare_command_runs_a_scenario_and_writes_its_json(tmp_path, capsys):
+def test_the_compare_command_runs_a_scenario_writes_its_json_and_logs_it_to_mlflow(tmp_path, capsys):
     out = tmp_path / "scenario.json"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert main(["compare", "--scenario", "power-cap", "--device", "sim:rtx3080ti", "--at-iteration", "3000",
-                 "--iterations", "3000", "--json", str(out)]) == 0
+                 "--iterations", "3000", "--json", str(out), "--mlflow-uri", uri]) == 0
     doc = json.loads(out.read_text())
     assert doc["detected_after_iterations"] == 0 and doc["source"] == "simulated"
     assert set(doc) >= {"recovered_after_iterations", "first_reached_after_iterations", "max_slowdown",
-                        "energy_saving_after", "oracle_saving_after", "false_alarms_stable", "iteration_time_s_after"}
+                        "energy_saving_after", "oracle_saving_after", "false_alarms_stable", "iteration_time_s_after",
+                        "unconfirmed_alarms", "unconfirmed_alarms_stable"}
     printed = capsys.readouterr().out
-    assert "detected after 0 iterations" in printed and "[simulated" in printed
+    assert "detected after 0 iterations" in printed and "[simulated" in printed and "MLflow:" in printed
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-scenarios").experiment_id])
+    assert run.data.params["scenario"] == "power-cap" and run.data.params["source"] == "simulated"
+    assert run.data.metrics["detected_after_iterations"] == 0.0
+    assert run.data.metrics["oracle_saving_after"] == pytest.approx(doc["oracle_saving_after"])
+    assert "recovered_after_iterations" not in run.data.metrics or doc["recovered_after_iterations"] is not None

@@ -107,5 +107,24 @@ def _run_scenario(args: argparse.Namespace) -> int:
           f"({doc['energy_lost_vs_oracle_j']:.0f} J) [{label}]")
     print(f"  false alarms on a stable run of the same length: {doc['false_alarms_stable']} over {doc['stable_windows']} windows "
           f"({doc['unconfirmed_alarms_stable']} unconfirmed, nothing re-tuned; after the change: {doc['unconfirmed_alarms']})")
+    if not args.no_mlflow:
+        doc["mlflow"] = _log_scenario(args, doc)
+        print(f"  MLflow: {doc['mlflow']}")
     write_json(args.json, doc)
     return 0
+
+
+def _log_scenario(args: argparse.Namespace, doc: dict) -> str:
+    """One MLflow run per scenario: its settings as parameters, its figures as metrics (a
+    figure that is None, never reached, is left out), the whole document as scenario.json."""
+    from kdvfs.tuner.tracking import Tracker
+
+    tracker = Tracker(args.mlflow_uri, experiment="kdvfs-scenarios")
+    params = {k: doc[k] for k in ("scenario", "device", "strategy", "budget", "seed", "at_iteration", "after_iterations",
+                                  "fleet_store", "source")}
+    with tracker.start_run(f"{doc['scenario']}-{args.strategy}", params) as run:
+        run.log_metrics(doc["at_iteration"] + doc["after_iterations"], {
+            k: float(v) for k, v in doc.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in params})
+        run.log_dict(doc, "scenario.json")
+    return run.url_or_path
