@@ -158,7 +158,9 @@ class CusumDetector:
         # through the smaller tail, which keeps precision far out
         return -float(ndtri(stdtr(df, -t))) if t > 0 else float(ndtri(stdtr(df, t)))
 
-    def update(self, x: float) -> bool:
+    def update(self, x: float, learn: bool = True) -> bool:
+        """Judge one window's residual (True: alarm); learn it into the baseline unless told
+        not to or it is beyond the clip."""
         if not math.isfinite(x):
             raise KdvfsError(f"CUSUM input {x} is not a finite number")
         u = self.standardise(x) if self.n >= 2 else 0.0
@@ -171,7 +173,7 @@ class CusumDetector:
                 self.upper = self.lower = 0.0
                 self.alarms += 1
                 alarm = True
-        if abs(u) <= self.clip:
+        if learn and abs(u) <= self.clip:
             self._learn(x)
         return alarm
 
@@ -205,7 +207,8 @@ class DriftMonitor:
     those, reset(names) re-learns their baselines (the others keep watching).
 
     confirm > 0: a stream's alarm is reported only when the stream alarms again within its next
-    `confirm` windows (its sums restart at the first alarm, its baseline is kept). A lasting
+    `confirm` windows (its sums restart at the first alarm, its baseline is kept and learns
+    nothing meanwhile, so that a shift is not absorbed while it is being confirmed). A lasting
     shift alarms again after as many windows as it took the first time; a burst of two or three
     wild windows does not, and is counted in `unconfirmed` instead. Why: a stream can be
     bimodal without any change, e.g. a group whose clock switch lands within the jitter of a
@@ -253,7 +256,7 @@ class DriftMonitor:
         for name, d in self.detectors.items():
             if name not in values:
                 continue
-            alarm = d.update(values[name] / expected[name] - 1.0)
+            alarm = d.update(values[name] / expected[name] - 1.0, learn=name not in self._suspects)
             if name in self._suspects:
                 self._suspects[name] -= 1
                 if alarm:
