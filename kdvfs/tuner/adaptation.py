@@ -19,6 +19,8 @@ cold-starts if that fails (detection is the restart itself). Figures, per scenar
   stock, settling and references, count as saving nothing; on a restart whose stored plan was
   kept, the plan counts from the iteration it began to run, a second into the job); None when
   never; first_reached_after_iterations: the first point there at all, even if it fell back;
+- stock_spans_after: the tuner's runs at stock after the change, [from, to) in iterations
+  after it (settling and references: what keeps recovery from being sooner);
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
 - energy_saving_after: noiseless saving of the schedule running at the end;
@@ -273,6 +275,8 @@ def run_scenario(
             "alarms_after_change": [{"after_iterations": a.iteration - at, "streams": list(a.streams),
                                      "reopened_kernels": len(a.reopened), "plan_held": a.held}
                                     for a in tuner.state.alarms[alarms_before:]],
+            "stock_spans_after": [[a - iterations_from, b - iterations_from] for a, b in tuner.state.stock_spans
+                                  if a >= iterations_from],
             "reconverged_after_iterations": [i - at for i in tuner.state.reconverged_at]
             if not restart else ([tuner.state.converged_at_iteration] if tuner.state.converged_at_iteration else []),
             "recovered_after_iterations": None if recovered_at is None else recovered_at - at,

@@ -293,6 +293,8 @@ def test_the_compare_command_runs_a_scenario_writes_its_json_and_logs_it_to_mlfl
                  "--iterations", "3000", "--json", str(out), "--mlflow-uri", uri]) == 0
     doc = json.loads(out.read_text())
     assert doc["detected_after_iterations"] == 0 and doc["source"] == "simulated"
+    (span,) = doc["stock_spans_after"]
+    assert span[0] == 0 < span[1] <= 3000                    # the new cap: settled at stock from the change on
     assert set(doc) >= {"recovered_after_iterations", "first_reached_after_iterations", "max_slowdown",
                         "energy_saving_after", "oracle_saving_after", "false_alarms_stable", "iteration_time_s_after",
                         "unconfirmed_alarms", "unconfirmed_alarms_stable"}
