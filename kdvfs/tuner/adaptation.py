@@ -20,7 +20,8 @@ cold-starts if that fails (detection is the restart itself). Figures, per scenar
   kept, the plan counts from the iteration it began to run, a second into the job); None when
   never; first_reached_after_iterations: the first point there at all, even if it fell back;
 - stock_spans_after: the tuner's runs at stock after the change, [from, to) in iterations
-  after it (settling and references: what keeps recovery from being sooner);
+  after it (settling and references: what keeps recovery from being sooner; a restart's
+  first warm-up and reference are in it only when a stored plan ran through the warm-up);
 - max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
   force) at any reported point after the change; budget_violations: how many points exceed it;
 - energy_saving_after: noiseless saving of the schedule running at the end;
