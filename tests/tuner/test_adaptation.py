@@ -84,6 +84,8 @@ def test_a_card_that_warms_without_throttling_keeps_its_plan_then_measures_stock
     warmed_s = (span[0] - alarm.iteration) * old_ref_s
     assert 30.0 < warmed_s < 300.0                               # stock measured only once the card settled
     assert (span[1] - span[0]) * old_ref_s < 12.0                # one reference window, no settling at stock
+    after_ref = [p for p in trace.points if p[0] >= span[1]]
+    assert not after_ref[0][3]               # the kept plan runs its judge window against the new reference first
     assert tuner.account.ref_time_s > old_ref_s                  # the warmer stock is slower: more slack
     assert tuner.state.refinements[1].from_pair == chosen        # the kept pair was refined again
     assert trace.first_reaching(trace.points[0][1] * 0.99, 0.01, after=at) == at      # never left the plan
