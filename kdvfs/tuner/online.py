@@ -39,16 +39,16 @@ The session, iteration by iteration:
    warmed (its temperature stepped up) while nothing throttles it keeps its plan and its
    reference: warmer stock can only be slower, so the reference stays a strict bound; the
    energy stream sits out while it warms, a throttle reason meanwhile is an alarm, and once
-   the temperature is flat stock is measured again (one window, from here) and the kept plan
-   refined against it (_hold_plan). On any other alarm (a new power limit, a cooling step, a
-   group's time or the energy moved) the card runs at stock until its temperature is flat
-   again, the stock reference is measured again in training, the budget account allows (1 +
-   budget) x the new stock time for the iterations since the alarm, and the schedule is
-   re-planned at once from the cells that still hold (_on_drift): only the kernels of groups
-   whose own time moved are explored again. When none is, the pair the last refinement chose
-   is tried against the new plan in training (one trial) before the winner is refined. A new
-   workload of the same kernels at other sizes (change_workload) is handled the same way,
-   its cells scaled, without the settling.
+   the temperature is flat the energy baseline is learned afresh (_hold_plan). On any other
+   alarm (a new power limit, a cooling step, a group's time or the energy moved) the card
+   runs at stock until its temperature is flat again, the stock reference is measured again
+   in training, the budget account allows (1 + budget) x the new stock time for the
+   iterations since the alarm, and the schedule is re-planned at once from the cells that
+   still hold (_on_drift): only the kernels of groups whose own time moved are explored
+   again. When none is, the pair the last refinement chose is tried against the new plan in
+   training (one trial) before the winner is refined. A new workload of the same kernels at
+   other sizes (change_workload) is handled the same way, its cells scaled, without the
+   settling.
 8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
    from the first iteration, through the warm-up the reference needs anyway; the reference
    is then measured, and the plan is kept as the settled schedule (no exploration, drift
@@ -77,7 +77,7 @@ import numpy as np
 from kdvfs.policies.base import Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import IterationRunner, Schedule
-from kdvfs.runtime.measure import THROTTLES, IterationReference, measure_reference_iterations
+from kdvfs.runtime.measure import THROTTLES, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, limit_moved
@@ -463,9 +463,7 @@ class OnlineTuner:
         return [(s, e) for (s, _), e in zip(groups, ends)]
 
     def _watch_chunk(self, times: np.ndarray, total_s: float, n: int) -> bool:
-        """Feed one training chunk to the drift watch; on an alarm re-tune. True when the
-        schedule's judge window started afresh (an alarm, or the end of a held plan's
-        warming): the chunk is not then judged against the window it ended."""
+        """Feed one training chunk to the drift watch; on an alarm re-tune. True on an alarm."""
         ref_t = self.state.obs.ref_time_s
         spans = self._group_spans()
         if self._watch is None:
@@ -484,14 +482,12 @@ class OnlineTuner:
             win_s, win_n = 0.0, 0
             self.state.watch_windows += 1
         self._time_window = (win_s, win_n)
-        warming_s = None if self._warming_since_s is None else self.device.now_s() - self._warming_since_s
-        if warming_s is not None and (self._conditions.centre_c is not None or warming_s >= SETTLE_MAX_S):
-            self._end_warming()
-            return True
         e0, e_s, e_n = self._energy_window
         e_s, e_n = e_s + total_s, e_n + n
-        if warming_s is not None:
+        if self._warming_since_s is not None:
             e0, e_s, e_n = self.device.energy_j(), 0.0, 0    # leakage rises with the temperature: energy sits out
+            if self._conditions.centre_c is not None or self.device.now_s() - self._warming_since_s >= SETTLE_MAX_S:
+                self._end_warming()
         elif e_s >= ENERGY_WINDOW_S:
             now_j = self.device.energy_j()
             values["energy"], expected["energy"] = (now_j - e0) / e_n, self.reference.iteration_energy_j
@@ -543,8 +539,16 @@ class OnlineTuner:
         alarm_at = self.account.iterations
         if streams != ["workload"]:
             self._settle_at_stock()
-        ref = self._measure_reference_again(alarm_at)
+        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=0.0, window_s=REMEASURE_WINDOW_S)
+        self.account.rebase(ref.iteration_time_s, since_iteration=alarm_at)
+        self.account.charge(ref.cost_s, ref.all_iterations)
+        st.stock_spans.append((alarm_at, self.account.iterations))
+        self.reference = ref
+        obs.reference = ref
+        obs.cost_s += ref.cost_s
+        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         kernel_ratio = ref.kernel_time_s / old.kernel_time_s
+        obs.stock_time_s *= kernel_ratio          # isolated stock moves as stock in training did
         if "workload" in streams:
             # the same kernels at other sizes: each one's cells scale with its stock time (a
             # kernel twice as long at one pair draws the same power for twice the time)
@@ -577,36 +581,16 @@ class OnlineTuner:
         st.plan_budget = EXPLORE_PLAN_SHARE * self.budget
         self._replan()
 
-    def _measure_reference_again(self, since_iteration: int) -> IterationReference:
-        """Measure stock in training again (REMEASURE_WINDOW_S) and allow the iterations
-        from since_iteration on against it; isolated stock cells move as stock in training did."""
-        st, old = self.state, self.reference
-        ref = measure_reference_iterations(self.device, self.workload.kernels, warmup_s=0.0, window_s=REMEASURE_WINDOW_S)
-        self.account.rebase(ref.iteration_time_s, since_iteration=since_iteration)
-        start = self.account.iterations
-        self.account.charge(ref.cost_s, ref.all_iterations)
-        st.stock_spans.append((min(since_iteration, start), self.account.iterations))
-        self.reference = st.obs.reference = ref
-        st.obs.cost_s += ref.cost_s
-        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
-        st.obs.stock_time_s *= ref.kernel_time_s / old.kernel_time_s
-        return ref
-
     def _end_warming(self) -> None:
-        """The card settled under a held plan (or SETTLE_MAX_S passed): measure stock again,
-        from here (stock run from the plan's cooler temperature is faster than at its own: a
-        strict reference), so that the refinement can spend what a warmer, slower stock leaves
-        to the budget. The plan is kept, runs a judge window against the new reference, and is
-        refined again; every stream learns its baseline afresh. It may not pay: on the
-        simulated H200 after +15 C stock is 0.27% slower, and the lower pair that allows saves
-        0.9% more energy, at the edge of the 1% a 20-s trial tells apart."""
+        """The card settled under a held plan (or SETTLE_MAX_S passed): the energy stream
+        learns its baseline afresh, with the warmer card's leakage in it. Stock is not measured
+        again: only the budget's slack would gain (warmer stock is slower), and a refinement
+        could not use it. Measured on the simulated H200 after +15 C, seeds 0-2: stock ran
+        0.27% slower, the next pair down then kept the budget and saved 0.9% more energy, and a
+        build that re-measured stock and refined again never adopted it (a 20-s trial tells
+        apart 1%), so its 10 s at stock bought nothing."""
         self._warming_since_s = None
-        old = self.reference
-        ref = self._measure_reference_again(self.account.iterations)
-        self.state.obs.stock_energy_j *= ref.iteration_energy_j / old.iteration_energy_j
-        self.runner.forget_requests()
-        self._refined = False
-        self._start_window()
+        self._watch.reset(["energy"])
 
     def _settle_at_stock(self) -> None:
         """Run stock iterations until the card's temperature is flat again (ConditionWatch

@@ -68,7 +68,7 @@ def _run_until_refined_again(tuner, at, trace):
         tuner.run(n, trace)
 
 
-def test_a_card_that_warms_without_throttling_keeps_its_plan_then_measures_stock_once_settled():
+def test_a_card_that_warms_without_throttling_keeps_its_plan_and_reference_and_relearns_its_energy():
     tuner, device, at, chosen = _settled_h200()
     old_ref_s = tuner.account.ref_time_s
     trace = SavingTrace(tuner)
@@ -77,18 +77,16 @@ def test_a_card_that_warms_without_throttling_keeps_its_plan_then_measures_stock
     tuner.run(at + 2_000, trace)
     (alarm,) = tuner.state.alarms
     assert alarm.held and alarm.streams == ("temperature",) and alarm.reopened == ()
-    assert tuner._one_pair() == chosen and tuner.account.ref_time_s == old_ref_s     # the plan runs on, reference kept
-    _run_until_refined_again(tuner, at, trace)
-    assert len(tuner.state.alarms) == 1                          # no alarm while the card warmed
-    (span,) = [s for s in tuner.state.stock_spans if s[0] >= at]
-    warmed_s = (span[0] - alarm.iteration) * old_ref_s
-    assert 30.0 < warmed_s < 300.0                               # stock measured only once the card settled
-    assert (span[1] - span[0]) * old_ref_s < 12.0                # one reference window, no settling at stock
-    after_ref = [p for p in trace.points if p[0] >= span[1]]
-    assert not after_ref[0][3]               # the kept plan runs its judge window against the new reference first
-    assert tuner.account.ref_time_s > old_ref_s                  # the warmer stock is slower: more slack
-    assert tuner.state.refinements[1].from_pair == chosen        # the kept pair was refined again
-    assert trace.first_reaching(trace.points[0][1] * 0.99, 0.01, after=at) == at      # never left the plan
+    assert tuner._warming_since_s is not None                    # the energy stream sits out while it warms
+    alarm_s = device.now_s()
+    while device.now_s() - alarm_s < 200.0:                      # ten time constants: settled
+        tuner.run(tuner.account.iterations + 20_000, trace)
+    assert tuner._warming_since_s is None and len(tuner.state.alarms) == 1
+    energy, iteration = tuner._watch.detectors["energy"], tuner._watch.detectors["iteration"]
+    assert 0 < energy.n <= (device.now_s() - alarm_s) / 10.0 < iteration.n     # energy relearned since, time kept
+    assert tuner._one_pair() == chosen and tuner.account.ref_time_s == old_ref_s     # the plan ran on, reference kept
+    assert [s for s in tuner.state.stock_spans if s[0] >= at] == []                  # never at stock
+    assert trace.holds_from(0.95 * trace.points[0][1], 0.01, after=at) == at
     assert tuner.account.slowdown() <= 0.01
 
 
