@@ -311,9 +311,11 @@ class OnlineTuner:
             n = min(n, WATCH_ITERATIONS)
             moved = self._conditions.update(self.device.now_s(), self.device.temperature_c(), self.device.power_limit_w())
             throttled = bool(self.device.throttle_reasons() & THROTTLES)
-            if self._warming_since_s is not None and throttled:
+            holding = self._warming_since_s is not None
+            if holding and throttled:
                 moved = ["temperature"]      # the card warming under a held plan now throttles: its pairs slow
-            if moved == ["temperature"] and self._conditions.step_c > 0.0 and not throttled and self._warming_since_s is None:
+            warmed = moved == ["temperature"] and self._conditions.step_c > 0.0
+            if warmed and not throttled and not holding:
                 self._hold_plan()
             elif moved:
                 self._on_drift(moved, self._group_spans())
