@@ -29,6 +29,10 @@ class Schedule:
     def stock(cls) -> "Schedule":
         return cls(((0, None),))
 
+    def one_pair(self) -> ClockPair | None:
+        """The pair when the whole iteration runs at one locked pair, else None."""
+        return self.groups[0][1] if len(self.groups) == 1 else None
+
     def pair_per_kernel(self, n: int) -> list[ClockPair | None]:
         """The pair each of n kernels requests (its group's)."""
         out: list[ClockPair | None] = []

@@ -273,8 +273,7 @@ def run_scenario(
             "stored_plan_from_iteration": tuner.state.plan_from_iteration if restart else None,
             "iteration_time_s_after": tuner.reference.iteration_time_s,
             "detected_after_iterations": detected,
-            "alarms_after_change": [{"after_iterations": a.iteration - at, "streams": list(a.streams),
-                                     "reopened_kernels": len(a.reopened), "plan_held": a.held}
+            "alarms_after_change": [{"after_iterations": a.iteration - at, **a.summary()}
                                     for a in tuner.state.alarms[alarms_before:]],
             "stock_spans_after": [[a - iterations_from, b - iterations_from] for a, b in tuner.state.stock_spans
                                   if a >= iterations_from],

@@ -185,6 +185,10 @@ class Alarm:
     reopened: tuple[int, ...]
     held: bool = False
 
+    def summary(self) -> dict[str, object]:
+        """What JSON reports say of it, besides when (each report counts iterations its way)."""
+        return {"streams": list(self.streams), "reopened_kernels": len(self.reopened), "plan_held": self.held}
+
 
 @dataclass
 class TuneState:
@@ -389,9 +393,8 @@ class OnlineTuner:
         return columns[min(fits, key=lambda c: e[:, c].sum())] if fits else None
 
     def _one_pair(self) -> ClockPair | None:
-        """The pair of a schedule that runs the whole iteration at one locked pair."""
-        groups = self.state.schedule.groups
-        return groups[0][1] if len(groups) == 1 else None
+        """The pair of the running schedule, when it runs the whole iteration at one."""
+        return self.state.schedule.one_pair()
 
     def _beyond(self, slowdown: float, limit: float, run_s: float, sds: float, slack: float = 0.0) -> bool:
         """A slowdown measured over run_s of training exceeds the limit by more than sds s.d.
@@ -424,7 +427,7 @@ class OnlineTuner:
             return
         incumbent, incumbent_energy_j = self._incumbent
         self._incumbent = None
-        incumbent_pair = incumbent.groups[0][1] if len(incumbent.groups) == 1 else None
+        incumbent_pair = incumbent.one_pair()
         if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * incumbent_energy_j:
             # the one-pair challenger wins in training: keep it, refine it after its own judge window
             self.state.refinements.append(Refined(self.account.iterations, incumbent_pair, trial.pair, 1, trial.slowdown,

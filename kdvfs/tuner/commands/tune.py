@@ -85,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
     st = tuner.state
     report.doc["plan_source"] = st.plan_source
     report.doc["plan_store_note"] = st.store_note
-    report.doc["drift_alarms"] = [{"iteration": a.iteration, "streams": list(a.streams), "reopened_kernels": len(a.reopened),
-                                   "plan_held": a.held}
-                                  for a in st.alarms]
+    report.doc["drift_alarms"] = [{"iteration": a.iteration, **a.summary()} for a in st.alarms]
     report.doc["reconverged_at_iterations"] = list(st.reconverged_at)
     report.print(label)
     if st.alarms:
