@@ -314,8 +314,9 @@ class OnlineTuner:
         if self.drift_watch and self._settled():
             n = min(n, WATCH_ITERATIONS)
             moved = self._conditions.update(self.device.now_s(), self.device.temperature_c(), self.device.power_limit_w())
-            throttled = bool(self.device.throttle_reasons() & THROTTLES)
             holding = self._warming_since_s is not None
+            # read only when it decides something: an input moved, or a held plan's card warms
+            throttled = (holding or bool(moved)) and bool(self.device.throttle_reasons() & THROTTLES)
             if holding and throttled:
                 moved = ["temperature"]      # the card warming under a held plan now throttles: its pairs slow
             warmed = moved == ["temperature"] and self._conditions.step_c > 0.0
