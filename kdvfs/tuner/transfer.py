@@ -1,18 +1,19 @@
 """A plan made on another GPU for the same workload, carried to this card's clocks.
 
 A job that restarts on a card its plan store has no plan for would cold-start: on the
-simulated 3080 Ti and H200 that is 0.9 M and 12.5 M iterations (15 and 23 hours of training)
+simulated 3080 Ti and H200 that is 0.9 M and 10.7 M iterations (15 and 20 hours of training)
 before the per-kernel plan settles. But which kernels want a low core clock, and how far below
 its top the whole iteration can run, carry over between cards of one kind more than the clocks
 themselves do. So each pair of the other card's plan is carried to the nearest pair of this
 card at the same relative position: memory clock as a share of the other card's top memory
 clock, core clock as a share of its top core clock. Stock stays stock.
 
-The result is never applied silently (issue 6): the tuner runs it like a stored plan, after a
-second at stock and under the same abort rule, verifies its measured slowdown against the
-reference, and notes where it came from (state.store_note, plan_source "transferred"). Kept,
-it is refined in training like any one-pair schedule (refine.py); refused, the session
-cold-starts.
+The result is never applied silently (issue 6): the tuner notes where it came from
+(state.store_note, plan_source "transferred") and runs it only after the normal reference,
+its chunks never spending more than the slack at its worst-case slowdown. It is dropped for a
+cold start when plainly slow after ABORT_S, over the budget after its judge window, or when
+the slack is spent (OnlineTuner._train); kept, it is refined in training like any one-pair
+schedule (refine.py).
 """
 
 from __future__ import annotations
