@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,8 +18,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/kdvfs demo
 
-test: $(STAMP)
+# `make test` is what CI runs: the linter (ruff check, ruff format --check), then the tests.
+test: lint
 	$(BIN)/python -m pytest tests
 
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 clean:
-	rm -rf $(VENV) mlflow.db mlruns
+	rm -rf $(VENV) mlflow.db mlruns build

@@ -1,3 +1,62 @@
-"""kdvfs: online per-kernel GPU clock tuning for training jobs, within a slowdown budget."""
+"""kdvfs: online per-kernel GPU clock tuning for training jobs, within a slowdown budget.
+
+The public names a user needs, importable from `kdvfs` itself (loaded on first use, so that
+`import kdvfs` and `kdvfs --help` stay quick):
+
+- training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`;
+- the tuner: `OnlineTuner`, and `Tracker` for MLflow;
+- devices: `SimulatedDevice`, `ReplayDevice`, `NvmlDevice`, `open_device`, `open_workload`;
+- strategies: `make_policy`, `POLICIES`;
+- plans: `Plan`, `load_plan`, `save_plan`, `PlanStore`;
+- values: `ClockPair`, `ClockGrid`, `Kernel`, `Workload`, `KdvfsError`.
+
+The layers themselves are `kdvfs.runtime` (the machine), `kdvfs.envs` (Gymnasium),
+`kdvfs.policies` (search strategies), `kdvfs.tuner` (orchestration, plans, CLI) and
+`kdvfs.experiments` (runnable studies); see docs/design.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_PUBLIC: dict[str, str] = {
+    "KdvfsTrainer": "kdvfs.runtime.torch_integration",
+    "lightning_callback": "kdvfs.runtime.torch_integration",
+    "hf_callback": "kdvfs.runtime.torch_integration",
+    "OnlineTuner": "kdvfs.tuner.online",
+    "Tracker": "kdvfs.tuner.tracking",
+    "SimulatedDevice": "kdvfs.runtime.simulator",
+    "ReplayDevice": "kdvfs.runtime.replay",
+    "NvmlDevice": "kdvfs.runtime.nvml_device",
+    "open_device": "kdvfs.runtime.registry",
+    "open_workload": "kdvfs.runtime.registry",
+    "make_policy": "kdvfs.policies.registry",
+    "POLICIES": "kdvfs.policies.registry",
+    "Plan": "kdvfs.tuner.plan",
+    "load_plan": "kdvfs.tuner.plan",
+    "save_plan": "kdvfs.tuner.plan",
+    "PlanStore": "kdvfs.tuner.plan_store",
+    "ClockPair": "kdvfs.runtime.types",
+    "ClockGrid": "kdvfs.runtime.types",
+    "Kernel": "kdvfs.runtime.types",
+    "Workload": "kdvfs.runtime.types",
+    "KdvfsError": "kdvfs.runtime.types",
+}
+
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kdvfs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

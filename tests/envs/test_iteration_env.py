@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import kdvfs.envs  # noqa: F401  (registers the ids)
 from kdvfs.envs.iteration_env import IterationDVFSEnv, measure_iterations
 from kdvfs.envs.reward import compute_waste_reward
 from kdvfs.runtime.replay import ReplayDevice
@@ -20,7 +19,9 @@ from kdvfs.runtime.workloads import gpt3_xl_layer
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 REAL_TABLE = SHARED_DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
-SMALL = Workload("gpt3-slice", tuple(gpt3_xl_layer().kernel(n) for n in ("ln1_fwd", "qkv_fwd", "gelu_fwd", "fc_fwd")))
+SMALL = Workload(
+    "gpt3-slice", tuple(gpt3_xl_layer().kernel(n) for n in ("ln1_fwd", "qkv_fwd", "gelu_fwd", "fc_fwd"))
+)
 
 # Not a full product (1000/7000 is missing); the reference is the highest pair, 2000/7000.
 TOY_TABLE = """kernel,core_mhz,mem_mhz,time_s,energy_j
@@ -67,7 +68,9 @@ def test_check_env_on_the_recorded_gtx1080ti_table() -> None:
 
 
 def test_registered_id_makes_with_a_time_limit() -> None:
-    env = gymnasium.make("kdvfs/IterationDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer", budget=0.01)
+    env = gymnasium.make(
+        "kdvfs/IterationDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer", budget=0.01
+    )
     assert env.spec is not None and env.spec.max_episode_steps == 200
     assert isinstance(env.unwrapped, IterationDVFSEnv)
     assert env.action_space.nvec.tolist() == [50] * 44
@@ -85,7 +88,7 @@ def test_docstring_example_runs() -> None:
 def test_measured_iteration_matches_the_table(toy_csv: Path) -> None:
     device = ReplayDevice.from_csv(toy_csv)
     kernels = device.table.workload().kernels
-    plan = [ClockPair(1500, 7000), ClockPair(1000, 5000)]       # gemm, copy
+    plan = [ClockPair(1500, 7000), ClockPair(1000, 5000)]  # gemm, copy
     m = measure_iterations(device, kernels, plan, iterations=20)
     assert m.time_s == pytest.approx(0.0026 + 0.00145)
     assert m.energy_j == pytest.approx(0.55 + 0.17, rel=0.03)
@@ -108,8 +111,8 @@ def test_per_kernel_switching_waits_out_the_switch_latency(preset: str) -> None:
     alternating = np.array([env.device.grid.index(ClockPair(c, 1215)) for c in (1410, 510, 1410, 510)])
     _, _, _, _, info = env.step(alternating)
     slowdown = info["time_s"] / info["ref_time_s"] - 1.0
-    waits = 4 * env.device.switch_latency_s / info["ref_time_s"]     # 4 switches an iteration
-    assert info["expected_slowdown"] > 0.5                            # the 510 MHz kernels
+    waits = 4 * env.device.switch_latency_s / info["ref_time_s"]  # 4 switches an iteration
+    assert info["expected_slowdown"] > 0.5  # the 510 MHz kernels
     assert slowdown == pytest.approx(info["expected_slowdown"] + waits, rel=0.05)
 
 
@@ -137,7 +140,7 @@ def test_make_vec_sync_runs_steps() -> None:
     )
     obs, _ = envs.reset(seed=0)
     assert obs["last"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
-    _, rewards, terminated, truncated, info = envs.step(np.full((2, len(SMALL)), 70))
+    _, rewards, terminated, _truncated, info = envs.step(np.full((2, len(SMALL)), 70))
     assert np.all(np.isfinite(rewards)) and not terminated.any() and info["time_s"].shape == (2,)
     envs.close()
 
@@ -169,7 +172,9 @@ def test_highest_pair_on_a_table_is_the_reference(toy_csv: Path) -> None:
     obs, info = env.reset(seed=0)
     assert obs["last"].tolist() == [1.0, 1.0] and info["source"] == "replayed"
     obs, reward, *_ = env.step(uniform(env, ClockPair(2000, 7000)))
-    assert reward == pytest.approx(0.0, abs=0.02) and obs["last"].tolist() == pytest.approx([1.0, 1.0], abs=0.02)
+    assert reward == pytest.approx(0.0, abs=0.02) and obs["last"].tolist() == pytest.approx(
+        [1.0, 1.0], abs=0.02
+    )
     with pytest.raises(KdvfsError, match="outside MultiDiscrete"):
         env.step(np.array([0, 9]))
     with pytest.raises(KdvfsError, match="not in the grid"):

@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import kdvfs.envs  # noqa: F401  (registers the ids)
 from kdvfs.envs import kernel_env
 from kdvfs.envs.kernel_env import KernelDVFSEnv, kernel_features
 from kdvfs.envs.reward import compute_waste_reward
 from kdvfs.runtime.simulator import SimulatedDevice
-from kdvfs.runtime.types import ClockPair, Kernel, KdvfsError, Workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -74,8 +73,10 @@ def test_registered_ids_make_with_a_time_limit() -> None:
     env = gymnasium.make("kdvfs/KernelDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer", budget=0.01)
     assert env.spec is not None and env.spec.max_episode_steps == 1000
     assert isinstance(env.unwrapped, KernelDVFSEnv)
-    assert env.action_space.nvec.tolist() == [10, 5]    # the 3080 Ti's search grid
-    short = gymnasium.make("kdvfs/KernelDVFS-v0", device="sim:a100", workload=SMALL, max_episode_steps=3, **FAST)
+    assert env.action_space.nvec.tolist() == [10, 5]  # the 3080 Ti's search grid
+    short = gymnasium.make(
+        "kdvfs/KernelDVFS-v0", device="sim:a100", workload=SMALL, max_episode_steps=3, **FAST
+    )
     short.reset(seed=0)
     ends = [short.step(short.action_space.sample())[2:4] for _ in range(3)]
     assert ends == [(False, False), (False, False), (False, True)]
@@ -107,13 +108,16 @@ def test_episode_walks_the_kernels_measuring_each_reference_once() -> None:
     assert obs["last"].tolist() == [1.0, 1.0, 1.0, 1.0]
     seen, terminated, total_s = [], False, info["device_s"]
     while not terminated:
-        obs, reward, terminated, truncated, info = env.step(np.array([40, 0]))
+        obs, _reward, terminated, _truncated, info = env.step(np.array([40, 0]))
         seen.append((info["kernel"], info["reference_measurements"], int(obs["kernel"])))
         total_s += info["device_s"]
     assert seen == [
-        ("ln1_fwd", 1, 0), ("ln1_fwd", 2, 1),
-        ("qkv_fwd", 2, 1), ("qkv_fwd", 3, 2),
-        ("gelu_fwd", 3, 2), ("gelu_fwd", 3, 2),
+        ("ln1_fwd", 1, 0),
+        ("ln1_fwd", 2, 1),
+        ("qkv_fwd", 2, 1),
+        ("qkv_fwd", 3, 2),
+        ("gelu_fwd", 3, 2),
+        ("gelu_fwd", 3, 2),
     ]
     assert info["measurements"] == 6 and info["episode_device_s"] == pytest.approx(total_s)
     assert info["clocks"] == ClockPair(810, 1215)
@@ -174,19 +178,24 @@ def test_a_spec_device_is_reopened_per_seed_an_object_is_kept() -> None:
 
 def test_make_vec_sync_runs_steps() -> None:
     envs = gymnasium.make_vec(
-        "kdvfs/KernelDVFS-v0", num_envs=2, vectorization_mode="sync", device="sim:a100", workload=SMALL, **FAST
+        "kdvfs/KernelDVFS-v0",
+        num_envs=2,
+        vectorization_mode="sync",
+        device="sim:a100",
+        workload=SMALL,
+        **FAST,
     )
     obs, info = envs.reset(seed=0)
     assert obs["last"].shape == (2, 4) and info["action_mask"].shape == (2, 81, 1)
     rewards = [envs.step(np.array([[60, 0], [60, 0]]))[1] for _ in range(3)]
-    assert np.all(np.isfinite(rewards)) and rewards[0][0] != rewards[0][1]   # seeds 0 and 1
+    assert np.all(np.isfinite(rewards)) and rewards[0][0] != rewards[0][1]  # seeds 0 and 1
     envs.close()
 
 
 # --- reward -----------------------------------------------------------------------------
 def test_reward_formula() -> None:
     assert compute_waste_reward(1.0, 8.0, 1.0, 10.0, 0.01) == pytest.approx(0.2)
-    assert compute_waste_reward(1.01, 8.0, 1.0, 10.0, 0.01) == pytest.approx(0.2)          # at the budget
+    assert compute_waste_reward(1.01, 8.0, 1.0, 10.0, 0.01) == pytest.approx(0.2)  # at the budget
     assert compute_waste_reward(1.03, 8.0, 1.0, 10.0, 0.01, 0.5) == pytest.approx(0.2 - 0.5 * 2.0)
     with pytest.raises(KdvfsError, match="budget must be positive"):
         compute_waste_reward(1.0, 1.0, 1.0, 1.0, 0.0)
@@ -194,7 +203,7 @@ def test_reward_formula() -> None:
 
 def test_in_budget_saving_pays_and_over_budget_is_penalised(toy_csv: Path) -> None:
     env = KernelDVFSEnv(f"replay:{toy_csv}", "table", budget=0.01, window_s=0.2, steps_per_kernel=1)
-    env.reset(seed=0)                                                    # gemm first
+    env.reset(seed=0)  # gemm first
     _, reward, _, _, info = env.step(env.action_for(ClockPair(1000, 5000)))
     assert info["kernel"] == "gemm" and info["time_s"] == pytest.approx(0.004)
     measured = (info["time_s"], info["energy_j"], info["ref_time_s"], info["ref_energy_j"])
@@ -209,7 +218,12 @@ def test_a_simulated_in_budget_saving_gets_a_positive_reward() -> None:
     device = SimulatedDevice("a100", noise=0.0)
     kernel = SMALL.kernel("gelu_fwd")
     ref_t, ref_e = device.expected(kernel, None)
-    in_budget = [(1 - e / ref_e, p) for p in device.grid.pairs for t, e in [device.expected(kernel, p)] if t <= ref_t * 1.02]
+    in_budget = [
+        (1 - e / ref_e, p)
+        for p in device.grid.pairs
+        for t, e in [device.expected(kernel, p)]
+        if t <= ref_t * 1.02
+    ]
     saving, pair = max(in_budget)
     assert saving > 0.05
     env = KernelDVFSEnv("sim:a100", SMALL, budget=0.05, noise=0.0, **FAST)

@@ -11,8 +11,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_h200_inputs_smoke_run_reads_only(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "runtime")]),
-               KDVFS_NVML_MODULE="fake_pynvml")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "runtime")]),
+        KDVFS_NVML_MODULE="fake_pynvml",
+    )
     out = subprocess.run(
         [sys.executable, "-m", "kdvfs.experiments.h200_inputs", "--device", "cpu", "--size", "32",
          "--steady-s", "1.5", "--step-s", "1", "--out", str(tmp_path)],

@@ -62,8 +62,7 @@ def table(kind: Kind, space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
 def task_for(key: str, kind: Kind, space: SearchSpace, budget: float) -> Task:
     time_s, energy_j = table(kind, space)
     ref = space.reference
-    return Task(key, float(time_s[ref]), float(energy_j[ref]), budget,
-                features=(kind.compute, kind.memory))
+    return Task(key, float(time_s[ref]), float(energy_j[ref]), budget, features=(kind.compute, kind.memory))
 
 
 def optimum(time_s: np.ndarray, energy_j: np.ndarray, task: Task) -> int:
@@ -72,8 +71,15 @@ def optimum(time_s: np.ndarray, energy_j: np.ndarray, task: Task) -> int:
     return int(np.argmin(np.where(ok, energy_j, np.inf)))
 
 
-def run(policy: Policy, task: Task, time_s: np.ndarray, energy_j: np.ndarray,
-        steps: int = 10_000, noise: float = 0.0, seed: int = 0) -> list[int]:
+def run(
+    policy: Policy,
+    task: Task,
+    time_s: np.ndarray,
+    energy_j: np.ndarray,
+    steps: int = 10_000,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> list[int]:
     """Ask/tell until the policy converges or `steps` measurements; returns the asked configs."""
     rng = np.random.default_rng(seed)
     asked: list[int] = []

@@ -1,6 +1,8 @@
 """BoTorch strategy: learns (beats random at equal measurement counts), warm-started refits,
 and the CPU micro-benchmark."""
 
+import itertools
+
 import numpy as np
 
 from kdvfs.policies.bench import botorch_ask_cpu_ms
@@ -17,8 +19,18 @@ def jittered_kinds(seed: int, per_kind: int) -> list[tuple[str, Kind]]:
     for name, k in KINDS.items():
         for i in range(per_kind):
             u = rng.uniform(0.85, 1.15, size=4)
-            out.append((f"{name}{i}", Kind(k.compute * u[0], k.memory * u[1], k.core_activity * u[2],
-                                           k.mem_activity * u[3], k.fixed)))
+            out.append(
+                (
+                    f"{name}{i}",
+                    Kind(
+                        k.compute * u[0],
+                        k.memory * u[1],
+                        k.core_activity * u[2],
+                        k.mem_activity * u[3],
+                        k.fixed,
+                    ),
+                )
+            )
     return out
 
 
@@ -63,7 +75,7 @@ def test_hyperparameters_are_refitted_only_every_refit_every_points():
         if policy._fits.get(task.key) is not None:
             fitted_at.append(policy._fits[task.key].n_obs)
     steps = sorted(set(fitted_at))
-    assert len(steps) >= 2 and all(b - a >= 3 for a, b in zip(steps, steps[1:]))
+    assert len(steps) >= 2 and all(b - a >= 3 for a, b in itertools.pairwise(steps))
 
 
 def test_bench_reports_cpu_ms_per_ask():

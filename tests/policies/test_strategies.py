@@ -90,9 +90,7 @@ def test_never_remeasures_never_reports_over_budget(name):
     """Noisy measurements on every kind, tasks interleaved; checked against what was told."""
     policy = make_policy(name, SPACE, seed=3)
     rng = np.random.default_rng(3)
-    tasks = {
-        k: (task_for(k, kind, SPACE, budget=0.02), *table(kind, SPACE)) for k, kind in KINDS.items()
-    }
+    tasks = {k: (task_for(k, kind, SPACE, budget=0.02), *table(kind, SPACE)) for k, kind in KINDS.items()}
     told: dict[str, list[tuple[int, float]]] = {k: [] for k in tasks}
     active = set(tasks)
     while active:

@@ -25,7 +25,7 @@ from tests.runtime import fake_pynvml
 
 
 def run_command(module, argv: list[str]) -> int:
-    """Parse and run one command module as kdvfs.cli does."""
+    """Parse and run one command module as kdvfs.tuner.cli does."""
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
     return module.run(parser.parse_args(argv))
@@ -54,10 +54,17 @@ def test_doctor_reports_the_card_read_only(fake, tmp_path, capsys):
         "mem_mhz": 3201, "graphics_count": 5, "graphics_min_mhz": 345, "graphics_max_mhz": 1980,
     }  # fmt: skip
     energy = gpu["energy_counter"]
-    assert energy["present"] and energy["update_period_s"] == pytest.approx(fake_pynvml.ENERGY_UPDATE_PERIOD_S, rel=0.3)
+    assert energy["present"] and energy["update_period_s"] == pytest.approx(
+        fake_pynvml.ENERGY_UPDATE_PERIOD_S, rel=0.3
+    )
     assert gpu["set_clocks"] == {"allowed": False, "reason": "not root and no CAP_SYS_ADMIN"}
     assert gpu["power"] == {"draw_w": 82.799, "limit_w": 700.0, "limit_min_w": 200.0, "limit_max_w": 700.0}
-    assert gpu["current"] == {"sm_mhz": 345, "mem_mhz": 3201, "temperature_c": 37.0, "throttle_reasons": ["sw_power_cap"]}
+    assert gpu["current"] == {
+        "sm_mhz": 345,
+        "mem_mhz": 3201,
+        "temperature_c": 37.0,
+        "throttle_reasons": ["sw_power_cap"],
+    }
     assert gpu["lease"] is None
     assert fake.calls == [] and fake.init_count == 0  # nothing set or reset; NVML shut down
 
@@ -148,7 +155,23 @@ def test_probe_kernels_run_on_cpu_at_tiny_sizes():
 
 
 def test_probe_csv_has_the_recorded_probe_columns(tmp_path):
-    row = ProbeRow("gemm_bf16_2048", 48195, 26.52, 1.295, 1.278, 887.9, 685.6, 18.42, 1710, 1395, 3201, 690.9, 62, 647.7, 0.0)
+    row = ProbeRow(
+        "gemm_bf16_2048",
+        48195,
+        26.52,
+        1.295,
+        1.278,
+        887.9,
+        685.6,
+        18.42,
+        1710,
+        1395,
+        3201,
+        690.9,
+        62,
+        647.7,
+        0.0,
+    )
     path = tmp_path / "out" / "kernels_stock.csv"
     write_probe_csv(path, [row])
     with path.open() as f:
@@ -167,7 +190,9 @@ def test_probe_without_cuda_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert run_command(probe, ["--out", str(tmp_path), "--seconds", "0.1"]) == 1
     err = capsys.readouterr().err
-    assert err == "kdvfs probe: needs PyTorch with CUDA and an NVIDIA GPU (torch.cuda.is_available() is False)\n"
+    assert (
+        err == "kdvfs probe: needs PyTorch with CUDA and an NVIDIA GPU (torch.cuda.is_available() is False)\n"
+    )
     assert not (tmp_path / "kernels_stock.csv").exists()
 
 

@@ -113,7 +113,9 @@ def test_energy_falls_back_to_integrated_power_where_counter_not_supported(fake,
 
 
 def test_throttle_reasons_decoded_with_real_pynvml_bits(fake, lease_dir):
-    fake.clock_event_reasons = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    fake.clock_event_reasons = (
+        pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    )
     with NvmlDevice(0, lease_dir=lease_dir) as dev:
         assert dev.throttle_reasons() == {"sw_power_cap", "hw_thermal"}
         fake.missing = frozenset({"nvmlDeviceGetCurrentClocksEventReasons"})  # an older driver
@@ -189,7 +191,9 @@ def test_no_privilege_is_one_error_saying_what_to_do(fake, lease_dir, monkeypatc
 def test_nvml_no_permission_answer_is_the_same_error_and_remembered(fake, lease_dir):
     fake.no_permission = True
     with NvmlDevice(0, lease_dir=lease_dir) as dev:
-        with pytest.raises(KdvfsError, match=r"not allowed to lock clocks \(NVML answered NVML_ERROR_NO_PERMISSION\)"):
+        with pytest.raises(
+            KdvfsError, match=r"not allowed to lock clocks \(NVML answered NVML_ERROR_NO_PERMISSION\)"
+        ):
             dev.set_clocks(ClockPair(1410, 3201))
         assert dev.can_set_clocks() == (False, "NVML answered NVML_ERROR_NO_PERMISSION")
         assert fn_names(fake) == LOCK_CALLS[:1]

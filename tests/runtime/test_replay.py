@@ -10,7 +10,7 @@ import pytest
 from kdvfs.runtime.device import Device, RunnableDevice
 from kdvfs.runtime.replay import ReplayDevice
 from kdvfs.runtime.tables import load_table
-from kdvfs.runtime.types import ClockPair, Kernel, KdvfsError
+from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel
 
 LOW, HIGH, ONLY_GEMM = ClockPair(1000, 5000), ClockPair(2000, 5000), ClockPair(1500, 5000)
 TABLE = """kernel,core_mhz,mem_mhz,time_s,energy_j

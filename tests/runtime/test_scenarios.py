@@ -48,16 +48,16 @@ def test_ambient_step_heats_the_card_and_raises_energy_in_place():
     before_t, before_e = device.expected(GEMM, locked)
     before_c = device.operating_temperature_c()
     runner = IterationRunner(device, WORKLOAD)
-    runner.run(Schedule.stock(), 20_000)                    # settled
+    runner.run(Schedule.stock(), 20_000)  # settled
     settled_c = device.temperature_c()
     same, workload = get_scenario("ambient-step").apply(device, WORKLOAD)
     assert same is device and workload is WORKLOAD
     assert device.ambient_c == H200.ambient_c + 15.0
     assert device.operating_temperature_c() == pytest.approx(before_c + 15.0)
     after_t, after_e = device.expected(GEMM, locked)
-    assert after_t == pytest.approx(before_t)               # locked below the cap: same speed
-    assert after_e > before_e * 1.003                       # hotter silicon leaks more
-    for _ in range(10):                                     # ~5 thermal time constants
+    assert after_t == pytest.approx(before_t)  # locked below the cap: same speed
+    assert after_e > before_e * 1.003  # hotter silicon leaks more
+    for _ in range(10):  # ~5 thermal time constants
         runner.run(Schedule.stock(), 2_000)
     assert device.temperature_c() > settled_c + 12.0
 
@@ -65,12 +65,14 @@ def test_ambient_step_heats_the_card_and_raises_energy_in_place():
 @pytest.mark.parametrize("preset, cap_w", [("h200", 500), ("h100", 500), ("a100", 286), ("rtx3080ti", 250)])
 def test_power_cap_lowers_the_limit_to_five_sevenths_and_slows_a_capped_gemm(preset, cap_w):
     device = SimulatedDevice(preset, noise=0)
-    stock_t, stock_e = device.expected(GEMM, None)
-    low = ClockPair(min(device.grid.core_levels_mhz, key=lambda c: abs(c - 600)), max(device.grid.mem_levels_mhz))
+    stock_t, _stock_e = device.expected(GEMM, None)
+    low = ClockPair(
+        min(device.grid.core_levels_mhz, key=lambda c: abs(c - 600)), max(device.grid.mem_levels_mhz)
+    )
     low_before = device.expected(GEMM, low)
     same, _ = get_scenario("power-cap").apply(device, WORKLOAD)
     assert same is device and device.power_cap_w == cap_w
-    assert device.expected(GEMM, None)[0] > 1.1 * stock_t          # held to a lower clock
+    assert device.expected(GEMM, None)[0] > 1.1 * stock_t  # held to a lower clock
     assert device.point(GEMM, None).capped
     assert device.expected(GEMM, low)[0] == pytest.approx(low_before[0])  # far below the cap: as fast
 
@@ -105,9 +107,12 @@ def test_workload_change_doubles_the_batch_and_the_iteration():
     assert same is device
     assert dict(doubled.meta)["batch"] == "8" and dict(WORKLOAD.meta)["batch"] == "4"
     assert [k.name for k in doubled.kernels] == [k.name for k in WORKLOAD.kernels]
-    assert doubled.signature != WORKLOAD.signature          # a stored plan no longer fits
-    stock = lambda w: device.expected_iteration([(k, None, k.launches) for k in w.kernels])  # noqa: E731
+    assert doubled.signature != WORKLOAD.signature  # a stored plan no longer fits
+
+    def stock(w):
+        return device.expected_iteration([(k, None, k.launches) for k in w.kernels])
+
     (t0, e0), (t1, e1) = stock(WORKLOAD), stock(doubled)
-    assert 1.8 < t1 / t0 < 2.0 and 1.8 < e1 / e0 < 2.0       # the optimizer's kernels do not grow
+    assert 1.8 < t1 / t0 < 2.0 and 1.8 < e1 / e0 < 2.0  # the optimizer's kernels do not grow
     with pytest.raises(KdvfsError, match="workload 'trace' cannot be rebuilt at another batch size"):
         get_scenario("workload-change").apply(device, Workload("trace", (GEMM,)))

@@ -83,7 +83,7 @@ def test_power_cap_and_temperature_change_the_answer():
     dev = SimulatedDevice("h200", noise=0)
     t_700, _ = dev.expected(GEMM, None)
     dev.set_power_cap_w(500)
-    t_500, e_500 = dev.expected(GEMM, None)
+    t_500, _e_500 = dev.expected(GEMM, None)
     assert t_500 > 1.1 * t_700
     assert dev.point(GEMM, None).power_w <= 500 + 1e-6
     hot = SimulatedDevice("h200", noise=0, ambient_c=45)
@@ -93,7 +93,7 @@ def test_power_cap_and_temperature_change_the_answer():
 def test_temperature_follows_power_and_throttles():
     dev = SimulatedDevice("h200", noise=0, ambient_c=70)
     dev.set_clocks(ClockPair(1980, 3201))
-    dev.run(GEMM, 40_000)   # ~ 60 s of a capped GEMM at a hot inlet
+    dev.run(GEMM, 40_000)  # ~ 60 s of a capped GEMM at a hot inlet
     assert dev.temperature_c() > dev.preset.t_limit_c
     assert "hw_thermal" in dev.throttle_reasons() and "sw_power_cap" in dev.throttle_reasons()
 
@@ -116,7 +116,7 @@ def test_clock_switch_takes_effect_after_latency():
     dev.set_clocks(ClockPair(420, 9501))
     t_fast = dev.expected(GEMM, ClockPair(2100, 9501))[0]
     dev.run(GEMM, 1)
-    assert dev.clocks_in_effect() == ClockPair(2100, 9501)     # old clocks still running
+    assert dev.clocks_in_effect() == ClockPair(2100, 9501)  # old clocks still running
     dev.idle(dev.switch_latency_s)
     dev.run(GEMM, 1)
     assert dev.clocks_in_effect() == ClockPair(420, 9501)
@@ -129,7 +129,7 @@ def test_isolated_measurement_is_accurate_and_noisy_like_a_card():
     res = measure_isolated(quiet, GEMM, ClockPair(1470, 9501))
     t, e = quiet.expected(GEMM, ClockPair(1470, 9501))
     assert res.measurement.source == "simulated"
-    assert res.measurement.time_s == pytest.approx(t, rel=0.02)   # warmed card, not the noiseless temperature
+    assert res.measurement.time_s == pytest.approx(t, rel=0.02)  # warmed card, not the noiseless temperature
     assert res.measurement.energy_j == pytest.approx(e, rel=0.03)
     assert 1.0 <= res.cost_s < 1.5
     noisy = SimulatedDevice("rtx3080ti", seed=1)

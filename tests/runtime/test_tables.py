@@ -151,7 +151,11 @@ GOOD = "k,1000,500,0.001,0.1\n"
         (HEADER + GOOD + ",1000,500,0.001,0.1\n", "row 2 (line 3)", "kernel"),
         (HEADER + GOOD + "k2,1000,500,0.001,0.1\n" + GOOD, "row 3 (line 4)", "kernel+clocks"),
         (HEADER + GOOD + "k2,1000,500,0.001,0.1,7\n", "row 2 (line 3)", "fields"),
-        ("kernel,core_mhz,mem_mhz,time_s,power_w\n" + GOOD + "k2,1000,500,0.001,0\n", "row 2 (line 3)", "power_w"),
+        (
+            "kernel,core_mhz,mem_mhz,time_s,power_w\n" + GOOD + "k2,1000,500,0.001,0\n",
+            "row 2 (line 3)",
+            "power_w",
+        ),
         (HEADER.rstrip() + ",pass\n" + GOOD.rstrip() + ",sideways\n", "row 1 (line 2)", "pass"),
         (HEADER.rstrip() + ",pass\n" + "k,1,1,1,1,forward\nk,2,2,1,1,backward\n", "row 2 (line 3)", "pass"),
         (",appName,coreF,memF,kernel,time/ms,power/W\n0,a,1000,500,k,1.0,x\n", "row 1 (line 2)", "power/W"),

@@ -66,7 +66,9 @@ def test_kernels_carry_their_op_and_module(discovered):
     assert first_linear.feature_dict()["op.aten::linear"] == 1.0
     assert first_linear.feature_dict()["module.Linear"] == 1.0
     # backward kernels find their module through the autograd node's sequence number
-    ln_backward = next(i for i, k in enumerate(discovered.kernels) if short(k) == "native_layer_norm_backward")
+    ln_backward = next(
+        i for i, k in enumerate(discovered.kernels) if short(k) == "native_layer_norm_backward"
+    )
     assert (ops[ln_backward], modules[ln_backward]) == ("NativeLayerNormBackward0", "1")
     assert discovered.kernels[ln_backward].feature_dict()["module.LayerNorm"] == 1.0
     assert all(m == "" for m, k in zip(modules, discovered.kernels) if k.pass_name == "optimizer")
@@ -76,7 +78,9 @@ def test_sites_split_the_step_in_order(discovered):
     sites, kernel_sites = workload_sites(discovered)
     assert sites == ("step", "forward", "module:3", "backward", "optimizer")
     assert list(kernel_sites) == sorted(kernel_sites)
-    by_site = {s: [short(k) for k, i in zip(discovered.kernels, kernel_sites) if sites[i] == s] for s in sites}
+    by_site = {
+        s: [short(k) for k, i in zip(discovered.kernels, kernel_sites) if sites[i] == s] for s in sites
+    }
     assert by_site["step"] == []
     assert by_site["forward"] == ["linear", "layer_norm", "gelu"]
     assert by_site["module:3"][0] == "linear"  # the last Linear, then the loss and its backward

@@ -74,7 +74,9 @@ def test_schedule_applied_at_sites_with_records_and_stock_restored(mlp, tmp_path
     device = LoggingDevice()
     schedule = site_schedule(workload, PAIRS)
     expected = dict(zip((k.name for k in workload.kernels), schedule.pair_per_kernel(len(workload))))
-    with KdvfsTrainer(device, workload, schedule, model=model, optimizer=optimizer, window_steps=10, out_dir=tmp_path) as tuner:
+    with KdvfsTrainer(
+        device, workload, schedule, model=model, optimizer=optimizer, window_steps=10, out_dir=tmp_path
+    ) as tuner:
         for i in range(30):
             with tuner.step() as number:
                 assert number == i
@@ -85,26 +87,45 @@ def test_schedule_applied_at_sites_with_records_and_stock_restored(mlp, tmp_path
     assert {pair for _, pair in device.ran} == {FWD, BWD, OPT}
     # three switches a step, and stock clocks back at the end
     requests = tuner.controller.requests
-    assert [(r.site, r.pair) for r in requests[:3]] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
+    assert [(r.site, r.pair) for r in requests[:3]] == [
+        ("forward", FWD),
+        ("backward", BWD),
+        ("optimizer", OPT),
+    ]
     assert len(requests) == 90 and device.clocks_in_effect() is None
     # records: every step, energy from 3 windows of 10 steps
     records = tuner.records
     assert [r.step for r in records] == list(range(30))
     assert all(r.time_s > 0 and r.requests == 3 for r in records)
-    assert [(w.first_step, w.steps, w.partial) for w in tuner.windows] == [(0, 10, False), (10, 10, False), (20, 10, False)]
+    assert [(w.first_step, w.steps, w.partial) for w in tuner.windows] == [
+        (0, 10, False),
+        (10, 10, False),
+        (20, 10, False),
+    ]
     assert tuner.energy_per_step_j() == pytest.approx(sum(w.energy_j for w in tuner.windows) / 30)
     assert tuner.energy_per_step_j() > 0
     saved = json.loads((tmp_path / RECORDS_FILE).read_text())
     assert len(saved["steps"]) == 30 and saved["sites"] == ["step", "forward", "backward", "optimizer"]
-    assert saved["site_requests"] == [["forward", FWD.as_list()], ["backward", BWD.as_list()], ["optimizer", OPT.as_list()]]
+    assert saved["site_requests"] == [
+        ["forward", FWD.as_list()],
+        ["backward", BWD.as_list()],
+        ["optimizer", OPT.as_list()],
+    ]
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("loss is nan"), KeyboardInterrupt()])
 def test_failure_in_a_step_restores_stock_and_closes(mlp, tmp_path, failure):
     model, optimizer, step, workload = mlp
     device = LoggingDevice()
-    tuner = KdvfsTrainer(device, workload, site_schedule(workload, PAIRS), model=model, optimizer=optimizer,
-                         window_steps=4, out_dir=tmp_path)
+    tuner = KdvfsTrainer(
+        device,
+        workload,
+        site_schedule(workload, PAIRS),
+        model=model,
+        optimizer=optimizer,
+        window_steps=4,
+        out_dir=tmp_path,
+    )
     with pytest.raises(type(failure)):
         for i in range(10):
             with tuner.step():
@@ -121,7 +142,9 @@ def test_failure_in_a_step_restores_stock_and_closes(mlp, tmp_path, failure):
 def test_a_step_with_other_sites_runs_at_stock(mlp):
     model, optimizer, step, workload = mlp
     device = LoggingDevice()
-    with KdvfsTrainer(device, workload, site_schedule(workload, PAIRS), model=model, optimizer=optimizer) as tuner:
+    with KdvfsTrainer(
+        device, workload, site_schedule(workload, PAIRS), model=model, optimizer=optimizer
+    ) as tuner:
         for i in range(5):
             with tuner.step():
                 if i == 2:  # two forwards where the workload has an optimizer step
@@ -153,14 +176,27 @@ def test_plan_gives_the_schedule_and_is_saved(mlp, tmp_path):
     schedule = site_schedule(workload, PAIRS)
     bounds = [g[0] for g in schedule.groups] + [len(workload)]
     plan = Plan.from_groups(
-        gpu_name=device.name, grid=device.grid, workload=workload, budget=0.05,
+        gpu_name=device.name,
+        grid=device.grid,
+        workload=workload,
+        budget=0.05,
         groups=[(s, e, p, 1e-3, 0.5) for (s, p), e in zip(schedule.groups, bounds[1:])],
-        reference_time_s=3e-3, reference_energy_j=1.6, source="simulated", strategy="test", measurements=0,
+        reference_time_s=3e-3,
+        reference_energy_j=1.6,
+        source="simulated",
+        strategy="test",
+        measurements=0,
     )
-    with KdvfsTrainer(device, workload, plan, model=model, optimizer=optimizer, out_dir=tmp_path) as tuner:
-        with tuner.step():
-            step()
-    assert [(r.site, r.pair) for r in tuner.controller.requests] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
+    with (
+        KdvfsTrainer(device, workload, plan, model=model, optimizer=optimizer, out_dir=tmp_path) as tuner,
+        tuner.step(),
+    ):
+        step()
+    assert [(r.site, r.pair) for r in tuner.controller.requests] == [
+        ("forward", FWD),
+        ("backward", BWD),
+        ("optimizer", OPT),
+    ]
     assert load_plan(tmp_path / "kdvfs_plan.json").groups == plan.groups
     other = dataclasses.replace(workload, name="other", kernels=workload.kernels[:-1])
     with pytest.raises(KdvfsError, match="plan is for workload signature"):
@@ -181,8 +217,14 @@ def test_dry_run_nvml_device_records_the_calls_and_a_real_one_is_refused(mlp, mo
         calls = [(name, args) for _, name, args in device.calls]
         with pytest.raises(KdvfsError, match="dry-run"):
             ClockController(NvmlDevice(0, lease_dir=tmp_path), workload, schedule)
-    set_fwd = [("nvmlDeviceSetGpuLockedClocks", (1980, 1980)), ("nvmlDeviceSetMemoryLockedClocks", (3201, 3201))]
-    set_opt = [("nvmlDeviceSetGpuLockedClocks", (990, 990)), ("nvmlDeviceSetMemoryLockedClocks", (2201, 2201))]
+    set_fwd = [
+        ("nvmlDeviceSetGpuLockedClocks", (1980, 1980)),
+        ("nvmlDeviceSetMemoryLockedClocks", (3201, 3201)),
+    ]
+    set_opt = [
+        ("nvmlDeviceSetGpuLockedClocks", (990, 990)),
+        ("nvmlDeviceSetMemoryLockedClocks", (2201, 2201)),
+    ]
     reset = [("nvmlDeviceResetGpuLockedClocks", ()), ("nvmlDeviceResetMemoryLockedClocks", ())]
     assert calls == set_fwd + set_opt + set_fwd + set_opt + reset
     assert fake.calls == []  # nothing reached the (fake) card
@@ -199,7 +241,9 @@ def test_lightning_and_hugging_face_hooks_drive_the_trainer(mlp):
             trainer = type("Trainer", (), {"optimizers": [optimizer]})()
             hooks.on_train_start(trainer, model)
 
-            def closure() -> torch.Tensor:  # Lightning runs forward and backward inside optimizer.step
+            def closure(
+                hooks=hooks, trainer=trainer
+            ) -> torch.Tensor:  # Lightning runs forward and backward inside optimizer.step
                 loss = model(torch.randn(4, 8)).pow(2).mean()
                 loss.backward()
                 hooks.on_before_optimizer_step(trainer, model, optimizer)
@@ -225,7 +269,7 @@ def test_lightning_and_hugging_face_hooks_drive_the_trainer(mlp):
 
 def test_lightning_callback_needs_lightning(mlp):
     try:
-        import lightning  # noqa: F401
+        import lightning  # noqa: F401  (only whether it imports matters)
     except ImportError:
         with pytest.raises(KdvfsError, match="needs PyTorch Lightning"):
             lightning_callback(KdvfsTrainer(LoggingDevice(), mlp[3], Schedule.stock()))
@@ -247,7 +291,9 @@ class ResetLoggingDevice(LoggingDevice):
 def test_sigint_halts_the_controller_then_restores_stock(mlp):
     model, optimizer, step, workload = mlp
     device = ResetLoggingDevice()
-    tuner = KdvfsTrainer(device, workload, site_schedule(workload, {"forward": FWD}), model=model, optimizer=optimizer)
+    tuner = KdvfsTrainer(
+        device, workload, site_schedule(workload, {"forward": FWD}), model=model, optimizer=optimizer
+    )
     device.controller = tuner.controller
     halted_when_interrupted = []
     with pytest.raises(KeyboardInterrupt):
@@ -255,7 +301,9 @@ def test_sigint_halts_the_controller_then_restores_stock(mlp):
             with tuner.step():
                 step()
                 if i == 2:
-                    deadline_s = time.monotonic() + 10.0    # the controller thread has locked clocks (it follows asynchronously)
+                    deadline_s = (
+                        time.monotonic() + 10.0
+                    )  # the controller thread has locked clocks (it follows asynchronously)
                     while not tuner.controller.requested_clocks and time.monotonic() < deadline_s:
                         time.sleep(0.001)
                     assert tuner.controller.requested_clocks

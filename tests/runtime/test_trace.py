@@ -16,8 +16,12 @@ TRACE = PROBE / "gpt3xl_block_kernels.csv"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared/data/h200-probe not present")
 
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
-FPROP = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0"
-BPROP = "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0"
+FPROP = (
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0"
+)
+BPROP = (
+    "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1_cga1x1x1_kernel0_0"
+)
 LN = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(int, float)"
 FILL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >()"
 ADAM = (
@@ -114,7 +118,7 @@ def test_synthetic_trace_with_partial_last_step_and_profiler_step_annotations(tm
     names: list[str] = []
     durations: list[float] = []
     for s in range(3):
-        names += [f"ProfilerStep#{s}"] + step
+        names += [f"ProfilerStep#{s}", *step]
         durations += [999.0] + [10.0 * (s + 1)] * len(step)
     names += step[:3]  # the profiler stopped mid-step
     durations += [1.0] * 3
@@ -135,7 +139,9 @@ def test_inference_trace_is_all_forward(tmp_path: Path) -> None:
 
 def test_no_repeat_is_an_error(tmp_path: Path) -> None:
     path = write_trace(tmp_path, [LN, GEMM, FPROP, GEMM])
-    with pytest.raises(KdvfsError, match=r"no repeating kernel sequence found in 4 kernels \(column 'name'\)") as err:
+    with pytest.raises(
+        KdvfsError, match=r"no repeating kernel sequence found in 4 kernels \(column 'name'\)"
+    ) as err:
         load_trace(path)
     assert str(path) in str(err.value)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -42,10 +43,20 @@ class MlflowServer:
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         env.pop("MLFLOW_TRACKING_URI", None)
         command = [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
-            "--artifacts-destination", str(self.root / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.root / 'server.db'}",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
         ]
         with self.log_path.open("ab") as log:
             # A session of its own, so kill() reaches the uvicorn worker the CLI spawns.
@@ -71,10 +82,8 @@ class MlflowServer:
         """SIGKILL the server's process group: a crash, not a clean shutdown."""
         if self._process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._process.wait()
         self._process = None
 

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from kdvfs.cli import main
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.adaptation import SavingTrace, Session, run_scenario, settle, store_plan
+from kdvfs.tuner.cli import main
 from kdvfs.tuner.online import OnlineTuner, schedule_figures
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
@@ -19,7 +19,9 @@ FAST = "rtx3080ti-fastswitch"
 
 
 def _tuner(device, workload=SIX, store=None, seed=0) -> OnlineTuner:
-    return OnlineTuner(device, workload, strategy="ucb", budget=0.01, seed=seed, warmup_s=30.0, plan_store=store)
+    return OnlineTuner(
+        device, workload, strategy="ucb", budget=0.01, seed=seed, warmup_s=30.0, plan_store=store
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,9 @@ def test_an_in_place_change_is_read_from_the_inputs_and_re_planned_from_the_cell
     tuner.run(at + 100_000)
     alarm = tuner.state.alarms[0]
     assert alarm.streams == (stream,) and alarm.reopened == ()
-    assert (alarm.iteration - at) * old_ref_s < 6.0                                   # within 6 s of training
-    assert tuner.account.ref_time_s == tuner.reference.iteration_time_s != old_ref_s    # new stock time
-    assert tuner.state.obs.measurements == measurements                              # nothing re-explored
+    assert (alarm.iteration - at) * old_ref_s < 6.0  # within 6 s of training
+    assert tuner.account.ref_time_s == tuner.reference.iteration_time_s != old_ref_s  # new stock time
+    assert tuner.state.obs.measurements == measurements  # nothing re-explored
     assert tuner.state.reconverged_at and tuner.state.reconverged_at[0] > alarm.iteration
 
 
@@ -77,21 +79,25 @@ def test_a_card_that_warms_without_throttling_keeps_its_plan_and_reference_and_r
     tuner.run(at + 2_000, trace)
     (alarm,) = tuner.state.alarms
     assert alarm.held and alarm.streams == ("temperature",) and alarm.reopened == ()
-    assert tuner._warming_since_s is not None                    # the energy stream sits out while it warms
+    assert tuner._warming_since_s is not None  # the energy stream sits out while it warms
     alarm_s = device.now_s()
-    while device.now_s() - alarm_s < 200.0:                      # ten time constants: settled
+    while device.now_s() - alarm_s < 200.0:  # ten time constants: settled
         tuner.run(tuner.account.iterations + 20_000, trace)
     assert tuner._warming_since_s is None and len(tuner.state.alarms) == 1
     energy, iteration = tuner._watch.detectors["energy"], tuner._watch.detectors["iteration"]
-    assert 0 < energy.n <= (device.now_s() - alarm_s) / 10.0 < iteration.n     # energy relearned since, time kept
-    assert tuner._one_pair() == chosen and tuner.account.ref_time_s == old_ref_s     # the plan ran on, reference kept
-    assert [s for s in tuner.state.stock_spans if s[0] >= at] == []                  # never at stock
+    assert (
+        0 < energy.n <= (device.now_s() - alarm_s) / 10.0 < iteration.n
+    )  # energy relearned since, time kept
+    assert (
+        tuner._one_pair() == chosen and tuner.account.ref_time_s == old_ref_s
+    )  # the plan ran on, reference kept
+    assert [s for s in tuner.state.stock_spans if s[0] >= at] == []  # never at stock
     assert trace.holds_from(0.95 * trace.points[0][1], 0.01, after=at) == at
     assert tuner.account.slowdown() <= 0.01
 
 
 def test_a_held_plan_is_re_tuned_once_the_warming_card_throttles():
-    device = SimulatedDevice("rtx3080ti", seed=0)          # the whole layer: its plan is not at the cap
+    device = SimulatedDevice("rtx3080ti", seed=0)  # the whole layer: its plan is not at the cap
     tuner = _tuner(device, workload=gpt3_xl_layer())
     at = settle(tuner)
     assert not tuner.device.throttle_reasons()
@@ -99,7 +105,9 @@ def test_a_held_plan_is_re_tuned_once_the_warming_card_throttles():
     tuner.run(at + 3_000)
     held, throttled = tuner.state.alarms[:2]
     assert held.held and not throttled.held and throttled.iteration > held.iteration
-    assert [s[0] for s in tuner.state.stock_spans if s[0] >= at] == [throttled.iteration]   # settled at stock from there
+    assert [s[0] for s in tuner.state.stock_spans if s[0] >= at] == [
+        throttled.iteration
+    ]  # settled at stock from there
     assert tuner.account.slowdown() <= 0.01
 
 
@@ -107,17 +115,19 @@ def test_after_a_cooling_step_stock_is_measured_again_and_the_pair_training_chos
     tuner, device, at, chosen = _settled_h200()
     trace = SavingTrace(tuner)
     trace(tuner._point())
-    device.set_ambient_c(device.ambient_c - 15.0)     # stock may run faster now: the reference must be measured
+    device.set_ambient_c(device.ambient_c - 15.0)  # stock may run faster now: the reference must be measured
     _run_until_refined_again(tuner, at, trace)
     alarm = tuner.state.alarms[0]
     assert not alarm.held and alarm.streams == ("temperature",)
     (span,) = [s for s in tuner.state.stock_spans if s[0] >= at]
     assert span[0] == alarm.iteration and span[1] == tuner.state.reconverged_at[0]
-    assert (alarm.iteration, 0.0, 0.0, False) in trace.points         # the settling at stock saved nothing
+    assert (alarm.iteration, 0.0, 0.0, False) in trace.points  # the settling at stock saved nothing
     replanned = tuner.state.refinements[1]
     assert replanned.from_pair not in (None, chosen) and replanned.to_pair == chosen and replanned.trials == 1
     assert trace.holds_from(0.0, 0.01, after=at) == at
-    assert trace.holds_from(trace.points[0][1], 0.01, after=at) != at       # the stock run broke the old plan's hold
+    assert (
+        trace.holds_from(trace.points[0][1], 0.01, after=at) != at
+    )  # the stock run broke the old plan's hold
 
 
 def test_a_group_whose_time_moved_is_re_explored_and_the_others_keep_their_cells():
@@ -136,7 +146,9 @@ def test_a_group_whose_time_moved_is_re_explored_and_the_others_keep_their_cells
 
 
 def test_power_cap_re_tunes_within_budget_close_to_the_new_optimum():
-    doc = run_scenario(Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "power-cap", after_iterations=300_000)
+    doc = run_scenario(
+        Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "power-cap", after_iterations=300_000
+    )
     assert not doc["restart"] and doc["detected_after_iterations"] is not None
     assert doc["reconverged_after_iterations"] and doc["recovered_after_iterations"] is not None
     assert doc["max_slowdown"] <= 0.01 and doc["budget_violations"] == 0
@@ -158,8 +170,10 @@ def test_a_restart_reuses_the_stored_plan_without_exploring(settled_store):
     assert warm.state.plan_source == "store" and warm.state.converged_at_iteration is not None
     # the plan ran through the 30-s warm-up, then the 20-s reference: settled after ~50 s of training
     assert warm.state.converged_at_iteration * warm.reference.iteration_time_s < 55.0
-    assert warm._point().energy_saving > 0.01            # it saved from the first iteration
-    assert 0 < warm.state.plan_from_iteration * warm.reference.iteration_time_s < 1.5     # after a second at stock
+    assert warm._point().energy_saving > 0.01  # it saved from the first iteration
+    assert (
+        0 < warm.state.plan_from_iteration * warm.reference.iteration_time_s < 1.5
+    )  # after a second at stock
     assert warm.state.schedule == cold.state.schedule
     warm.run(warm.account.iterations + 50_000)
     assert warm.state.obs.measurements == 0 and warm.state.alarms == []
@@ -179,22 +193,30 @@ def _one_pair_store(path, pair: ClockPair, device=None) -> PlanStore:
     """A store holding a plan for SIX, made on device (a 3080 Ti), that runs every kernel at one pair."""
     device = device or SimulatedDevice("rtx3080ti", seed=0)
     plan = Plan.from_groups(
-        gpu_name=device.name, grid=device.grid, workload=SIX, budget=0.01,
-        groups=[(0, len(SIX), pair, 1.0, 1.0)], reference_time_s=1.0, reference_energy_j=1.0,
-        source="simulated", strategy="ucb", measurements=0)
+        gpu_name=device.name,
+        grid=device.grid,
+        workload=SIX,
+        budget=0.01,
+        groups=[(0, len(SIX), pair, 1.0, 1.0)],
+        reference_time_s=1.0,
+        reference_energy_j=1.0,
+        source="simulated",
+        strategy="ucb",
+        measurements=0,
+    )
     store = PlanStore(path)
     store.put(plan)
     return store
 
 
 def test_a_plan_for_another_gpu_is_carried_over_loudly_verified_and_refined(tmp_path):
-    store = _one_pair_store(tmp_path, ClockPair(1680, 9501))      # 80% of the 3080 Ti's top core clock
+    store = _one_pair_store(tmp_path, ClockPair(1680, 9501))  # 80% of the 3080 Ti's top core clock
     device = SimulatedDevice("a100", seed=2)
     tuner = _tuner(device, store=store, seed=2)
     st = tuner.state
     assert st.plan_source == "transferred" and "the plan of NVIDIA GeForce RTX 3080 Ti" in st.store_note
-    assert st.plan_from_iteration == tuner.account.iterations      # after the reference: nothing ran unverified
-    carried = ClockPair(1125, 1215)                                 # 80% of the A100's 1410 MHz, on its grid
+    assert st.plan_from_iteration == tuner.account.iterations  # after the reference: nothing ran unverified
+    carried = ClockPair(1125, 1215)  # 80% of the A100's 1410 MHz, on its grid
     assert st.schedule.groups == ((0, carried),) and carried in device.grid
     tuner.run(tuner.account.iterations + 40_000)
     assert st.plan_source == "transferred" and st.obs.measurements == 0
@@ -205,7 +227,7 @@ def test_a_plan_for_another_gpu_is_carried_over_loudly_verified_and_refined(tmp_
 
 
 def test_a_carried_plan_that_runs_too_slow_is_dropped_for_a_cold_start(tmp_path):
-    store = _one_pair_store(tmp_path, ClockPair(420, 9501))       # 20% of the top core clock: far too slow
+    store = _one_pair_store(tmp_path, ClockPair(420, 9501))  # 20% of the top core clock: far too slow
     tuner = _tuner(SimulatedDevice("a100", seed=0), store=store)
     assert tuner.state.plan_source == "transferred"
     tuner.run(tuner.account.iterations + 100_000)
@@ -219,7 +241,7 @@ def test_the_store_refuses_a_mismatched_file_and_the_tuner_cold_starts(settled_s
     other = SimulatedDevice("a100-fastswitch", seed=0)
     moved = PlanStore(tmp_path)
     target = moved.path_for(other.name, other.grid, SIX.signature)
-    target.write_text(src.read_text())          # a 3080 Ti plan under the A100's name
+    target.write_text(src.read_text())  # a 3080 Ti plan under the A100's name
     with pytest.raises(KdvfsError, match="not the one its file name stands for"):
         moved.get(other.name, other.grid, SIX.signature)
     tuner = _tuner(other, store=moved)
@@ -231,7 +253,7 @@ def test_a_stored_plan_that_runs_too_slow_is_refused(tmp_path):
     slow = ClockPair(min(device.grid.core_levels_mhz), max(device.grid.mem_levels_mhz))
     tuner = _tuner(device, store=_one_pair_store(tmp_path, slow, device))
     assert tuner.state.plan_source == "tuned" and "slowdown" in tuner.state.store_note
-    assert tuner.account.spent_s < tuner.account.ref_total_s + 20.0     # stopped after its first window
+    assert tuner.account.spent_s < tuner.account.ref_total_s + 20.0  # stopped after its first window
     tuner.run(tuner.account.iterations + 200_000)
     assert tuner.state.obs.measurements > 0
 
@@ -247,11 +269,17 @@ def test_a_gpu_swap_to_a_card_the_fleet_store_knows_runs_its_plan():
 
 
 def test_a_restart_scenario_on_a_card_new_to_the_store_carries_the_old_cards_plan_or_cold_starts():
-    doc = run_scenario(Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "gpu-swap", after_iterations=50_000)
-    assert doc["restart"] and doc["detected_after_iterations"] == 0 and doc["gpu_after"] != "NVIDIA GeForce RTX 3080 Ti"
+    doc = run_scenario(
+        Session("sim:" + FAST, "unused", workload=SIX, warmup_s=30.0), "gpu-swap", after_iterations=50_000
+    )
+    assert (
+        doc["restart"]
+        and doc["detected_after_iterations"] == 0
+        and doc["gpu_after"] != "NVIDIA GeForce RTX 3080 Ti"
+    )
     assert doc["plan_stored"] and "no stored plan" in doc["plan_store_on_restart"]
     assert "the plan of NVIDIA GeForce RTX 3080 Ti" in doc["plan_store_on_restart"]
-    assert doc["plan_source_after"] in ("transferred", "tuned")      # kept, or dropped for a cold start
+    assert doc["plan_source_after"] in ("transferred", "tuned")  # kept, or dropped for a cold start
     assert doc["max_slowdown"] <= 0.01
 
 
@@ -264,7 +292,7 @@ def test_a_workload_change_carries_the_table_over_and_other_kernels_are_refused(
     tuner.change_workload(bigger)
     (alarm,) = tuner.state.alarms
     assert alarm.streams == ("workload",) and alarm.iteration == at and alarm.reopened == ()
-    assert tuner.reference.iteration_time_s > 1.5 * old_ref_s      # the new reference: twice the batch
+    assert tuner.reference.iteration_time_s > 1.5 * old_ref_s  # the new reference: twice the batch
     tuner.run(tuner.account.iterations + 20_000)
     assert tuner.state.obs.measurements == measurements and tuner.workload is bigger
     saving, slowdown = schedule_figures(device, bigger, tuner.state.schedule)
@@ -278,10 +306,10 @@ def test_a_power_cap_lowered_while_exploring_is_seen_and_the_budget_holds():
     device = SimulatedDevice(FAST, seed=0)
     tuner = _tuner(device)
     tuner.run(30_000)
-    assert tuner.state.converged_at_iteration is None and tuner.state.obs.measurements > 0    # still exploring
+    assert tuner.state.converged_at_iteration is None and tuner.state.obs.measurements > 0  # still exploring
     get_scenario("power-cap").apply(device, SIX)
-    settle(tuner)                                # converges under the new cap
-    (alarm,) = tuner.state.alarms                 # once: the settled watch knows the new limit too
+    settle(tuner)  # converges under the new cap
+    (alarm,) = tuner.state.alarms  # once: the settled watch knows the new limit too
     assert alarm.streams == ("power_limit",) and alarm.iteration == 30_000
     assert max(p.slowdown for p in tuner.state.points) <= 0.01
 
@@ -289,15 +317,41 @@ def test_a_power_cap_lowered_while_exploring_is_seen_and_the_budget_holds():
 def test_the_compare_command_runs_a_scenario_writes_its_json_and_logs_it_to_mlflow(tmp_path, capsys):
     out = tmp_path / "scenario.json"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert main(["compare", "--scenario", "power-cap", "--device", "sim:rtx3080ti", "--at-iteration", "3000",
-                 "--iterations", "3000", "--json", str(out), "--mlflow-uri", uri]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--scenario",
+                "power-cap",
+                "--device",
+                "sim:rtx3080ti",
+                "--at-iteration",
+                "3000",
+                "--iterations",
+                "3000",
+                "--json",
+                str(out),
+                "--mlflow-uri",
+                uri,
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["detected_after_iterations"] == 0 and doc["source"] == "simulated"
     (span,) = doc["stock_spans_after"]
-    assert span[0] == 0 < span[1] <= 3000                    # the new cap: settled at stock from the change on
-    assert set(doc) >= {"recovered_after_iterations", "first_reached_after_iterations", "max_slowdown",
-                        "energy_saving_after", "oracle_saving_after", "false_alarms_stable", "iteration_time_s_after",
-                        "unconfirmed_alarms", "unconfirmed_alarms_stable"}
+    assert span[0] == 0 < span[1] <= 3000  # the new cap: settled at stock from the change on
+    assert set(doc) >= {
+        "recovered_after_iterations",
+        "first_reached_after_iterations",
+        "max_slowdown",
+        "energy_saving_after",
+        "oracle_saving_after",
+        "false_alarms_stable",
+        "iteration_time_s_after",
+        "unconfirmed_alarms",
+        "unconfirmed_alarms_stable",
+    }
     printed = capsys.readouterr().out
     assert "detected after 0 iterations" in printed and "[simulated" in printed and "MLflow:" in printed
     from mlflow import MlflowClient
@@ -307,4 +361,6 @@ def test_the_compare_command_runs_a_scenario_writes_its_json_and_logs_it_to_mlfl
     assert run.data.params["scenario"] == "power-cap" and run.data.params["source"] == "simulated"
     assert run.data.metrics["detected_after_iterations"] == 0.0
     assert run.data.metrics["oracle_saving_after"] == pytest.approx(doc["oracle_saving_after"])
-    assert "recovered_after_iterations" not in run.data.metrics or doc["recovered_after_iterations"] is not None
+    assert (
+        "recovered_after_iterations" not in run.data.metrics or doc["recovered_after_iterations"] is not None
+    )

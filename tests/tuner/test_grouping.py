@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kdvfs.runtime.model_device import ModelDevice
-from kdvfs.runtime.types import ClockGrid, Kernel, KdvfsError
+from kdvfs.runtime.types import ClockGrid, KdvfsError, Kernel
 from kdvfs.tuner.grouping import _Planner, evaluate_grouping, group_kernels
 
 PAIRS = 3
@@ -75,7 +75,7 @@ def test_plans_reproduce_under_evaluation_and_every_group_takes_effect(seed):
         again = evaluate_grouping(t, e, [(g.start, g.pair_index) for g in got.groups], latency_s)
         assert (again.time_s, again.energy_j) == pytest.approx((got.time_s, got.energy_j))
         assert got.unsettled == 0
-        assert [g.start for g in got.groups][0] == 0 and got.groups[-1].end == 6
+        assert next(g.start for g in got.groups) == 0 and got.groups[-1].end == 6
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -169,15 +169,24 @@ def test_evaluation_matches_a_model_device_run_by_an_executor():
             super().set_clocks(pair)
 
         def _launch_cost(self, kernel, pair):
-            return float(t[int(kernel.name[1:]), 0 if pair is None else grid.index(pair)]), float(e[int(kernel.name[1:]), 0 if pair is None else grid.index(pair)])
+            return float(t[int(kernel.name[1:]), 0 if pair is None else grid.index(pair)]), float(
+                e[int(kernel.name[1:]), 0 if pair is None else grid.index(pair)]
+            )
 
         def _idle_power_w(self):
             return 0.0
 
     for latency_s in (0.0, 2.5e-3, 6e-3):
         for groups in ([(0, 2), (3, 0), (5, 1)], [(0, 1), (4, 2), (6, 1)], [(0, 0)]):
-            device = TableDevice("table", grid, energy_update_period_s=0.1, switch_latency_s=latency_s,
-                                 time_noise=0.0, energy_noise=0.0, seed=0)
+            device = TableDevice(
+                "table",
+                grid,
+                energy_update_period_s=0.1,
+                switch_latency_s=latency_s,
+                time_noise=0.0,
+                energy_noise=0.0,
+                seed=0,
+            )
             starts = dict(groups)
             requested = None
             for _ in range(4):
@@ -188,7 +197,9 @@ def test_evaluation_matches_a_model_device_run_by_an_executor():
                         device.set_clocks(grid.pairs[requested])
                     device.run(kernel)
             expected = evaluate_grouping(t, e, groups, latency_s)
-            assert (device.now_s() - t0, device.true_energy_j() - e0) == pytest.approx((expected.time_s, expected.energy_j))
+            assert (device.now_s() - t0, device.true_energy_j() - e0) == pytest.approx(
+                (expected.time_s, expected.energy_j)
+            )
 
 
 def test_infeasible_budget_returns_the_fastest_grouping():

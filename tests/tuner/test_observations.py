@@ -29,7 +29,7 @@ def test_unexplored_kernels_stay_at_stock_and_launches_count():
     assert obs.kernel_level_choice(0.01) == {"a": PAIRS[0], "b": None}
     assert obs.kernel_level_choice(0.0) == {"a": None, "b": None}
     obs.add(1, PAIRS[1], m(0.5, 1.0), 1.0)
-    assert obs.time_s[1, 1] == 1.0            # two launches per iteration
+    assert obs.time_s[1, 1] == 1.0  # two launches per iteration
     assert obs.measurements == 3 and obs.cost_s == 5.0 + 3.0
 
 
@@ -37,13 +37,13 @@ def test_reference_noise_sets_the_margin_and_repeats_average():
     quiet = Observations(WL, PAIRS, reference())
     assert quiet.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)
     noisy = Observations(WL, PAIRS, reference(rel_sd=0.01))
-    assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)      # nothing explored: no error
-    noisy.add(1, PAIRS[0], m(1.0, 5.0), 0.0)                          # kernel b (2 s) explored
+    assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0)  # nothing explored: no error
+    noisy.add(1, PAIRS[0], m(1.0, 5.0), 0.0)  # kernel b (2 s) explored
     assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0 - 2.0 * 0.01 * np.sqrt(2 * 4.0))
     noisy.add(0, PAIRS[0], m(1.0, 5.0), 0.0)
     assert noisy.time_limit_s(0.01) == pytest.approx(1.01 * 3.0 - 2.0 * 0.01 * np.sqrt(2 * 5.0))
     assert noisy.time_limit_s(0.001) < 3.0
-    assert set(noisy.kernel_level_choice(0.001).values()) == {None}    # margin > budget: all stock
+    assert set(noisy.kernel_level_choice(0.001).values()) == {None}  # margin > budget: all stock
     quiet.add(0, PAIRS[1], m(0.9, 8.0), 0.0)
     quiet.add(0, PAIRS[1], m(1.1, 12.0), 0.0)
     assert quiet.time_s[0, 1] == pytest.approx(1.0) and quiet.energy_j[0, 1] == pytest.approx(10.0)
@@ -68,9 +68,11 @@ def test_throttled_pair_is_planned_by_its_ratio_to_a_paired_stock_measurement():
 def test_measure_cell_pairs_a_throttled_measurement_with_stock():
     dev = SimulatedDevice("h200", noise=0)
     gemm = Kernel("gemm", flops=2 * 8192**3, bytes_moved=3 * 8192**2 * 2, tensor_core=True)
-    obs = Observations(Workload("g", (gemm,)), (ClockPair(1980, 3201), ClockPair(1005, 3201)), reference((1.7e-3,)))
+    obs = Observations(
+        Workload("g", (gemm,)), (ClockPair(1980, 3201), ClockPair(1005, 3201)), reference((1.7e-3,))
+    )
     measure_cell(dev, obs, 0, None, 0.3)
-    measure_cell(dev, obs, 0, ClockPair(1980, 3201), 0.3)     # over the 700 W cap: throttles
-    measure_cell(dev, obs, 0, ClockPair(1005, 3201), 0.3)     # holds
+    measure_cell(dev, obs, 0, ClockPair(1980, 3201), 0.3)  # over the 700 W cap: throttles
+    measure_cell(dev, obs, 0, ClockPair(1005, 3201), 0.3)  # holds
     assert obs.throttled == 1 and obs.measurements == 4
     assert not np.isnan(obs.paired_ratio[0, 0, 0]) and np.isnan(obs.paired_ratio[0, 1, 0])

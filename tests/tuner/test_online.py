@@ -10,8 +10,7 @@ from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.online import BudgetAccount, OnlineTuner, schedule_figures
 from kdvfs.tuner.sweep import evaluate
 
-
-SIX = Workload("six", gpt3_xl_layer().kernels[8:14])     # residual+ln2, fc, gelu, fcproj, residual, fcproj dinp
+SIX = Workload("six", gpt3_xl_layer().kernels[8:14])  # residual+ln2, fc, gelu, fcproj, residual, fcproj dinp
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -24,7 +23,7 @@ def test_budget_holds_at_every_point_and_the_tuner_converges(seed):
     ideal = evaluate(device, SIX, state.obs.kernel_level_choice(0.01))
     assert ideal.energy_saving > 0.05 and ideal.slowdown <= 0.01
     saving, slowdown = schedule_figures(device, SIX, state.schedule)
-    assert slowdown <= 0.01 and saving > 0.8 * ideal.energy_saving   # fast switching: groups ~ kernels
+    assert slowdown <= 0.01 and saving > 0.8 * ideal.energy_saving  # fast switching: groups ~ kernels
     assert state.points[-1].iteration == 600_000
 
 
@@ -42,7 +41,7 @@ def test_schedule_figures_match_the_device_running_the_schedule():
     schedule = Schedule(((0, ClockPair(1680, 9501)), (13, ClockPair(1470, 5001)), (37, None)))
     saving, slowdown = schedule_figures(device, workload, schedule)
     runner = IterationRunner(device, workload)
-    runner.run(schedule, 2000)                           # settle temperature
+    runner.run(schedule, 2000)  # settle temperature
     _, total_s = runner.run(schedule, 3)
     ref_t, _ = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
     assert total_s / 3 / ref_t - 1 == pytest.approx(slowdown, abs=0.003)

@@ -18,11 +18,22 @@ BIGGER = Workload("tiny", tuple(Kernel(f"k{i}", flops=2e9) for i in range(3)))
 FAST, SLOW = ClockPair(1500, 7000), ClockPair(1000, 7000)
 
 
-def make_plan(gpu_name: str = "Test GPU", grid: ClockGrid = GRID, workload: Workload = WORKLOAD, strategy: str = "sweep") -> Plan:
+def make_plan(
+    gpu_name: str = "Test GPU", grid: ClockGrid = GRID, workload: Workload = WORKLOAD, strategy: str = "sweep"
+) -> Plan:
     return Plan.from_choice(
-        gpu_name=gpu_name, grid=grid, workload=workload, budget=0.01,
-        choice=[FAST, SLOW, FAST], time_s=[1e-3, 2e-3, 1e-3], energy_j=[0.2, 0.3, 0.2],
-        reference_time_s=4e-3, reference_energy_j=0.8, source="simulated", strategy=strategy, measurements=12,
+        gpu_name=gpu_name,
+        grid=grid,
+        workload=workload,
+        budget=0.01,
+        choice=[FAST, SLOW, FAST],
+        time_s=[1e-3, 2e-3, 1e-3],
+        energy_j=[0.2, 0.3, 0.2],
+        reference_time_s=4e-3,
+        reference_energy_j=0.8,
+        source="simulated",
+        strategy=strategy,
+        measurements=12,
     )
 
 
@@ -33,7 +44,7 @@ def test_round_trip_under_a_readable_hashed_name(tmp_path: Path):
     assert path.parent == tmp_path / "plans" and path.name.startswith("test-gpu-") and path.suffix == ".json"
     assert store.get("Test GPU", GRID, WORKLOAD.signature) == plan
     newer = make_plan(strategy="botorch")
-    assert store.put(newer) == path                          # same key: replaced
+    assert store.put(newer) == path  # same key: replaced
     assert store.get("Test GPU", GRID, WORKLOAD.signature) == newer
 
 
@@ -53,7 +64,10 @@ def test_a_plan_filed_under_another_key_is_refused(tmp_path: Path):
     source = store.put(make_plan(gpu_name="NVIDIA H200"))
     # copied by hand to where the H100's plan belongs
     shutil.copy(source, store.path_for("NVIDIA H100 80GB HBM3", GRID, WORKLOAD.signature))
-    with pytest.raises(KdvfsError, match="not the one its file name stands for.*GPU: plan 'NVIDIA H200', device 'NVIDIA H100 80GB HBM3'"):
+    with pytest.raises(
+        KdvfsError,
+        match=r"not the one its file name stands for.*GPU: plan 'NVIDIA H200', device 'NVIDIA H100 80GB HBM3'",
+    ):
         store.get("NVIDIA H100 80GB HBM3", GRID, WORKLOAD.signature)
     assert store.get("NVIDIA H200", GRID, WORKLOAD.signature) is not None
 
@@ -62,7 +76,7 @@ def test_a_corrupt_plan_is_a_clear_error_and_listed_as_such(tmp_path: Path):
     store = PlanStore(tmp_path)
     good = store.put(make_plan(gpu_name="Good GPU"))
     bad = store.put(make_plan())
-    bad.write_text(bad.read_text()[:100])                      # truncated by a crash
+    bad.write_text(bad.read_text()[:100])  # truncated by a crash
     with pytest.raises(KdvfsError, match=f"{bad}: not valid JSON \\(truncated\\?\\)"):
         store.get("Test GPU", GRID, WORKLOAD.signature)
     entries = {e.path: e for e in store.entries()}

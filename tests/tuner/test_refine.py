@@ -27,7 +27,7 @@ def test_bisection_finds_the_lowest_feasible_core_clock_in_log2_trials():
     incumbent = Trial(ClockPair(2000, 3201), -0.02, 100.0, True)
     ref = Refinement(incumbent, LEVELS)
     assert min(ref.levels_mhz) >= REFINE_FLOOR * 2000
-    tried = _run(ref, lambda c: (2000 / c - 1.0) * 0.15 - 0.02, lambda c: c / 20.0)    # feasible down to 1700
+    tried = _run(ref, lambda c: (2000 / c - 1.0) * 0.15 - 0.02, lambda c: c / 20.0)  # feasible down to 1700
     assert len(tried) <= 4 and ref.best().pair == ClockPair(1700, 3201)
 
 
@@ -37,7 +37,7 @@ def test_a_lower_clock_that_saves_less_than_the_margin_is_not_adopted():
     _run(ref, lambda c: 0.0, lambda c: 100.0 * (1.0 - ENERGY_MARGIN / 2))
     assert ref.best() == incumbent
     nothing = Refinement(incumbent, LEVELS)
-    _run(nothing, lambda c: 0.05, lambda c: 50.0)          # every candidate too slow
+    _run(nothing, lambda c: 0.05, lambda c: 50.0)  # every candidate too slow
     assert nothing.best() == incumbent and all(not t.feasible for t in nothing.trials)
 
 
@@ -70,7 +70,7 @@ def test_a_grouped_schedule_is_tried_against_one_pair_in_training_and_the_better
     trials = []
     settle(tuner, lambda p: trials.append(tuner.refining))
     grouped = tuner.state.schedule
-    assert len(grouped.groups) > 1 and any(trials)            # tried against one pair, kept: it saves more
+    assert len(grouped.groups) > 1 and any(trials)  # tried against one pair, kept: it saves more
     assert tuner.state.refinements == []
     # a poor grouped schedule (two stock groups) loses to the one pair at its next judge window
     tuner.state.schedule = Schedule(((0, None), (3, None)))
@@ -79,5 +79,5 @@ def test_a_grouped_schedule_is_tried_against_one_pair_in_training_and_the_better
     tuner.run(tuner.account.iterations + 300_000)
     first, *rest = tuner.state.refinements
     assert first.from_pair is None and first.to_pair is not None and first.slowdown <= 0.01
-    assert rest and rest[0].from_pair == first.to_pair                  # then refined as one pair
+    assert rest and rest[0].from_pair == first.to_pair  # then refined as one pair
     assert max(p.slowdown for p in tuner.state.points) <= 0.01

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from kdvfs.cli import main
+from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.registry import open_device
 from kdvfs.runtime.replay import ReplayDevice
 from kdvfs.runtime.tables import load_table
-from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.workloads import gpt3_xl_layer
+from kdvfs.tuner.cli import main
 from kdvfs.tuner.observations import Observations
 from kdvfs.tuner.search import Bench, exchange_rate_w, run_search, verified_plan
 from kdvfs.tuner.sweep import evaluate, run_sweep
@@ -54,7 +54,9 @@ def table_sweep(table_csv):
 def test_every_strategy_reaches_the_known_optimum_within_budget(table_csv, table_sweep, strategy):
     device, workload, sweep = table_sweep
     target = evaluate(device, workload, sweep.kernel_level_choice(0.01))
-    r = run_search(ReplayDevice(load_table(table_csv), seed=0), workload, strategy, budget=0.01, seed=1, window_s=0.3)
+    r = run_search(
+        ReplayDevice(load_table(table_csv), seed=0), workload, strategy, budget=0.01, seed=1, window_s=0.3
+    )
     assert r.slowdown <= 0.01 + 1e-12
     assert r.energy_saving >= 0.95 * target.energy_saving, (r.energy_saving, target.energy_saving)
     assert r.measurements <= len(workload) * (len(device.grid) + 1) + 1
@@ -81,7 +83,11 @@ def test_a_plan_measured_optimistically_is_verified_back_within_budget(table_csv
     assert evaluate(device, workload, obs.kernel_level_choice(0.01)).slowdown > 0.015
     plan = verified_plan(Bench(ReplayDevice(load_table(table_csv), seed=0), 0.3), obs, 0.01)
     figures = evaluate(device, workload, plan)
-    assert figures.slowdown <= 0.01 and figures.energy_saving > 0.5 * evaluate(device, workload, sweep.kernel_level_choice(0.01)).energy_saving
+    assert (
+        figures.slowdown <= 0.01
+        and figures.energy_saving
+        > 0.5 * evaluate(device, workload, sweep.kernel_level_choice(0.01)).energy_saving
+    )
     assert obs.measurements >= sum(p is not None for p in plan.values()) > 0
 
 
@@ -111,7 +117,9 @@ def test_bench_pairs_throttled_pairs_with_the_adjacent_stock_measurement():
     device = open_device("sim:rtx3080ti", seed=0)
     workload = gpt3_xl_layer()
     k = next(i for i, kernel in enumerate(workload.kernels) if kernel.name == "fc_fwd")
-    obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels, 1.0, 2.0))
+    obs = Observations(
+        workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels, 1.0, 2.0)
+    )
     capped = [p for p in device.grid.pairs if p.mem_mhz == 9501 and p.core_mhz >= 1680]
     bench = Bench(device, 0.3)
     bench.stock(obs, k)
@@ -126,13 +134,21 @@ def test_bench_pairs_throttled_pairs_with_the_adjacent_stock_measurement():
 def test_botorch_beats_random_at_equal_measurements_on_a_real_table():
     from pathlib import Path
 
-    csv = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
+    csv = (
+        Path(__file__).resolve().parents[2].parent
+        / "shared"
+        / "data"
+        / "dvfs-real"
+        / "gtx1080ti-dvfs-real-Performance-Power.csv"
+    )
     if not csv.exists():
         pytest.skip("shared data not present")
 
     def saving(strategy, seed):
         device = ReplayDevice(load_table(csv), seed=seed)
-        return run_search(device, device.table.workload(), strategy, budget=0.01, seed=seed, window_s=0.3, max_per_kernel=3).energy_saving
+        return run_search(
+            device, device.table.workload(), strategy, budget=0.01, seed=seed, window_s=0.3, max_per_kernel=3
+        ).energy_saving
 
     bo = np.mean([saving("botorch", s) for s in range(2)])
     rnd = np.mean([saving("random", s) for s in range(2)])
@@ -142,13 +158,44 @@ def test_botorch_beats_random_at_equal_measurements_on_a_real_table():
 def test_cli_compare_json_and_mlflow(tmp_path, table_csv):
     out = tmp_path / "c.json"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert main(["compare", "--device", f"replay:{table_csv}", "--workload", "table", "--strategies", "random,ucb",
-                 "--seeds", "2", "--budget", "0.01", "--window-s", "0.3", "--mlflow-uri", uri, "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--device",
+                f"replay:{table_csv}",
+                "--workload",
+                "table",
+                "--strategies",
+                "random,ucb",
+                "--seeds",
+                "2",
+                "--budget",
+                "0.01",
+                "--window-s",
+                "0.3",
+                "--mlflow-uri",
+                uri,
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["source"] == "replayed"
     assert set(doc["strategies"]) == {"random", "ucb"} and len(doc["strategies"]["ucb"]) == 2
     run = doc["strategies"]["ucb"][0]
-    assert set(run) >= {"seed", "measurements", "explore_seconds", "energy_saving", "slowdown", "plan", "curve", "tuner_cpu_s"}
+    assert set(run) >= {
+        "seed",
+        "measurements",
+        "explore_seconds",
+        "energy_saving",
+        "slowdown",
+        "plan",
+        "curve",
+        "tuner_cpu_s",
+    }
     assert run["curve"][-1][0] == run["measurements"]
     assert doc["sweep"]["measurements"] > run["measurements"]
     from mlflow import MlflowClient

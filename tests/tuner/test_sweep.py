@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.cli import main
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.tuner.cli import main
 from kdvfs.tuner.sweep import evaluate, pass_level_choice, run_sweep
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -37,7 +37,7 @@ def test_sweep_lands_in_the_founding_papers_regime(rtx_sweep):
 def test_plans_follow_the_kernels_needs(rtx_sweep):
     """GEMMs keep a high memory clock and lower core; memory-bound kernels keep the memory
     clock and drop the core clock."""
-    device, workload, grid = rtx_sweep
+    _device, workload, grid = rtx_sweep
     choice = grid.kernel_level_choice(0.01)
     for k in workload.kernels:
         if k.name in ("softmax_fwd", "gelu_fwd", "adamw_fc", "ln1_fwd"):
@@ -69,7 +69,10 @@ def test_replay_sweep_plan_is_within_budget(noise):
 def test_cli_sweep_json_and_determinism(tmp_path):
     out = [tmp_path / "a.json", tmp_path / "b.json"]
     for path in out:
-        assert main(["sweep", "--device", "sim:a100", "--budget", "0.02", "--seed", "7", "--json", str(path)]) == 0
+        assert (
+            main(["sweep", "--device", "sim:a100", "--budget", "0.02", "--seed", "7", "--json", str(path)])
+            == 0
+        )
     a, b = (json.loads(p.read_text()) for p in out)
     assert a == b
     assert a["source"] == "simulated"
@@ -79,13 +82,16 @@ def test_cli_sweep_json_and_determinism(tmp_path):
     assert len(a["kernel_level"]["plan"]) == 44
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["sweep", "--device", "sim:v100"], "unknown simulated GPU preset 'v100'"),
-    (["sweep", "--device", "gpu:0"], "unknown device 'gpu:0'"),
-    (["sweep", "--workload", "gpt3-xl-layer:batch=x"], "bad option 'batch=x'"),
-    (["sweep", "--device", "replay:/nonexistent.csv", "--workload", "table"], "/nonexistent.csv"),
-    (["sweep", "--workload", "table"], "needs a replay:CSV device"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sweep", "--device", "sim:v100"], "unknown simulated GPU preset 'v100'"),
+        (["sweep", "--device", "gpu:0"], "unknown device 'gpu:0'"),
+        (["sweep", "--workload", "gpt3-xl-layer:batch=x"], "bad option 'batch=x'"),
+        (["sweep", "--device", "replay:/nonexistent.csv", "--workload", "table"], "/nonexistent.csv"),
+        (["sweep", "--workload", "table"], "needs a replay:CSV device"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -93,10 +99,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_usage_errors_and_help_import_nothing_heavy():
-    code = ("import sys; from kdvfs.cli import build_parser; build_parser(); "
-            "heavy = [m for m in ('torch', 'botorch', 'mlflow', 'gymnasium', 'numpy') if m in sys.modules]; "
-            "print(','.join(heavy))")
+    code = (
+        "import sys; from kdvfs.tuner.cli import build_parser; build_parser(); "
+        "heavy = [m for m in ('torch', 'botorch', 'mlflow', 'gymnasium', 'numpy') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == ""
-    bad = subprocess.run([sys.executable, "-m", "kdvfs.cli", "sweep", "--budget", "lots"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "kdvfs.tuner.cli", "sweep", "--budget", "lots"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "budget must be a number" in bad.stderr

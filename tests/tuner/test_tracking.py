@@ -22,7 +22,11 @@ PARENT_TAG = "mlflow.parentRunId"
 
 
 def tracking_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "kdvfs.tuner.tracking" and r.levelno >= logging.WARNING]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "kdvfs.tuner.tracking" and r.levelno >= logging.WARNING
+    ]
 
 
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -69,7 +73,9 @@ def test_sqlite_run_holds_params_metrics_and_artifacts(sqlite_tracking_uri: str,
     assert not (tmp_path / "spool").exists()
 
 
-def test_nested_runs_carry_the_parent_tag_and_stay_open_together(sqlite_tracking_uri: str, tmp_path: Path) -> None:
+def test_nested_runs_carry_the_parent_tag_and_stay_open_together(
+    sqlite_tracking_uri: str, tmp_path: Path
+) -> None:
     tracker = Tracker(sqlite_tracking_uri, experiment="nested", spool_dir=tmp_path)
     parent = tracker.start_run("compare", {"strategies": 2})
     children = [tracker.start_run(name, {"policy": name}, parent=parent) for name in ("ucb", "bo")]
@@ -102,7 +108,9 @@ def test_context_manager_ends_with_the_matching_status_and_reraises(
     assert MlflowClient(sqlite_tracking_uri).get_run(run.run_id).info.status == status
 
 
-def test_end_rejects_an_unknown_status_and_ignores_a_second_end(sqlite_tracking_uri: str, tmp_path: Path) -> None:
+def test_end_rejects_an_unknown_status_and_ignores_a_second_end(
+    sqlite_tracking_uri: str, tmp_path: Path
+) -> None:
     run = Tracker(sqlite_tracking_uri, experiment="status", spool_dir=tmp_path).start_run("twice", {})
     with pytest.raises(KdvfsError, match="'DONE'"):
         run.end("DONE")  # type: ignore[arg-type]

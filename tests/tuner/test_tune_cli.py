@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from kdvfs.cli import main
+from kdvfs.tuner.cli import main
 from kdvfs.tuner.plan import load_plan
 from kdvfs.tuner.tracking import Tracker
 
@@ -22,10 +22,32 @@ def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out, plan_path = tmp_path / "t.json", tmp_path / "plan.json"
-    assert main([*ARGS, "--iterations", "150000", "--mlflow-uri", uri, "--json", str(out), "--plan-out", str(plan_path)]) == 0
+    assert (
+        main(
+            [
+                *ARGS,
+                "--iterations",
+                "150000",
+                "--mlflow-uri",
+                uri,
+                "--json",
+                str(out),
+                "--plan-out",
+                str(plan_path),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["source"] == "simulated" and doc["iterations"] == 150_000
-    assert set(doc) >= {"energy_saving", "slowdown", "measurements", "ideal_per_kernel", "grouped", "max_cumulative_slowdown"}
+    assert set(doc) >= {
+        "energy_saving",
+        "slowdown",
+        "measurements",
+        "ideal_per_kernel",
+        "grouped",
+        "max_cumulative_slowdown",
+    }
     assert doc["max_cumulative_slowdown"] <= 0.01 and doc["measurements"] > 0
     plan = load_plan(plan_path)
     assert plan.workload_signature == doc["signature"] and plan.source == "simulated"
@@ -36,15 +58,22 @@ def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
     history = client.get_metric_history(run.info.run_id, "slowdown_so_far")
     assert len(history) > 10 and max(m.value for m in history) <= 0.01
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
-        a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+        a.path for a in client.list_artifacts(run.info.run_id, "plots")
+    }
     assert {"plan.json", "tune.json", "plots/convergence.png", "plots/time_energy_points.png"} <= artifacts
 
 
 def _spawn(tmp_path: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", "kdvfs.cli", *ARGS, *extra], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kdvfs.tuner.cli", *ARGS, *extra],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_run(uri: str, experiment: str, timeout_s: float = 60.0):
@@ -60,10 +89,12 @@ def _wait_for_run(uri: str, experiment: str, timeout_s: float = 60.0):
 
 
 def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(tmp_path, live_mlflow_server):
-    proc = _spawn(tmp_path, "--iterations", "1500000", "--mlflow-uri", live_mlflow_server.uri, "--json", "t.json")
+    proc = _spawn(
+        tmp_path, "--iterations", "1500000", "--mlflow-uri", live_mlflow_server.uri, "--json", "t.json"
+    )
     run = _wait_for_run(live_mlflow_server.uri, "kdvfs-tune")
     live_mlflow_server.kill()
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert json.loads((tmp_path / "t.json").read_text())["iterations"] == 1_500_000
     assert "Traceback" not in err
@@ -80,11 +111,21 @@ def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(
 @pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = _spawn(tmp_path, "--iterations", "50000000", "--mlflow-uri", uri, "--plan-out", "plan.json", "--json", "t.json")
+    proc = _spawn(
+        tmp_path,
+        "--iterations",
+        "50000000",
+        "--mlflow-uri",
+        uri,
+        "--plan-out",
+        "plan.json",
+        "--json",
+        "t.json",
+    )
     _wait_for_run(uri, "kdvfs-tune")
     time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted: stock clocks restored" in err and "Traceback" not in err
     assert load_plan(tmp_path / "plan.json").measurements >= 0
@@ -103,17 +144,48 @@ def test_tune_on_a_card_the_store_has_no_plan_for_carries_another_gpus_plan_and_
     rtx = open_device("sim:rtx3080ti")
     workload = open_workload("gpt3-xl-layer")
     store = PlanStore(tmp_path / "plans")
-    store.put(Plan.from_groups(
-        gpu_name=rtx.name, grid=rtx.grid, workload=workload, budget=0.01,
-        groups=[(0, len(workload), ClockPair(1680, 9501), 1.0, 1.0)], reference_time_s=1.0, reference_energy_j=1.0,
-        source="simulated", strategy="ucb", measurements=0))
+    store.put(
+        Plan.from_groups(
+            gpu_name=rtx.name,
+            grid=rtx.grid,
+            workload=workload,
+            budget=0.01,
+            groups=[(0, len(workload), ClockPair(1680, 9501), 1.0, 1.0)],
+            reference_time_s=1.0,
+            reference_energy_j=1.0,
+            source="simulated",
+            strategy="ucb",
+            measurements=0,
+        )
+    )
     out = tmp_path / "t.json"
-    assert main(["tune", "--device", "sim:a100", "--strategy", "ucb", "--no-sweep", "--no-mlflow", "--iterations", "20000",
-                 "--plan-store", str(store.root), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                "--device",
+                "sim:a100",
+                "--strategy",
+                "ucb",
+                "--no-sweep",
+                "--no-mlflow",
+                "--iterations",
+                "20000",
+                "--plan-store",
+                str(store.root),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
-    assert doc["plan_source"] == "transferred" and "the plan of NVIDIA GeForce RTX 3080 Ti" in doc["plan_store_note"]
+    assert (
+        doc["plan_source"] == "transferred"
+        and "the plan of NVIDIA GeForce RTX 3080 Ti" in doc["plan_store_note"]
+    )
     assert doc["max_cumulative_slowdown"] <= 0.01
     captured = capsys.readouterr()
     assert "carried to this card's clocks by relative position (1125/1215 MHz)" in captured.err
     assert "plan source: transferred" in captured.out
-    assert len(store.entries()) == 1          # a carried plan is not stored as this card's own
+    assert len(store.entries()) == 1  # a carried plan is not stored as this card's own

@@ -1,0 +1,7 @@
+"""`python -m kdvfs` runs the `kdvfs` command line."""
+
+import sys
+
+from kdvfs.tuner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,203 @@
+"""Leases on GPU clocks: who locked a GPU's clocks, and the promise to give them back.
+
+A process that locks a GPU's clocks first writes a lease file for that GPU (JSON: pid,
+process start time, GPU uuid and index, lock kinds, time). The lease is removed when the
+clocks are reset. Locks left by a process that died without resetting (SIGKILL, a crash of
+the interpreter, a power-cut node) are found by the next process that opens the GPU: the
+owner pid is dead, so it resets the clocks and removes the lease.
+
+Within a live process, `hold()` registers a release callback that runs on normal exit
+(atexit) and on SIGINT / SIGTERM, before the signal's previous behaviour goes on
+(KeyboardInterrupt for SIGINT, termination for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kdvfs.runtime.types import KdvfsError
+
+log = logging.getLogger(__name__)
+
+RESTORE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One process's locks on one GPU's clocks, as written to the lease file."""
+
+    pid: int
+    pid_start_ticks: int | None
+    gpu_uuid: str
+    gpu_index: int
+    locks: tuple[str, ...]
+    time_s: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_file(cls, path: Path) -> Lease:
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                pid=int(raw["pid"]),
+                pid_start_ticks=None if raw.get("pid_start_ticks") is None else int(raw["pid_start_ticks"]),
+                gpu_uuid=str(raw["gpu_uuid"]),
+                gpu_index=int(raw["gpu_index"]),
+                locks=tuple(str(k) for k in raw["locks"]),
+                time_s=float(raw["time_s"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise KdvfsError(f"{path}: unreadable clock lease ({exc})") from None
+
+    def owner_alive(self) -> bool:
+        """True while the process that wrote the lease still runs (a zombie or a reused pid
+        does not count)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # another user's live process
+        stat = _proc_stat(self.pid)
+        if stat is None:
+            return True
+        if stat[0] == "Z":
+            return False
+        return self.pid_start_ticks is None or int(stat[19]) == self.pid_start_ticks
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    stat = _proc_stat(pid)
+    return None if stat is None else int(stat[19])
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state first), or None where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: the fields after it follow the last ")"
+    return stat.rsplit(")", 1)[1].split()
+
+
+def default_lease_dir() -> Path:
+    """$XDG_RUNTIME_DIR/kdvfs, else /tmp/kdvfs-leases."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime_dir) / "kdvfs" if runtime_dir else Path("/tmp/kdvfs-leases")
+
+
+class LeaseDir:
+    """The lease files of this machine's GPUs, one per GPU uuid."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else default_lease_dir()
+
+    def file_for(self, gpu_uuid: str) -> Path:
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in gpu_uuid)
+        return self.path / f"{safe}.json"
+
+    def read(self, gpu_uuid: str) -> Lease | None:
+        path = self.file_for(gpu_uuid)
+        return Lease.from_file(path) if path.exists() else None
+
+    def write(self, lease: Lease) -> Path:
+        """Write atomically (temp file + rename), so a reader never sees half a lease."""
+        path = self.file_for(lease.gpu_uuid)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".lease-")
+            with os.fdopen(fd, "w") as f:
+                f.write(lease.to_json())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise KdvfsError(
+                f"cannot write clock lease in {self.path} ({exc}); pass another lease_dir"
+            ) from None
+        return path
+
+    def remove(self, gpu_uuid: str) -> None:
+        self.file_for(gpu_uuid).unlink(missing_ok=True)
+
+
+def new_lease(gpu_uuid: str, gpu_index: int, locks: tuple[str, ...]) -> Lease:
+    """A lease owned by this process, taken now."""
+    pid = os.getpid()
+    return Lease(pid, process_start_ticks(pid), gpu_uuid, gpu_index, locks, time.time())
+
+
+# --- restore on exit and on signals ---------------------------------------------------------
+_lock = threading.RLock()
+_held: dict[object, Callable[[], None]] = {}
+_owner_pid: int | None = None
+_previous_handlers: dict[int, object] = {}
+
+
+def hold(key: object, release: Callable[[], None]) -> None:
+    """Run `release` at exit or on SIGINT/SIGTERM unless `let_go(key)` comes first.
+
+    Signal handlers can only be installed from the main thread; from another thread only
+    atexit and the stale-lease recovery protect the clocks (logged once).
+    """
+    global _owner_pid
+    with _lock:
+        if _owner_pid != os.getpid():  # first hold here, or a forked child: start afresh
+            _held.clear()
+            _owner_pid = os.getpid()
+            atexit.register(release_all)
+            _install_signal_handlers()
+        _held[key] = release
+
+
+def let_go(key: object) -> None:
+    with _lock:
+        _held.pop(key, None)
+
+
+def release_all() -> None:
+    """Release every hold of this process; errors are logged, never raised."""
+    with _lock:
+        if _owner_pid != os.getpid():
+            return
+        releases = list(_held.items())
+        _held.clear()
+    for _, release in releases:
+        try:
+            release()
+        except Exception as exc:
+            log.warning("kdvfs: could not restore stock clocks: %s", exc)
+
+
+def _install_signal_handlers() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        log.warning("kdvfs: clocks locked from a non-main thread: no SIGINT/SIGTERM restore, only atexit")
+        return
+    for signum in RESTORE_SIGNALS:
+        previous = signal.getsignal(signum)
+        if previous is not _on_signal:
+            _previous_handlers[signum] = previous
+            signal.signal(signum, _on_signal)
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """Reset clocks, then carry on as the signal would have without us."""
+    release_all()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt here
+    elif previous != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

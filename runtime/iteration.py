@@ -1,0 +1,97 @@
+"""Training iterations on a device whose kernels we run: a schedule of clock groups applied.
+
+On a real GPU the training loop runs the kernels and a controller applies the schedule
+(runtime/torch_integration.py); here the simulated or replayed device runs the workload's
+kernels itself. A schedule requests each group's clocks at its first kernel (only when they
+differ from the last request: a repeated request is no switch), so a switch lands
+switch_latency_s later, the old clocks running meanwhile, exactly as the grouping planner
+(tuner/grouping.py) models it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.types import ClockPair, Workload
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Clock requests of one iteration: (index of a group's first kernel, pair or None for
+    stock clocks), the first group starting at kernel 0."""
+
+    groups: tuple[tuple[int, ClockPair | None], ...]
+
+    @classmethod
+    def stock(cls) -> Schedule:
+        return cls(((0, None),))
+
+    def one_pair(self) -> ClockPair | None:
+        """The pair when the whole iteration runs at one locked pair, else None."""
+        return self.groups[0][1] if len(self.groups) == 1 else None
+
+    def pair_per_kernel(self, n: int) -> list[ClockPair | None]:
+        """The pair each of n kernels requests (its group's)."""
+        out: list[ClockPair | None] = []
+        for (start, pair), nxt in zip(self.groups, [g[0] for g in self.groups[1:]] + [n]):
+            out.extend([pair] * (nxt - start))
+        return out
+
+
+class IterationRunner:
+    """Runs training iterations of a workload on a ModelDevice under a schedule."""
+
+    def __init__(self, device: ModelDevice, workload: Workload) -> None:
+        self.device = device
+        self.workload = workload
+        self._requested: ClockPair | str | None = "unset"
+
+    def run(self, schedule: Schedule, iterations: int) -> tuple[np.ndarray, float]:
+        """(each kernel's time in the last iteration run kernel by kernel, launches included, as
+        launch timings give it; total seconds of all the iterations). Iterations run kernel by
+        kernel until one runs in steady state: at least one (two after an isolated
+        measurement), and more while a switch that the steady cycle would not make is in
+        flight during it (a new schedule's first request, or one made before the previous
+        iteration began: on the H200 a switch takes 10 ms, longer than an iteration, and an
+        iteration in which such a switch lands runs partly at the old clocks). The rest repeat
+        that one (ModelDevice.repeat_since), which keeps long runs cheap."""
+        starts = dict(schedule.groups)
+        cyclic_first = (
+            schedule.groups[0][1] != schedule.groups[-1][1]
+        )  # the steady cycle requests at kernel 0
+        t0 = self.device.now_s()
+        exact = 1 if self._requested != "unset" else 2
+        done = 0
+        prev_start_s: float | None = None  # start of the previous iteration, when it was steady
+        while done < iterations:
+            t_it, e_it = self.device.now_s(), self.device.true_energy_j()
+            inherited_s = self.device.switch_requested_s()  # in flight as it begins: the cycle's own?
+            times = np.empty(len(self.workload))
+            transient = False
+            for k, kernel in enumerate(self.workload.kernels):
+                if k in starts and starts[k] != self._requested:
+                    transient |= k == 0 and not cyclic_first
+                    self._request(starts[k])
+                times[k] = self.device.run(kernel, kernel.launches)
+            done += 1
+            requested_s = self.device.switch_requested_s()
+            own_start = inherited_s is None or (prev_start_s is not None and inherited_s >= prev_start_s)
+            if done >= exact and not transient and own_start and (requested_s is None or requested_s >= t_it):
+                break
+            prev_start_s = None if transient else t_it
+        self.device.repeat_since(t_it, e_it, iterations - done)
+        return times, self.device.now_s() - t0
+
+    def _request(self, pair: ClockPair | None) -> None:
+        if pair is None:
+            self.device.reset_clocks()
+        else:
+            self.device.set_clocks(pair)
+        self._requested = pair
+
+    def forget_requests(self) -> None:
+        """Someone else set the clocks (an isolated measurement): request again next time."""
+        self._requested = "unset"

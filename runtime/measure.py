@@ -1,0 +1,146 @@
+"""Measurement as a real card allows it: isolated replay of one kernel at one clock setting,
+and the reference measured as training iterations at stock clocks.
+
+A real card's energy counter advances only every ~100 ms (h200-probe/README.md), so the
+energy of a microsecond kernel cannot be read around one launch. Instead the kernel runs back
+to back in short chunks; the counter is read after each chunk; the window starts and ends at
+observed counter updates, so the energy difference is exact up to when the update was seen
+(at most one chunk late, at both ends). Mean power over the window times the time per launch
+(from the launch timings, as CUDA events give it) is the energy per launch. The card's
+throttle reasons at the end of the window mark a measurement whose clocks did not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdvfs.runtime.device import RunnableDevice
+from kdvfs.runtime.types import ClockPair, Kernel, Measurement
+
+THROTTLES = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
+"""Clock-event reasons that mean the card ran below the asked clocks (NVML's names)."""
+
+SUB_WINDOW_S = 1.0
+"""Sub-window of a reference run whose spread estimates the measurement noise."""
+
+CHUNK_S = 0.01
+"""Kernel time between counter reads (the NVML energy read itself takes ~4 ms on an H200)."""
+
+
+@dataclass(frozen=True)
+class IsolatedResult:
+    """A measurement and the device seconds it cost (warm-up and alignment included)."""
+
+    measurement: Measurement
+    cost_s: float
+
+
+def measure_isolated(
+    device: RunnableDevice,
+    kernel: Kernel,
+    pair: ClockPair | None,
+    window_s: float = 1.0,
+) -> IsolatedResult:
+    """Measure one launch of `kernel` at a locked pair (None: stock clocks)."""
+    start_s = device.now_s()
+    if pair is None:
+        device.reset_clocks()
+    else:
+        device.set_clocks(pair)
+    first_s = device.run(kernel, 1)
+    launches = max(1, int(CHUNK_S / first_s))
+    # warm up past the switch latency, then wait for a counter update to open the window
+    _run_for(device, kernel, launches, device.switch_latency_s + 2 * CHUNK_S)
+    energy_a = device.energy_j()
+    while device.energy_j() == energy_a:
+        device.run(kernel, launches)
+    energy_a, t_a = device.energy_j(), device.now_s()
+    busy_s, count = 0.0, 0
+    while device.now_s() - t_a < window_s:
+        busy_s += device.run(kernel, launches)
+        count += launches
+    energy_b = device.energy_j()
+    while device.energy_j() == energy_b:
+        busy_s += device.run(kernel, launches)
+        count += launches
+    energy_b, t_b = device.energy_j(), device.now_s()
+    time_s = busy_s / count
+    power_w = (energy_b - energy_a) / (t_b - t_a)
+    throttled = bool(device.throttle_reasons() & THROTTLES)
+    return IsolatedResult(
+        Measurement(time_s, power_w * time_s, device.source, throttled), device.now_s() - start_s
+    )
+
+
+def _run_for(device: RunnableDevice, kernel: Kernel, launches: int, duration_s: float) -> None:
+    end_s = device.now_s() + duration_s
+    while device.now_s() < end_s:
+        device.run(kernel, launches)
+
+
+@dataclass(frozen=True)
+class IterationReference:
+    """The reference measured in training conditions: iterations at stock clocks after the
+    card has settled to its training temperature. kernel_time_s: each kernel's time per
+    iteration (launches included), from launch timings; time_rel_sd: relative s.d. of the
+    iteration time between 1-s sub-windows (the measurement noise, without thermal drift)."""
+
+    kernel_time_s: np.ndarray
+    iteration_time_s: float
+    iteration_energy_j: float
+    time_rel_sd: float
+    iterations: int  # in the measured window
+    all_iterations: int  # warm-up included
+    cost_s: float
+
+
+def measure_reference_iterations(
+    device: RunnableDevice, kernels: Sequence[Kernel], warmup_s: float = 120.0, window_s: float = 20.0
+) -> IterationReference:
+    """Run the iteration at stock clocks for warmup_s (thermal settling: four time constants of
+    a card's ~20-30 s), then measure window_s of it (an energy counter read over 20 s averages
+    20 one-second noise periods). In a training job these are ordinary iterations at stock."""
+    start_s = device.now_s()
+    device.reset_clocks()
+    warmup = 0
+    while device.now_s() - start_s < warmup_s or warmup == 0:
+        _iteration(device, kernels)
+        warmup += 1
+    energy_a = device.energy_j()
+    while device.energy_j() == energy_a:
+        _iteration(device, kernels)
+        warmup += 1
+    energy_a, t_a = device.energy_j(), device.now_s()
+    totals = np.zeros(len(kernels))
+    sub_means: list[float] = []
+    sub_t, sub_n, iterations = 0.0, 0, 0
+    while device.now_s() - t_a < window_s or device.energy_j() == energy_a:
+        times = _iteration(device, kernels)
+        totals += times
+        iterations += 1
+        sub_t += times.sum()
+        sub_n += 1
+        if sub_t >= SUB_WINDOW_S:
+            sub_means.append(sub_t / sub_n)
+            sub_t, sub_n = 0.0, 0
+        if device.now_s() - t_a >= window_s and device.energy_j() != energy_a:
+            break
+    power_w = (device.energy_j() - energy_a) / (device.now_s() - t_a)
+    kernel_time_s = totals / iterations
+    rel_sd = float(np.std(sub_means, ddof=1) / np.mean(sub_means)) if len(sub_means) > 1 else 0.0
+    return IterationReference(
+        kernel_time_s,
+        float(kernel_time_s.sum()),
+        power_w * float(kernel_time_s.sum()),
+        rel_sd,
+        iterations,
+        warmup + iterations,
+        device.now_s() - start_s,
+    )
+
+
+def _iteration(device: RunnableDevice, kernels: Sequence[Kernel]) -> np.ndarray:
+    return np.array([device.run(k, k.launches) for k in kernels])

@@ -1,0 +1,207 @@
+"""Shared mechanics of devices whose kernels we run ourselves (simulated, replayed).
+
+Both keep their own clock, apply a clock switch only after the switch latency (the old
+clocks run meanwhile, as on a real card), add measurement noise, and report energy the way
+NVML does: a cumulative counter that advances only every `energy_update_period_s`.
+Noise is drawn once per `noise_period_s` of device time and applied to every launch in that
+span: run-to-run variation on a real card is correlated over time (temperature, clock jitter),
+so averaging many launches inside one window does not make it vanish.
+Subclasses supply the physics: `_launch_cost(kernel, pair_or_None)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Kernel, Source
+
+STATE_STEP_S = 0.05
+"""Longest stretch of launches costed at one state (temperature, noise) before it is updated."""
+
+
+class ModelDevice:
+    """Base for SimulatedDevice and ReplayDevice. `None` as clocks means stock (auto)."""
+
+    source: Source
+
+    def __init__(
+        self,
+        name: str,
+        grid: ClockGrid,
+        *,
+        energy_update_period_s: float,
+        switch_latency_s: float,
+        time_noise: float,
+        energy_noise: float,
+        seed: int,
+        noise_period_s: float = 1.0,
+    ) -> None:
+        self.name = name
+        self.grid = grid
+        self.energy_update_period_s = energy_update_period_s
+        self.switch_latency_s = switch_latency_s
+        self.time_noise = time_noise
+        self.energy_noise = energy_noise
+        self.noise_period_s = noise_period_s
+        self._rng = np.random.default_rng(seed)
+        self._noise_epoch = -1
+        self._noise = (1.0, 1.0)
+        self._now_s = 0.0
+        self._true_energy_j = 0.0
+        self._reported_energy_j = 0.0
+        self._last_tick = 0
+        self._last_power_w = 0.0
+        self._clocks: ClockPair | None = None
+        self._pending: tuple[float, ClockPair | None] | None = None
+        self.switches = 0
+
+    # --- Device -------------------------------------------------------------------------
+    def set_clocks(self, pair: ClockPair) -> None:
+        if pair not in self.grid:
+            raise KdvfsError(f"{self.name}: unsupported clock pair {pair}")
+        self._request(pair)
+
+    def reset_clocks(self) -> None:
+        self._request(None)
+
+    def energy_j(self) -> float:
+        return self._reported_energy_j
+
+    def power_w(self) -> float:
+        return self._last_power_w
+
+    def now_s(self) -> float:
+        return self._now_s
+
+    def switch_requested_s(self) -> float | None:
+        """When the clock switch still in flight was requested; None when none is."""
+        return None if self._pending is None else self._pending[0] - self.switch_latency_s
+
+    def clocks_in_effect(self) -> ClockPair | None:
+        return self._clocks
+
+    def true_energy_j(self) -> float:
+        """The energy actually spent (not observable on a real card; for evaluation only)."""
+        return self._true_energy_j
+
+    # --- running ------------------------------------------------------------------------
+    def run(self, kernel: Kernel, launches: int = 1) -> float:
+        """Run launches back to back; a pending clock switch takes effect between launches."""
+        elapsed_s = 0.0
+        left = int(launches)
+        while left > 0:
+            self._apply_due_switch()
+            time_s, energy_j = self._noisy_cost(kernel, self._clocks)
+            n = min(left, max(1, math.ceil(STATE_STEP_S / time_s)))
+            if self._pending is not None:
+                until_switch_s = self._pending[0] - self._now_s
+                n = min(n, max(1, math.ceil(until_switch_s / time_s)))
+            self._advance(n * time_s, energy_j / time_s)
+            elapsed_s += n * time_s
+            left -= n
+        return elapsed_s
+
+    def idle(self, duration_s: float) -> None:
+        end_s = self._now_s + duration_s
+        while self._now_s < end_s:
+            self._apply_due_switch()
+            step_s = end_s - self._now_s
+            if self._pending is not None:
+                step_s = min(step_s, max(self._pending[0] - self._now_s, 0.0))
+            self._advance(step_s, self._idle_power_w())
+            if step_s == 0.0:
+                self._apply_due_switch()
+
+    def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
+        """Fast-forward: what the device did since start_s happens `times` more times (steady
+        state: a training iteration repeated). Its noise is redrawn for the whole stretch, with
+        the s.d. of a mean over the noise periods it spans, as that many iterations would
+        average. Returns the seconds added."""
+        span_s = self._now_s - start_s
+        if times <= 0 or span_s <= 0:
+            return 0.0
+        time_f, energy_f = self._noise
+        power_w = (self._true_energy_j - start_true_energy_j) / span_s * time_f / energy_f
+        periods = max(1.0, span_s * times / self.noise_period_s)
+        z_time, z_energy = self._rng.standard_normal(2) / math.sqrt(periods)
+        new_time_f = max(0.5, 1.0 + self.time_noise * z_time)
+        new_energy_f = max(0.5, 1.0 + self.energy_noise * z_energy)
+        duration_s = span_s / time_f * new_time_f * times
+        self._advance(duration_s, power_w * new_energy_f / new_time_f)
+        if self._pending is not None:  # a switch still in flight stays in flight, as it would each time
+            self._pending = (self._pending[0] + duration_s, self._pending[1])
+        return duration_s
+
+    def expected(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
+        if pair is not None and pair not in self.grid:
+            raise KdvfsError(f"{self.name}: unsupported clock pair {pair}")
+        return self._launch_cost(kernel, pair)
+
+    def expected_iteration(
+        self, items: Sequence[tuple[Kernel, ClockPair | None, float]]
+    ) -> tuple[float, float]:
+        time_s = energy_j = 0.0
+        for kernel, pair, launches in items:
+            t, e = self.expected(kernel, pair)
+            time_s += t * launches
+            energy_j += e * launches
+        return time_s, energy_j
+
+    # --- for subclasses -----------------------------------------------------------------
+    def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
+        """Noiseless (time_s, energy_j) of one launch; None = stock clocks."""
+        raise NotImplementedError
+
+    def _idle_power_w(self) -> float:
+        raise NotImplementedError
+
+    def _on_advance(self, duration_s: float, power_w: float) -> None:
+        """Hook: state that evolves with time and power (temperature)."""
+
+    # --- internals ----------------------------------------------------------------------
+    def _request(self, pair: ClockPair | None) -> None:
+        self._apply_due_switch()
+        if self.switch_latency_s <= 0.0:
+            self._pending = None
+            self._set_in_effect(pair)
+        else:
+            self._pending = (self._now_s + self.switch_latency_s, pair)
+
+    def _set_in_effect(self, pair: ClockPair | None) -> None:
+        if pair != self._clocks:
+            self.switches += 1
+        self._clocks = pair
+
+    def _apply_due_switch(self) -> None:
+        if self._pending is not None and self._pending[0] <= self._now_s + 1e-15:
+            self._set_in_effect(self._pending[1])
+            self._pending = None
+
+    def _noisy_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
+        time_s, energy_j = self._launch_cost(kernel, pair)
+        epoch = math.floor(self._now_s / self.noise_period_s)
+        if epoch != self._noise_epoch:
+            self._noise_epoch = epoch
+            z_time, z_energy = self._rng.standard_normal(2)
+            self._noise = (
+                max(0.5, 1.0 + self.time_noise * z_time),
+                max(0.5, 1.0 + self.energy_noise * z_energy),
+            )
+        return time_s * self._noise[0], energy_j * self._noise[1]
+
+    def _advance(self, duration_s: float, power_w: float) -> None:
+        """Advance time at constant power; the reported counter catches up at each tick."""
+        start_s = self._now_s
+        end_s = start_s + duration_s
+        end_tick = math.floor(end_s / self.energy_update_period_s)
+        if end_tick > self._last_tick:
+            tick_s = end_tick * self.energy_update_period_s
+            self._reported_energy_j = self._true_energy_j + power_w * (tick_s - start_s)
+            self._last_tick = end_tick
+        self._true_energy_j += power_w * duration_s
+        self._now_s = end_s
+        self._last_power_w = power_w
+        self._on_advance(duration_s, power_w)

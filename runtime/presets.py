@@ -1,0 +1,220 @@
+"""Named constants of the simulated GPUs, one preset per card, each with its source.
+
+The model they feed is in simulator.py. Rates are whole-GPU figures at the stated clock;
+power figures are the model's parts (static, dynamic core, memory) and were set so that the
+whole card matches the cited totals, not fitted kernel by kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything the simulated card needs. Units in every name."""
+
+    gpu_name: str
+    core_levels_mhz: tuple[int, ...]  # supported graphics clocks
+    mem_levels_mhz: tuple[int, ...]  # supported memory clocks
+    search_core_mhz: tuple[int, ...] | None  # default search grid (None: the full grid)
+    search_mem_mhz: tuple[int, ...] | None
+    # throughput
+    tensor_flop_per_cycle: float  # dense bf16 tensor-core FLOP per core cycle, whole GPU
+    simt_flop_per_cycle: float  # FP32 CUDA-core FLOP per core cycle, whole GPU
+    mem_bw_bytes_per_s: float  # DRAM bandwidth reached by a streaming kernel at max mem clock
+    core_bytes_per_cycle: float  # L2/load-store ceiling on bandwidth, per core cycle
+    overlap: float  # share of the shorter of compute/memory time hidden under the longer
+    launch_latency_s: float  # per-launch time that scales with neither clock
+    # voltage curve: flat at v_min_rel below the knee, linear to 1.0 at the highest clock
+    v_min_rel: float
+    v_knee_mhz: float
+    # power
+    static_w: float  # leakage at v=1, ref temperature
+    leak_per_c: float  # relative growth of leakage per degree C
+    leak_ref_c: float
+    core_dyn_w: float  # dynamic core power at max clock, v=1, activity 1
+    act_idle: float  # activity of a clocked but idle core (clock tree)
+    act_tensor: float  # activity of tensor-core work
+    act_simt: float  # activity of CUDA-core work
+    act_mem: float  # SM activity while streaming memory (load/store, L2)
+    mem_w: float  # memory power at max memory clock, full bandwidth
+    mem_base_rel: float  # share of mem_w drawn at zero traffic (refresh, PHY)
+    power_cap_w: float
+    auto_hunt_rel: float  # +/- clock swing of the card's controller under the cap
+    # thermal
+    ambient_c: float
+    r_th_c_per_w: float
+    tau_s: float
+    t_limit_c: float  # thermal slowdown above this
+    # measurement and control
+    energy_update_period_s: float
+    switch_latency_s: float
+    time_noise: float
+    energy_noise: float
+
+    @property
+    def max_core_mhz(self) -> int:
+        return max(self.core_levels_mhz)
+
+    @property
+    def max_mem_mhz(self) -> int:
+        return max(self.mem_levels_mhz)
+
+
+def _steps(lo: int, hi: int, step: int) -> tuple[int, ...]:
+    return tuple(range(lo, hi + 1, step))
+
+
+# NVIDIA H200 SXM. Clocks, cap, counter period: ../shared/data/h200-probe (nvml.json,
+# README.md). Rates: H200 datasheet (989 TFLOP/s dense bf16 at 1980 MHz boost -> 500k
+# FLOP/cycle; the probe's 8192^3 GEMM reached 656 TFLOP/s at ~1470 MHz -> 446k, i.e. 89%);
+# HBM3e 4.8 TB/s, the probe's copy reached 4.2 TB/s. Idle ~80 W cold at 345 MHz and ~127 W
+# hot at 1980 MHz; GEMM capped at ~700 W; copy ~636 W at 1980 MHz (kernels_stock.csv).
+H200 = Preset(
+    gpu_name="NVIDIA H200",
+    core_levels_mhz=_steps(345, 1980, 15),
+    mem_levels_mhz=(2201, 3201),
+    search_core_mhz=None,
+    search_mem_mhz=None,
+    tensor_flop_per_cycle=446_000.0,
+    simt_flop_per_cycle=33_800.0,  # 67 TFLOP/s FP32 at 1980 MHz (datasheet)
+    mem_bw_bytes_per_s=4.2e12,
+    core_bytes_per_cycle=4.0e12 / 1.98e9 * 1.6,  # L2 keeps up with DRAM down to ~60% core clock
+    overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
+    launch_latency_s=2.5e-6,
+    v_min_rel=0.70,
+    v_knee_mhz=1000.0,
+    static_w=50.0,
+    leak_per_c=0.008,
+    leak_ref_c=25.0,
+    core_dyn_w=1100.0,
+    act_idle=0.036,
+    act_tensor=1.0,
+    act_simt=0.55,
+    act_mem=0.40,
+    mem_w=100.0,
+    mem_base_rel=0.35,
+    power_cap_w=700.0,
+    auto_hunt_rel=0.15,  # probe: GEMM swung 1095-1710 MHz around a 1470 median
+    ambient_c=30.0,
+    r_th_c_per_w=0.043,  # ~60 C at 700 W from a 30 C inlet (probe temp_end 52-62 C)
+    tau_s=20.0,
+    t_limit_c=87.0,
+    energy_update_period_s=0.1,  # probe: energy counter median gap 100.5 ms
+    switch_latency_s=0.010,
+    time_noise=0.005,
+    energy_noise=0.02,
+)
+
+# NVIDIA GeForce RTX 3080 Ti (the founding paper's card). Datasheet: 80 SMs, 34.1 TFLOP/s
+# FP32 and 68.2 TFLOP/s dense bf16 tensor (fp32 accumulate) at 1665 MHz boost; 912 GB/s
+# GDDR6X at 19 Gbps (NVML memory clock 9501 MHz); 350 W board power. Graphics clocks
+# 210-2100 MHz; memory 405/810/5001/9251/9501 MHz (simulator.md). The paper's search grid:
+# core 210-2100 step 210 x those five memory clocks. Voltage: GA102 runs ~0.7 V up to
+# ~900 MHz and ~1.08 V at 2100 MHz. GDDR6X is power hungry (~25-30% of board power at load).
+RTX3080TI = Preset(
+    gpu_name="NVIDIA GeForce RTX 3080 Ti",
+    core_levels_mhz=_steps(210, 2100, 15),
+    mem_levels_mhz=(405, 810, 5001, 9251, 9501),
+    search_core_mhz=_steps(210, 2100, 210),
+    search_mem_mhz=(405, 810, 5001, 9251, 9501),
+    tensor_flop_per_cycle=68.2e12 / 1.665e9 * 0.85,  # 85% of peak reached by large GEMMs
+    simt_flop_per_cycle=34.1e12 / 1.665e9,
+    mem_bw_bytes_per_s=912e9 * 0.88,
+    core_bytes_per_cycle=912e9 / 2.1e9 * 1.6,
+    overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
+    launch_latency_s=3.0e-6,
+    v_min_rel=0.65,
+    v_knee_mhz=900.0,
+    static_w=40.0,
+    leak_per_c=0.008,
+    leak_ref_c=25.0,
+    core_dyn_w=420.0,
+    act_idle=0.05,
+    act_tensor=1.0,
+    act_simt=0.55,
+    act_mem=0.40,
+    mem_w=115.0,  # GDDR6X at 19 Gbps: DRAM + controller/PHY ~100-120 W
+    mem_base_rel=0.45,  # the PHY draws much of it at any traffic
+    power_cap_w=350.0,
+    auto_hunt_rel=0.15,  # boost hunts under the cap (H200 probe: +/-25%)
+    ambient_c=30.0,
+    r_th_c_per_w=0.13,  # ~75 C at 350 W on the stock cooler
+    tau_s=30.0,
+    t_limit_c=83.0,
+    energy_update_period_s=0.1,  # assumed as measured on the H200 probe
+    switch_latency_s=0.030,  # tens of ms for a locked-clock change on current cards
+    time_noise=0.005,
+    energy_noise=0.02,
+)
+
+# NVIDIA A100 SXM 40GB. Datasheet: 312 TFLOP/s dense bf16 and 19.5 FP32 at 1410 MHz;
+# 1555 GB/s HBM2 at 1215 MHz (its only memory clock); 400 W.
+A100 = Preset(
+    gpu_name="NVIDIA A100-SXM4-40GB",
+    core_levels_mhz=_steps(210, 1410, 15),
+    mem_levels_mhz=(1215,),
+    search_core_mhz=None,
+    search_mem_mhz=None,
+    tensor_flop_per_cycle=312e12 / 1.41e9 * 0.85,
+    simt_flop_per_cycle=19.5e12 / 1.41e9,
+    mem_bw_bytes_per_s=1555e9 * 0.88,
+    core_bytes_per_cycle=1555e9 / 1.41e9 * 1.6,
+    overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
+    launch_latency_s=3.0e-6,
+    v_min_rel=0.70,
+    v_knee_mhz=800.0,
+    static_w=45.0,
+    leak_per_c=0.008,
+    leak_ref_c=25.0,
+    core_dyn_w=520.0,
+    act_idle=0.04,
+    act_tensor=1.0,
+    act_simt=0.55,
+    act_mem=0.40,
+    mem_w=70.0,
+    mem_base_rel=0.35,
+    power_cap_w=400.0,
+    auto_hunt_rel=0.12,
+    ambient_c=30.0,
+    r_th_c_per_w=0.09,
+    tau_s=20.0,
+    t_limit_c=87.0,
+    energy_update_period_s=0.1,
+    switch_latency_s=0.015,
+    time_noise=0.005,
+    energy_noise=0.02,
+)
+
+# NVIDIA H100 SXM. Datasheet: 989 TFLOP/s dense bf16 at 1980 MHz, 3.35 TB/s HBM3 at
+# 2619 MHz (its only memory clock), 700 W. Same Hopper power model as the H200.
+H100 = replace(
+    H200,
+    gpu_name="NVIDIA H100 80GB HBM3",
+    mem_levels_mhz=(2619,),
+    mem_bw_bytes_per_s=3.35e12 * 0.88,
+    core_bytes_per_cycle=3.35e12 / 1.98e9 * 1.6,
+    mem_w=85.0,
+)
+
+PRESETS: dict[str, Preset] = {"h200": H200, "rtx3080ti": RTX3080TI, "a100": A100, "h100": H100}
+
+FAST_SWITCH_SUFFIX = "-fastswitch"
+FAST_SWITCH_LATENCY_S = 50e-6
+"""What newer parts promise for a clock change (on-die regulators, per-kernel DVFS): tens of µs."""
+
+
+def get_preset(name: str) -> Preset:
+    """A preset by name; NAME-fastswitch is the same card with a fast clock switch."""
+    from kdvfs.runtime.types import KdvfsError
+
+    base = name.removesuffix(FAST_SWITCH_SUFFIX)
+    if base not in PRESETS:
+        raise KdvfsError(
+            f"unknown simulated GPU preset {name!r} (known: {', '.join(sorted(PRESETS))}, each also as NAME{FAST_SWITCH_SUFFIX})"
+        )
+    preset = PRESETS[base]
+    if name.endswith(FAST_SWITCH_SUFFIX):
+        preset = replace(preset, switch_latency_s=FAST_SWITCH_LATENCY_S)
+    return preset

@@ -1,0 +1,69 @@
+"""Devices and workloads by name, as the CLI spells them.
+
+Devices:   sim:PRESET (rtx3080ti, a100, h100, h200; NAME-fastswitch for a fast clock switch),
+           replay:CSV (a recorded measurement table), nvml:INDEX (a real GPU, dry-run).
+Workloads: gpt3-xl-layer[:batch=N,seq=N], trace:CSV (a torch.profiler kernel trace),
+           table (the kernels of a replay device's table).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kdvfs.runtime.device import Device
+from kdvfs.runtime.types import KdvfsError, Workload
+
+
+def open_device(spec: str, *, seed: int = 0, noise: float | None = None, full_grid: bool = False) -> Device:
+    """noise: measurement-noise scale (None: the device's default: the preset's noise on a
+    simulated card, none on a recorded table, whose cells are already single noisy samples)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "sim":
+        from kdvfs.runtime.simulator import SimulatedDevice
+
+        return SimulatedDevice(
+            arg or "rtx3080ti", seed=seed, noise=1.0 if noise is None else noise, full_grid=full_grid
+        )
+    if kind == "replay":
+        from kdvfs.runtime.replay import ReplayDevice
+
+        if not arg:
+            raise KdvfsError("replay device needs a table: replay:PATH.csv")
+        return ReplayDevice.from_csv(Path(arg), noise=0.0 if noise is None else noise, seed=seed)
+    if kind == "nvml":
+        from kdvfs.runtime.nvml_device import NvmlDevice
+
+        return NvmlDevice(int(arg or 0), dry_run=True)
+    raise KdvfsError(f"unknown device {spec!r}: use sim:PRESET, replay:CSV or nvml:INDEX")
+
+
+def open_workload(spec: str, device: Device | None = None) -> Workload:
+    kind, _, arg = spec.partition(":")
+    if kind == "gpt3-xl-layer":
+        from kdvfs.runtime.workloads import gpt3_xl_layer
+
+        return gpt3_xl_layer(**_int_options(spec, arg, ("batch", "seq")))
+    if kind == "trace":
+        from kdvfs.runtime.trace import load_trace
+
+        if not arg:
+            raise KdvfsError("trace workload needs a file: trace:PATH.csv")
+        return load_trace(Path(arg))
+    if kind == "table":
+        table = getattr(device, "table", None)
+        if table is None:
+            raise KdvfsError("workload 'table' needs a replay:CSV device")
+        return table.workload()
+    raise KdvfsError(f"unknown workload {spec!r}: use gpt3-xl-layer, trace:CSV or table")
+
+
+def _int_options(spec: str, arg: str, allowed: tuple[str, ...]) -> dict[str, int]:
+    options: dict[str, int] = {}
+    for item in filter(None, arg.split(",")):
+        key, _, value = item.partition("=")
+        if key not in allowed or not value.isdigit() or int(value) <= 0:
+            raise KdvfsError(
+                f"workload {spec!r}: bad option {item!r} (allowed: {', '.join(k + '=N' for k in allowed)})"
+            )
+        options[key] = int(value)
+    return options

@@ -1,0 +1,291 @@
+"""Recorded measurement tables: per kernel and clock pair, the time and energy of one launch.
+
+Two CSV layouts load into the same `MeasurementTable`:
+- canonical: `kernel,core_mhz,mem_mhz,time_s,energy_j` (or `power_w` instead of `energy_j`),
+  an optional `pass` column, and any extra numeric columns as kernel features;
+- NV-DVFS raw (../shared/data/dvfs-real, Wang & Chu, ICPADS 2018): `appName, kernel, coreF,
+  memF, time/ms, power/W` plus nvprof counters, recognised by those columns.
+Every bad cell raises a one-line KdvfsError naming the file, the row and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+
+from kdvfs.runtime.types import PASSES, ClockGrid, ClockPair, KdvfsError, Kernel, Workload
+
+CANONICAL_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s")
+NVDVFS_COLUMNS = ("appName", "kernel", "coreF", "memF", "time/ms", "power/W")
+_NVDVFS_NOT_FEATURES = frozenset(NVDVFS_COLUMNS) | {"argNo"}
+_CANONICAL_NOT_FEATURES = frozenset(CANONICAL_COLUMNS) | {"energy_j", "power_w", "pass"}
+
+
+@dataclass(frozen=True)
+class CsvRow:
+    """One data row: its 1-based data row number, the file line it ends on, its cells."""
+
+    row: int
+    line: int
+    cells: dict[str, str]
+
+
+def read_csv(path: str | Path) -> tuple[tuple[str, ...], list[CsvRow]]:
+    """Header and rows of a CSV file. Unnamed columns are dropped; a repeated column name gets
+    a `.1`, `.2` suffix (as pandas does), so that no column silently overwrites another."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            reader = csv.reader(f)
+            raw_header = next(reader, None)
+            if raw_header is None:
+                raise KdvfsError(f"{path}: file is empty")
+            header = _unique(raw_header)
+            rows: list[CsvRow] = []
+            for cells in reader:
+                if not any(c.strip() for c in cells):
+                    continue
+                number = len(rows) + 1
+                if len(cells) > len(header):
+                    raise KdvfsError(
+                        f"{path}: row {number} (line {reader.line_num}): {len(cells)} fields, "
+                        f"header has {len(header)}"
+                    )
+                named = {h: c.strip() for h, c in zip(header, cells) if h}
+                rows.append(CsvRow(number, reader.line_num, named))
+    except OSError as e:
+        raise KdvfsError(f"{path}: cannot read ({e.strerror})") from None
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise KdvfsError(f"{path}: not a readable CSV file ({e})") from None
+    return tuple(h for h in header if h), rows
+
+
+def _unique(header: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for h in (h.strip() for h in header):
+        if h and h in seen:
+            seen[h] += 1
+            out.append(f"{h}.{seen[h]}")
+        else:
+            seen.setdefault(h, 0)
+            out.append(h)
+    return out
+
+
+def require_columns(path: Path, header: tuple[str, ...], required: tuple[str, ...]) -> None:
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise KdvfsError(f"{path}: header (line 1): missing required column {missing[0]!r}")
+
+
+def number(path: Path, row: CsvRow, column: str) -> float:
+    """A finite float from a cell, or a KdvfsError naming file, row and column."""
+    text = row.cells.get(column, "")
+    where = f"{path}: row {row.row} (line {row.line}), column {column!r}"
+    if not text:
+        raise KdvfsError(f"{where}: empty value")
+    try:
+        value = float(text)
+    except ValueError:
+        raise KdvfsError(f"{where}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise KdvfsError(f"{where}: {text!r} is not a finite number")
+    return value
+
+
+def positive(path: Path, row: CsvRow, column: str) -> float:
+    value = number(path, row, column)
+    if value <= 0:
+        raise KdvfsError(
+            f"{path}: row {row.row} (line {row.line}), column {column!r}: {value:g} must be positive"
+        )
+    return value
+
+
+def _clock_mhz(path: Path, row: CsvRow, column: str) -> int:
+    value = positive(path, row, column)
+    if value != int(value):
+        raise KdvfsError(
+            f"{path}: row {row.row} (line {row.line}), column {column!r}: {value:g} is not a whole MHz"
+        )
+    return int(value)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One parsed row: a kernel at a clock pair."""
+
+    kernel: str
+    pair: ClockPair
+    time_s: float
+    energy_j: float
+    pass_name: str
+    features: dict[str, float]
+    row: CsvRow
+
+
+@dataclass(frozen=True)
+class MeasurementTable:
+    """Recorded time and energy of one launch per kernel and clock pair.
+
+    A kernel may lack pairs that others have; asking for a missing one is a KdvfsError.
+    """
+
+    name: str
+    path: Path
+    kernels: tuple[str, ...]
+    costs: dict[str, dict[ClockPair, tuple[float, float]]]
+    features: dict[str, tuple[tuple[str, float], ...]]
+    passes: dict[str, str]
+    grid: ClockGrid
+
+    def cost(self, kernel: str, pair: ClockPair) -> tuple[float, float]:
+        """(time_s, energy_j) of one launch of `kernel` at `pair`."""
+        by_pair = self.costs.get(kernel)
+        if by_pair is None:
+            raise KdvfsError(f"{self.path}: no kernel {kernel!r} in the table")
+        try:
+            return by_pair[pair]
+        except KeyError:
+            raise KdvfsError(f"{self.path}: kernel {kernel!r} was not recorded at {pair}") from None
+
+    @property
+    def lowest_power_w(self) -> float:
+        """The lowest average power of any recorded cell."""
+        return min(e / t for by_pair in self.costs.values() for t, e in by_pair.values())
+
+    def workload(self) -> Workload:
+        """The table's kernels in order, one launch each, referenced at the highest pair."""
+        top = self.grid.highest()
+        kernels = tuple(
+            Kernel(
+                name=k,
+                pass_name=self.passes[k],
+                ref_time_s=self.cost(k, top)[0],
+                features=self.features[k],
+            )
+            for k in self.kernels
+        )
+        return Workload(self.name, kernels, meta=(("source", "replayed"), ("table", str(self.path))))
+
+
+def load_table(path: str | Path) -> MeasurementTable:
+    """Load a canonical or NV-DVFS measurement CSV (the layout is recognised by its columns)."""
+    path = Path(path)
+    header, rows = read_csv(path)
+    if not rows:
+        raise KdvfsError(f"{path}: no data rows")
+    if all(c in header for c in NVDVFS_COLUMNS):
+        records = _nvdvfs_records(path, header, rows)
+    else:
+        records = _canonical_records(path, header, rows)
+    return _build(path, records)
+
+
+def _feature_columns(header: tuple[str, ...], rows: list[CsvRow], exclude: frozenset[str]) -> tuple[str, ...]:
+    """Columns whose every non-empty cell is a finite number (and that have at least one)."""
+
+    def numeric(text: str) -> bool:
+        try:
+            return math.isfinite(float(text))
+        except ValueError:
+            return False
+
+    columns = []
+    for c in header:
+        if c in exclude:
+            continue
+        cells = [r.cells.get(c, "") for r in rows]
+        present = [t for t in cells if t]
+        if present and all(numeric(t) for t in present):
+            columns.append(c)
+    return tuple(columns)
+
+
+def _features(row: CsvRow, columns: tuple[str, ...]) -> dict[str, float]:
+    return {c: float(row.cells[c]) for c in columns if row.cells.get(c)}
+
+
+def _canonical_records(path: Path, header: tuple[str, ...], rows: list[CsvRow]) -> list[_Record]:
+    require_columns(path, header, CANONICAL_COLUMNS)
+    if "energy_j" not in header and "power_w" not in header:
+        raise KdvfsError(f"{path}: header (line 1): missing required column 'energy_j' (or 'power_w')")
+    feature_columns = _feature_columns(header, rows, _CANONICAL_NOT_FEATURES)
+    records = []
+    for r in rows:
+        kernel = r.cells.get("kernel", "")
+        if not kernel:
+            raise KdvfsError(f"{path}: row {r.row} (line {r.line}), column 'kernel': empty value")
+        pass_name = r.cells.get("pass", "") or "forward"
+        if pass_name not in PASSES:
+            raise KdvfsError(
+                f"{path}: row {r.row} (line {r.line}), column 'pass': {pass_name!r} is not one of {', '.join(PASSES)}"
+            )
+        time_s = positive(path, r, "time_s")
+        energy_j = (
+            positive(path, r, "energy_j") if "energy_j" in header else time_s * positive(path, r, "power_w")
+        )
+        pair = ClockPair(_clock_mhz(path, r, "core_mhz"), _clock_mhz(path, r, "mem_mhz"))
+        records.append(_Record(kernel, pair, time_s, energy_j, pass_name, _features(r, feature_columns), r))
+    return records
+
+
+def _nvdvfs_records(path: Path, header: tuple[str, ...], rows: list[CsvRow]) -> list[_Record]:
+    """NV-DVFS rows: kernel = appName:kernel (plus [argNo] where an app ran several inputs)."""
+    feature_columns = _feature_columns(header, rows, _NVDVFS_NOT_FEATURES)
+    inputs: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        inputs.setdefault((r.cells.get("appName", ""), r.cells.get("kernel", "")), set()).add(
+            r.cells.get("argNo", "")
+        )
+    records = []
+    for r in rows:
+        app, name = r.cells.get("appName", ""), r.cells.get("kernel", "")
+        for column, value in (("appName", app), ("kernel", name)):
+            if not value:
+                raise KdvfsError(f"{path}: row {r.row} (line {r.line}), column {column!r}: empty value")
+        kernel = f"{app}:{name}"
+        if len(inputs[(app, name)]) > 1:
+            kernel += f"[{r.cells.get('argNo', '')}]"
+        time_s = positive(path, r, "time/ms") / 1000.0
+        energy_j = time_s * positive(path, r, "power/W")
+        pair = ClockPair(_clock_mhz(path, r, "coreF"), _clock_mhz(path, r, "memF"))
+        records.append(_Record(kernel, pair, time_s, energy_j, "forward", _features(r, feature_columns), r))
+    return records
+
+
+def _build(path: Path, records: list[_Record]) -> MeasurementTable:
+    costs: dict[str, dict[ClockPair, tuple[float, float]]] = {}
+    first_row: dict[tuple[str, ClockPair], CsvRow] = {}
+    passes: dict[str, str] = {}
+    feature_values: dict[str, dict[str, list[float]]] = {}
+    for rec in records:
+        earlier = first_row.setdefault((rec.kernel, rec.pair), rec.row)
+        if earlier is not rec.row:
+            raise KdvfsError(
+                f"{path}: row {rec.row.row} (line {rec.row.line}), columns kernel+clocks: {rec.kernel!r} at "
+                f"{rec.pair} repeats row {earlier.row}"
+            )
+        if passes.setdefault(rec.kernel, rec.pass_name) != rec.pass_name:
+            raise KdvfsError(
+                f"{path}: row {rec.row.row} (line {rec.row.line}), column 'pass': {rec.kernel!r} is "
+                f"{rec.pass_name!r} here but {passes[rec.kernel]!r} earlier"
+            )
+        costs.setdefault(rec.kernel, {})[rec.pair] = (rec.time_s, rec.energy_j)
+        per_kernel = feature_values.setdefault(rec.kernel, {})
+        for column, value in rec.features.items():
+            per_kernel.setdefault(column, []).append(value)
+    features = {k: tuple((c, fmean(v)) for c, v in cols.items()) for k, cols in feature_values.items()}
+    return MeasurementTable(
+        name=path.stem,
+        path=path,
+        kernels=tuple(costs),
+        costs=costs,
+        features=features,
+        passes=passes,
+        grid=ClockGrid(tuple(first_row_pair for _, first_row_pair in first_row)),
+    )

@@ -1,0 +1,671 @@
+"""Clocks applied to a live PyTorch training loop: the controller thread and the user API.
+
+```python
+workload = discover_workload(train_step, model=model, optimizer=opt)
+with KdvfsTrainer(device, workload, plan_or_schedule, model=model, optimizer=opt, out_dir="run") as tuner:
+    for batch in data:
+        with tuner.step():
+            train_step(batch)
+```
+
+How it follows the GPU without slowing it: at each step site (torch_discovery.StepSites:
+the step's start, the model's forward, its backward, the optimizer step, listed submodules)
+a hook records a CUDA event on the current (training) stream and queues it; nothing on the
+training thread waits for the GPU. The controller thread waits on each event in turn
+(blocking-sync events: it sleeps, and holds no GIL meanwhile); once the GPU has reached a
+site it requests the clocks of the kernels that follow it, through the Device. So clocks
+change at sites, as the GPU reaches them, a switch landing after the card's own latency.
+A schedule group that starts between two sites cannot be placed exactly: its kernels run at
+the clocks of their site's first kernel (ClockController.placement.moved names them);
+site_schedule() builds schedules that fit the sites.
+
+Measurement: each step's time is the GPU time between its start and end events; every
+`window_steps` steps, when the GPU reaches the window's end, the controller asks for an
+energy counter reading (on a reader thread of its own: an NVML read takes ~4 ms on an H200
+and would hold back the clock requests behind it) and gives each step of the window its
+share (NVML's counter advances about every 100 ms: choose windows of a second or more).
+
+Safety: clocks go back to stock (reset_clocks) when the trainer closes, also after an
+exception in a step or a KeyboardInterrupt; on SIGINT/SIGTERM clock_lease's handlers first
+halt the controller (so it can request nothing more), then the device resets its locks.
+dry_run=True (the default) refuses a device that would change a real card's clocks.
+
+Without CUDA the same code runs on the CPU: stamps are time.perf_counter() readings (already
+"reached"), and a device that runs kernels itself (SimulatedDevice, ReplayDevice) runs each
+site's kernels as the step passes it, so its clocks, switch latency and energy counter
+follow the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from kdvfs.runtime import clock_lease
+from kdvfs.runtime.device import Device, RunnableDevice
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.torch_discovery import STEP_SITE, StepSites, workload_sites
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW_STEPS = 50
+RECORDS_FILE = "kdvfs_records.json"
+PLAN_FILE = "kdvfs_plan.json"
+
+
+# --- where the clocks change -------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    """A schedule placed on a step's sites.
+
+    requests: (site index, pair or None for stock) for each site followed by kernels;
+    moved: kernels that start a schedule group inside a site's segment (they run at the
+    clocks of that segment's first kernel instead).
+    """
+
+    sites: tuple[str, ...]
+    requests: tuple[tuple[int, ClockPair | None], ...]
+    moved: tuple[str, ...]
+
+
+def place_schedule(workload: Workload, schedule: Schedule) -> Placement:
+    sites, kernel_sites = workload_sites(workload)
+    pairs = schedule.pair_per_kernel(len(workload))
+    starts = {start for start, _ in schedule.groups}
+    requests: list[tuple[int, ClockPair | None]] = []
+    moved: list[str] = []
+    for k, site in enumerate(kernel_sites):
+        if k == 0 or kernel_sites[k - 1] != site:
+            requests.append((site, pairs[k]))
+        elif k in starts and pairs[k] != pairs[k - 1]:
+            moved.append(workload.kernels[k].name)
+    return Placement(sites, tuple(requests), tuple(moved))
+
+
+def site_schedule(workload: Workload, pairs: Mapping[str, ClockPair | None]) -> Schedule:
+    """A schedule that changes clocks only at sites: the kernels after each named site run at
+    its pair (None: stock); a site not named keeps the clocks before it (stock at first)."""
+    sites, kernel_sites = workload_sites(workload)
+    unknown = sorted(set(pairs) - set(sites))
+    if unknown:
+        raise KdvfsError(f"workload {workload.name!r} has no site {unknown[0]!r} (sites: {', '.join(sites)})")
+    groups: list[tuple[int, ClockPair | None]] = []
+    current: ClockPair | None = None
+    for k, site in enumerate(kernel_sites):
+        if k == 0 or kernel_sites[k - 1] != site:
+            current = pairs.get(sites[site], current)
+        if not groups or groups[-1][1] != current:
+            groups.append((k, current))
+    return Schedule(tuple(groups))
+
+
+class PlanGroupLike(Protocol):
+    kernels: tuple[str, ...]
+
+    @property
+    def pair(self) -> ClockPair | None: ...
+
+
+class PlanLike(Protocol):
+    """What the integration needs of a plan (tuner.plan.Plan; runtime/ does not import tuner/)."""
+
+    workload_signature: str
+    groups: Sequence[PlanGroupLike]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def schedule_from_plan(plan: PlanLike, workload: Workload) -> Schedule:
+    """The schedule of a plan made for this workload (check the GPU and grid with
+    tuner.plan.check_compatible)."""
+    if plan.workload_signature != workload.signature:
+        raise KdvfsError(
+            f"plan is for workload signature {plan.workload_signature}, not {workload.name!r} ({workload.signature})"
+        )
+    index = {k.name: i for i, k in enumerate(workload.kernels)}
+    return Schedule(tuple((index[g.kernels[0]], g.pair) for g in plan.groups))
+
+
+# --- what the controller measured --------------------------------------------------------
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step: GPU time from its start to its end event (CPU: wall time), its
+    share of its window's energy, and the clock requests made while the GPU ran it."""
+
+    step: int
+    time_s: float
+    energy_j: float
+    window: int
+    requests: int
+
+
+@dataclass(frozen=True)
+class EnergyWindow:
+    """Energy counter difference over consecutive steps, read as the GPU reached their ends.
+    partial: the last window of a run, shorter than window_steps."""
+
+    index: int
+    first_step: int
+    steps: int
+    energy_j: float
+    wall_s: float
+    gpu_time_s: float
+    partial: bool
+
+    @property
+    def energy_per_step_j(self) -> float:
+        return self.energy_j / self.steps
+
+
+@dataclass(frozen=True)
+class ClockRequest:
+    """A clock request the controller made: at which step and site, which pair (None:
+    stock), when (time.time())."""
+
+    step: int
+    site: str
+    pair: ClockPair | None
+    time_s: float
+
+
+class _CpuStamp:
+    """A host time stamp: the CPU fallback of a CUDA event (reached when taken)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, timing: bool) -> None:
+        self.t = time.perf_counter()
+
+    def wait(self) -> None:
+        return None
+
+    def seconds_since(self, earlier: _CpuStamp) -> float:
+        return self.t - earlier.t
+
+
+class _CudaStamp:
+    """A CUDA event recorded on the current stream; waiting on it sleeps (blocking sync)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, timing: bool) -> None:
+        self.event = torch.cuda.Event(enable_timing=timing, blocking=True)
+        self.event.record()
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+    def seconds_since(self, earlier: _CudaStamp) -> float:
+        return earlier.event.elapsed_time(self.event) / 1e3
+
+
+_UNSET = object()
+
+
+class ClockController:
+    """The thread that follows the GPU through each step's sites and applies the schedule.
+
+    The training thread calls begin_step(), site(name) (from hooks) and end_step(); none of
+    them waits for the GPU. The controller's own thread does the waiting, the clock
+    requests and the energy reads. A step whose sites differ from the workload's (another
+    code path) runs at stock clocks from the first difference on; it is listed in
+    mismatched_steps, as is a step that ends before all the workload's sites fired.
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        workload: Workload,
+        schedule: Schedule,
+        *,
+        dry_run: bool = True,
+        window_steps: int = DEFAULT_WINDOW_STEPS,
+    ) -> None:
+        if dry_run and device.source == "measured" and not getattr(device, "dry_run", False):
+            raise KdvfsError(
+                f"{device.name}: this device would change the card's clocks but the controller is in dry-run mode; "
+                "open the device with dry_run=True, or pass dry_run=False to let kdvfs change clocks"
+            )
+        if window_steps < 1:
+            raise KdvfsError(f"window_steps must be >= 1, got {window_steps}")
+        off_grid = [p for _, p in schedule.groups if p is not None and p not in device.grid]
+        if off_grid:
+            raise KdvfsError(f"{device.name}: schedule pair {off_grid[0]} is not a supported clock pair")
+        self.device = device
+        self.workload = workload
+        self.window_steps = window_steps
+        self.placement = place_schedule(workload, schedule)
+        _, kernel_sites = workload_sites(workload)
+        self._segments = [
+            [k for k, s in zip(workload.kernels, kernel_sites) if s == i]
+            for i in range(len(self.placement.sites))
+        ]
+        self._site_pair = dict(self.placement.requests)
+        self._runnable = isinstance(device, RunnableDevice)
+        self._stamp = _CudaStamp if torch.cuda.is_available() else _CpuStamp
+        self._queue: queue.SimpleQueue[tuple[str, int, str, Any] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._halted = False
+        self._thread = threading.Thread(target=self._follow, name="kdvfs-clock-controller", daemon=True)
+        # training-thread side
+        self._step = -1
+        self._open = False
+        # controller-thread side
+        self._requested: object = _UNSET
+        self._site_index = 0
+        self._mismatch = False
+        self._begin: Any = None
+        self._requests_in_step = 0
+        self._pending: list[tuple[int, float, int]] = []
+        # energy counter reads at window boundaries, on their own thread (an NVML read takes
+        # ~4 ms on an H200: on this thread it would delay the clock requests behind it):
+        # (reading, when asked, the steps of the window that ends there, partial)
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kdvfs-energy")
+        self._reads: list[tuple[Future[float], float, list[tuple[int, float, int]], bool]] = []
+        self.requests: list[ClockRequest] = []
+        self.records: list[StepRecord] = []
+        self.windows: list[EnergyWindow] = []
+        self.mismatched_steps: list[int] = []
+        self.error: BaseException | None = None
+
+    # --- life cycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        # registered before the device's own restore (taken at its first lock, which this
+        # controller makes), so a signal halts the controller first, then resets the card
+        clock_lease.hold(self, self.halt)
+        self._thread.start()
+
+    def halt(self) -> None:
+        """Request no clocks from now on (returns once any request in flight is done)."""
+        with self._lock:
+            self._halted = True
+
+    def stop(self) -> None:
+        """Let the thread work through what is queued (waits for the GPU to get there), close
+        the last energy window, end the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        clock_lease.let_go(self)
+
+    @property
+    def requested_clocks(self) -> bool:
+        """Whether any pair was requested (so stock clocks must be restored)."""
+        return any(r.pair is not None for r in self.requests)
+
+    # --- training thread ------------------------------------------------------------------
+    def begin_step(self) -> int:
+        """Open a step (a no-op while one is open); returns its number."""
+        self.raise_error()
+        if not self._open:
+            self._step += 1
+            self._open = True
+            self._queue.put(("begin", self._step, STEP_SITE, self._stamp(True)))
+        return self._step
+
+    def site(self, name: str) -> None:
+        if self._open:
+            self._queue.put(("site", self._step, name, self._stamp(False)))
+
+    def end_step(self) -> None:
+        if self._open:
+            self._open = False
+            self._queue.put(("end", self._step, "", self._stamp(True)))
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise KdvfsError(
+                f"kdvfs clock controller failed: {type(self.error).__name__}: {self.error}"
+            ) from self.error
+
+    # --- controller thread ----------------------------------------------------------------
+    def _follow(self) -> None:
+        while (mark := self._queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain: the training thread raises at its next step
+            kind, step, name, stamp = mark
+            try:
+                stamp.wait()
+                self._on_mark(kind, step, name, stamp)
+            except Exception as exc:
+                self.error = exc
+                self.halt()
+        try:
+            if self.error is None:
+                if self._pending:
+                    self._boundary(partial=True)
+                self._settle(block=True)
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self._reader.shutdown()
+
+    def _on_mark(self, kind: str, step: int, name: str, stamp: Any) -> None:
+        if kind == "begin":
+            if not self._reads:
+                self._boundary(partial=False)  # the first window opens
+            self._site_index, self._mismatch, self._begin, self._requests_in_step = 0, False, stamp, 0
+            self._at_site(step, name)
+        elif kind == "site":
+            self._run_segment(self._site_index)
+            self._site_index += 1
+            self._at_site(step, name)
+        else:
+            self._run_segment(self._site_index)
+            if not self._mismatch and self._site_index != len(self.placement.sites) - 1:
+                self.mismatched_steps.append(step)  # a site the workload has did not fire
+            self._pending.append((step, stamp.seconds_since(self._begin), self._requests_in_step))
+            if len(self._pending) >= self.window_steps:
+                self._boundary(partial=False)
+
+    def _at_site(self, step: int, name: str) -> None:
+        if self._mismatch:
+            return
+        sites = self.placement.sites
+        if self._site_index >= len(sites) or sites[self._site_index] != name:
+            self._mismatch = True
+            self.mismatched_steps.append(step)
+            self._request(step, name, None)
+        elif self._site_index in self._site_pair:
+            self._request(step, name, self._site_pair[self._site_index])
+
+    def _run_segment(self, index: int) -> None:
+        """A device that runs kernels itself runs the segment the GPU just passed."""
+        if self._runnable and not self._mismatch:
+            for kernel in self._segments[index]:
+                self.device.run(kernel, kernel.launches)
+
+    def _request(self, step: int, site: str, pair: ClockPair | None) -> None:
+        if pair == self._requested:
+            return
+        with self._lock:
+            if self._halted:
+                return
+            if pair is None:
+                self.device.reset_clocks()
+            else:
+                self.device.set_clocks(pair)
+            self._requested = pair
+            self._requests_in_step += 1
+            self.requests.append(ClockRequest(step, site, pair, time.time()))
+
+    def _boundary(self, *, partial: bool) -> None:
+        """A window boundary, as the GPU reaches it: ask for a counter reading, close the
+        windows whose readings have come."""
+        self._reads.append(
+            (self._reader.submit(self.device.energy_j), time.monotonic(), self._pending, partial)
+        )
+        self._pending = []
+        self._settle(block=False)
+
+    def _settle(self, *, block: bool) -> None:
+        while len(self._reads) >= 2 and (block or self._reads[1][0].done()):
+            (start_j, start_t, _, _), (end_j, end_t, steps, partial) = self._reads[0], self._reads[1]
+            window = EnergyWindow(
+                index=len(self.windows),
+                first_step=steps[0][0],
+                steps=len(steps),
+                energy_j=float(end_j.result() - start_j.result()),
+                wall_s=end_t - start_t,
+                gpu_time_s=sum(t for _, t, _ in steps),
+                partial=partial,
+            )
+            self.windows.append(window)
+            self.records.extend(
+                StepRecord(s, t, window.energy_per_step_j, window.index, n) for s, t, n in steps
+            )
+            self._reads.pop(0)
+
+
+# --- the user-facing wrapper ---------------------------------------------------------------
+class KdvfsTrainer:
+    """A training loop under a clock schedule: `with tuner.step(): ...` around each step.
+
+    schedule: a Schedule, or a plan (tuner.plan.Plan) whose schedule is used and which is
+    saved with the records. model / optimizer: what the workload's sites hook (as given to
+    discover_workload); they may come later through attach() (the callbacks do). out_dir:
+    where close() writes kdvfs_records.json (and kdvfs_plan.json). Use as a context manager
+    or call close().
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        workload: Workload,
+        schedule: Schedule | PlanLike,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        window_steps: int = DEFAULT_WINDOW_STEPS,
+        out_dir: Path | str | None = None,
+        dry_run: bool = True,
+    ) -> None:
+        self.plan = None if isinstance(schedule, Schedule) else schedule
+        plan_schedule = schedule if isinstance(schedule, Schedule) else schedule_from_plan(schedule, workload)
+        self.controller = ClockController(
+            device, workload, plan_schedule, dry_run=dry_run, window_steps=window_steps
+        )
+        self.device = device
+        self.workload = workload
+        self.model = model
+        self.optimizer = optimizer
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        self._hooks: StepSites | None = None
+        self._closed = False
+        self.controller.start()
+
+    def __enter__(self) -> KdvfsTrainer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self.close(failed=exc_type is not None)
+
+    def attach(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        caller_sites: Sequence[str] = (),
+    ) -> None:
+        """Hook the workload's sites into this model and optimizer (those given replace the
+        ones given before); caller_sites: sites the caller fires itself with site()."""
+        self.model = model if model is not None else self.model
+        self.optimizer = optimizer if optimizer is not None else self.optimizer
+        if self._hooks is not None:
+            self._hooks.detach()
+        hooked = [s for s in self.controller.placement.sites if s not in caller_sites]
+        self._hooks = StepSites.for_sites(hooked, self.model, self.optimizer)
+        self._hooks.attach(self.controller.site)
+
+    def site(self, name: str) -> None:
+        """Fire a site from the caller's own code (one given as caller_sites to attach())."""
+        self.controller.site(name)
+
+    @contextmanager
+    def step(self) -> Iterator[int]:
+        """One training step; yields its number. An exception inside stops the controller and
+        restores stock clocks (close(failed=True)) before it propagates."""
+        number = self.begin_step()
+        try:
+            yield number
+        except BaseException:
+            self.close(failed=True)
+            raise
+        self.end_step()
+
+    def begin_step(self) -> int:
+        if self._closed:
+            raise KdvfsError("KdvfsTrainer is closed")
+        if self._hooks is None:
+            self.attach()
+        return self.controller.begin_step()
+
+    def end_step(self) -> None:
+        self.controller.end_step()
+
+    @property
+    def records(self) -> list[StepRecord]:
+        """Steps whose energy window has closed (all of them after close())."""
+        return list(self.controller.records)
+
+    @property
+    def windows(self) -> list[EnergyWindow]:
+        return list(self.controller.windows)
+
+    def energy_per_step_j(self) -> float | None:
+        """Mean energy per step over the full windows (all windows if none is full)."""
+        windows = [w for w in self.windows if not w.partial] or self.windows
+        steps = sum(w.steps for w in windows)
+        return sum(w.energy_j for w in windows) / steps if steps else None
+
+    def close(self, *, failed: bool = False) -> None:
+        """Stop the controller, restore stock clocks, save records (and the plan). failed:
+        halt first, so nothing queued changes clocks any more. Raises the controller's error
+        after a normal run."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._hooks is not None:
+            self._hooks.detach()
+        if failed:
+            self.controller.halt()
+        try:
+            self.controller.stop()
+        finally:
+            if self.controller.requested_clocks:
+                self.device.reset_clocks()
+        if self.out_dir is not None:
+            self.save(self.out_dir)
+        if not failed:
+            self.controller.raise_error()
+
+    def save(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        c = self.controller
+        doc = {
+            "device": {"name": self.device.name, "source": self.device.source},
+            "workload": {
+                "name": self.workload.name,
+                "signature": self.workload.signature,
+                "kernels": len(self.workload),
+            },
+            "sites": list(c.placement.sites),
+            "site_requests": [[c.placement.sites[i], _pair(p)] for i, p in c.placement.requests],
+            "moved_group_starts": list(c.placement.moved),
+            "window_steps": c.window_steps,
+            "energy_per_step_j": self.energy_per_step_j(),
+            "steps": [asdict(r) for r in c.records],
+            "windows": [asdict(w) for w in c.windows],
+            "requests": [[r.step, r.site, _pair(r.pair), r.time_s] for r in c.requests],
+            "mismatched_steps": c.mismatched_steps,
+            "error": None if c.error is None else f"{type(c.error).__name__}: {c.error}",
+        }
+        (out_dir / RECORDS_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+        if self.plan is not None:
+            (out_dir / PLAN_FILE).write_text(json.dumps(self.plan.to_dict(), indent=2) + "\n")
+
+
+def _pair(pair: ClockPair | None) -> list[int] | None:
+    return None if pair is None else pair.as_list()
+
+
+# --- framework callbacks ----------------------------------------------------------------------
+class LightningHooks:
+    """PyTorch Lightning Callback hooks (documented names and signatures) that drive a
+    KdvfsTrainer: a step from on_train_batch_start to on_train_batch_end (forward, backward
+    and optimizer step under automatic optimisation). lightning_callback() mixes them into
+    Lightning's Callback class.
+
+    Lightning runs forward and backward inside optimizer.step(closure), so the optimizer's
+    own step hook would fire before the forward; the optimizer site fires from
+    on_before_optimizer_step instead (after the closure, before the update), which gives
+    the site order of a plain loop (step, forward, backward, optimizer)."""
+
+    def __init__(self, tuner: KdvfsTrainer) -> None:
+        self.tuner = tuner
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.tuner.attach(_first(self.tuner.model, pl_module), caller_sites=("optimizer",))
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.tuner.site("optimizer")
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.tuner.begin_step()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.tuner.end_step()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.tuner.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.tuner.close(failed=True)
+
+
+class HFTrainerHooks:
+    """Hugging Face TrainerCallback hooks (documented names and signatures) that drive a
+    KdvfsTrainer: a step from on_step_begin to on_step_end (with gradient accumulation, all
+    micro-batches of one optimizer step). hf_callback() mixes them into TrainerCallback."""
+
+    def __init__(self, tuner: KdvfsTrainer) -> None:
+        self.tuner = tuner
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        optimizer = kwargs.get("optimizer")
+        # accelerate wraps the optimizer (AcceleratedOptimizer.optimizer): hook the torch one
+        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer
+        self.tuner.attach(
+            _first(self.tuner.model, kwargs.get("model")), _first(self.tuner.optimizer, optimizer)
+        )
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.tuner.begin_step()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.tuner.end_step()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.tuner.close()
+
+
+def _first(given: Any, found: Any) -> Any:
+    """What the user gave the trainer, else what the framework has (a module may be falsy)."""
+    return given if given is not None else found
+
+
+def lightning_callback(tuner: KdvfsTrainer) -> Any:
+    """A Lightning Callback (lightning.pytorch, else pytorch_lightning) running LightningHooks."""
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        try:
+            from pytorch_lightning import Callback
+        except ImportError:
+            raise KdvfsError("lightning_callback needs PyTorch Lightning (pip install lightning)") from None
+    return type("KdvfsLightningCallback", (LightningHooks, Callback), {})(tuner)
+
+
+def hf_callback(tuner: KdvfsTrainer) -> Any:
+    """A transformers TrainerCallback running HFTrainerHooks."""
+    try:
+        from transformers import TrainerCallback
+    except ImportError:
+        raise KdvfsError("hf_callback needs Hugging Face transformers (pip install transformers)") from None
+    return type("KdvfsHFCallback", (HFTrainerHooks, TrainerCallback), {})(tuner)

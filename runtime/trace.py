@@ -1,0 +1,222 @@
+"""Workload from a torch.profiler kernel trace (CSV: seq, name, start_us, duration_us).
+
+The trace covers several training steps of one repeating kernel sequence. The loader finds
+the period, keeps one step, averages each position's duration over the steps, names each
+kernel `NNN.short` by position, tags its pass and gives it flops or bytes so that a simulated
+card can run it.
+
+Profiler user annotations (rows named like `Optimizer.step#AdamW.step` or `ProfilerStep#3`)
+are CPU ranges that torch.profiler also records on the GPU timeline; they are not kernels and
+overlap the kernels they enclose, so they are dropped (an `Optimizer.step` range still marks
+where the optimizer pass begins).
+
+Pass rule, from the names of one step:
+- optimizer: from the first optimizer kernel (multi_tensor_apply / fused Adam) or the first
+  kernel starting inside an `Optimizer.step` annotation, to the end of the step;
+- backward: from the first backward-named kernel (bprop, Backward, grad), moved back to the
+  gradient seed (the last fill kernel after the last forward-named kernel, e.g. the
+  `ones_like` that `loss.backward()` launches) when there is one;
+- forward: everything before (the loss included). No backward-named kernel: no backward pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+
+from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
+from kdvfs.runtime.types import KdvfsError, Kernel, Workload
+
+H200_GEMM_FLOPS_PER_S = 656e12
+"""bf16 8192^3 GEMM at stock: 656 TFLOP/s (h200-probe/kernels_stock.csv, gemm_bf16_8192)."""
+H200_COPY_BYTES_PER_S = 4.2e12
+"""256 MiB device copy at stock: 4.2 TB/s (h200-probe/kernels_stock.csv, copy_256MiB)."""
+
+TRACE_COLUMNS = ("seq", "name", "start_us", "duration_us")
+KINDS = ("gemm", "attention", "norm", "elementwise", "reduce", "memory_op", "optimizer", "other")
+
+_ANNOTATION = re.compile(r"^[A-Za-z_][\w.]*#[\w.]+$")
+_BACKWARD = re.compile(r"bprop|backward|_grad|grad_", re.IGNORECASE)
+_FORWARD_KINDS = ("layernorm_fwd", "gelu_fwd", "sdpa_fwd")
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern[str]
+    short: str
+    kind: str
+    tensor_core: bool = False
+
+
+def _rule(pattern: str, short: str, kind: str, tensor_core: bool = False) -> _Rule:
+    return _Rule(re.compile(pattern), short, kind, tensor_core)
+
+
+# First match wins: attention before GEMM (cuDNN's flash kernels say "wgmma"), backward
+# variants before their forward ones.
+_RULES = (
+    _rule(r"^Memset", "memset", "memory_op"),
+    _rule(r"^Memcpy", "memcpy", "memory_op"),
+    _rule(r"sdpa.*bprop|flash_bwd|fmha.*bwd", "sdpa_bwd", "attention", tensor_core=True),
+    _rule(r"sdpa.*fprop|flash_fwd|fmha.*fwd", "sdpa_fwd", "attention", tensor_core=True),
+    _rule(r"compute_dot_do_o", "sdpa_bwd_dot_do_o", "attention"),
+    _rule(r"convert_dq_to_16bits", "sdpa_bwd_convert_dq", "attention"),
+    _rule(r"nvjet|gemm|cutlass|xmma", "gemm", "gemm", tensor_core=True),
+    _rule(r"layer_norm_grad_input", "layernorm_bwd_input", "norm"),
+    _rule(r"GammaBetaBackward", "layernorm_bwd_gamma_beta", "norm"),
+    _rule(r"layer_norm", "layernorm_fwd", "norm"),
+    _rule(r"fused_adam|FusedAdam", "adamw_fused", "optimizer"),
+    _rule(r"multi_tensor_apply", "foreach", "optimizer"),
+    _rule(r"GeluBackward", "gelu_bwd", "elementwise"),
+    _rule(r"Gelu", "gelu_fwd", "elementwise"),
+    _rule(r"copy_kernel", "elementwise_copy", "elementwise"),
+    _rule(r"FillFunctor", "fill", "elementwise"),
+    _rule(r"reduce_kernel.*MeanOps", "reduce_mean", "reduce"),
+    _rule(r"reduce_kernel.*sum_functor", "reduce_sum", "reduce"),
+    _rule(r"reduce_kernel", "reduce", "reduce"),
+    _rule(r"CUDAFunctor_add|AddFunctor", "elementwise_add", "elementwise"),
+    _rule(r"MulFunctor", "elementwise_mul", "elementwise"),
+    _rule(r"pow_tensor", "elementwise_pow", "elementwise"),
+    _rule(r"elementwise_kernel", "elementwise", "elementwise"),
+)
+
+
+@dataclass(frozen=True)
+class KernelClass:
+    """What a CUDA kernel name says: a short readable name, a kind (one of KINDS), and
+    whether it runs on tensor cores (then it is compute-bound, else memory-bound)."""
+
+    short: str
+    kind: str
+    tensor_core: bool
+
+
+def classify(cuda_name: str) -> KernelClass:
+    """Classify a CUDA kernel name; unknown kernels keep their function name, kind "other"."""
+    for rule in _RULES:
+        if rule.pattern.search(cuda_name):
+            short = rule.short
+            if rule.short == "foreach":
+                functor = re.search(r"(\w+?)Functor<", cuda_name)
+                short = f"foreach_{_snake(functor.group(1))}" if functor else short
+            elif rule.short == "memcpy":
+                direction = re.search(r"Memcpy (\w+)", cuda_name)
+                short = f"memcpy_{direction.group(1).lower()}" if direction else short
+            return KernelClass(short, rule.kind, rule.tensor_core)
+    function = re.sub(r"^void\s+", "", cuda_name).split("<")[0].split("(")[0].split("::")[-1]
+    return KernelClass(_snake(function)[:40] or "kernel", "other", False)
+
+
+def _snake(name: str) -> str:
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
+    return re.sub(r"[^0-9a-z]+", "_", spaced.lower()).strip("_")
+
+
+@dataclass(frozen=True)
+class _TraceRow:
+    seq: float
+    name: str
+    start_us: float
+    duration_us: float
+
+
+def load_trace(path: str | Path) -> Workload:
+    """One training step of a torch.profiler kernel trace as a Workload."""
+    path = Path(path)
+    header, rows = read_csv(path)
+    require_columns(path, header, TRACE_COLUMNS)
+    if not rows:
+        raise KdvfsError(f"{path}: no data rows")
+    trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
+    kernels = [t for t in trace if not _ANNOTATION.match(t.name)]
+    annotations = [t for t in trace if _ANNOTATION.match(t.name)]
+    period = _period(path, [k.name for k in kernels])
+    steps = len(kernels) // period
+    first = kernels[:period]
+    classes = [classify(k.name) for k in first]
+    durations_s = [
+        fmean(kernels[s * period + i].duration_us for s in range(steps)) * 1e-6 for i in range(period)
+    ]
+    passes = _passes(classes, [k.name for k in first], _optimizer_start(first, annotations))
+    workload_kernels = tuple(
+        kernel_from_duration(i, c, passes[i], durations_s[i]) for i, c in enumerate(classes)
+    )
+    meta = (
+        ("source", str(path)),
+        ("steps", str(steps)),
+        ("kernels_per_step", str(period)),
+        ("dropped_annotations", ";".join(sorted({a.name for a in annotations}))),
+    )
+    return Workload(path.stem, workload_kernels, meta=meta)
+
+
+def _parse(path: Path, row: CsvRow) -> _TraceRow:
+    name = row.cells.get("name", "")
+    if not name:
+        raise KdvfsError(f"{path}: row {row.row} (line {row.line}), column 'name': empty value")
+    return _TraceRow(
+        seq=number(path, row, "seq"),
+        name=name,
+        start_us=number(path, row, "start_us"),
+        duration_us=positive(path, row, "duration_us"),
+    )
+
+
+def _period(path: Path, names: list[str]) -> int:
+    """The shortest sequence that repeats at least twice and covers the whole trace (a
+    trailing partial step, where the profiler stopped mid-step, is allowed)."""
+    for period in range(1, len(names) // 2 + 1):
+        if all(names[i] == names[i - period] for i in range(period, len(names))):
+            return period
+    raise KdvfsError(f"{path}: no repeating kernel sequence found in {len(names)} kernels (column 'name')")
+
+
+def _optimizer_start(step: list[_TraceRow], annotations: list[_TraceRow]) -> int:
+    """Index of the first kernel of the optimizer pass in `step` (len(step) if none)."""
+    end_us = step[-1].start_us + step[-1].duration_us
+    ranges = [
+        (a.start_us, a.start_us + a.duration_us)
+        for a in annotations
+        if a.name.startswith("Optimizer.step") and step[0].start_us <= a.start_us <= end_us
+    ]
+    for i, k in enumerate(step):
+        if classify(k.name).kind == "optimizer" or any(lo <= k.start_us < hi for lo, hi in ranges):
+            return i
+    return len(step)
+
+
+def _passes(classes: list[KernelClass], names: list[str], optimizer_start: int) -> list[str]:
+    backward_named = [i for i in range(optimizer_start) if _BACKWARD.search(names[i])]
+    backward_start = optimizer_start
+    if backward_named:
+        first_bwd = backward_named[0]
+        forward_named = [i for i in range(first_bwd) if classes[i].short in _FORWARD_KINDS]
+        after = forward_named[-1] + 1 if forward_named else 0
+        seeds = [i for i in range(after, first_bwd) if classes[i].short == "fill"]
+        backward_start = seeds[-1] if seeds else first_bwd
+    return [
+        "forward" if i < backward_start else "backward" if i < optimizer_start else "optimizer"
+        for i in range(len(names))
+    ]
+
+
+def kernel_from_duration(position: int, c: KernelClass, pass_name: str, duration_s: float) -> Kernel:
+    """A trace kernel with the work that takes `duration_s` at the H200's stock rates:
+    flops for tensor-core kernels, bytes moved for the rest."""
+    compute_bound = c.tensor_core
+    features = (
+        ("duration_s", duration_s),
+        *((f"is_{kind}", float(c.kind == kind)) for kind in KINDS),
+        ("tensor_core", float(c.tensor_core)),
+    )
+    return Kernel(
+        name=f"{position:03d}.{c.short}",
+        pass_name=pass_name,
+        flops=duration_s * H200_GEMM_FLOPS_PER_S if compute_bound else 0.0,
+        bytes_moved=0.0 if compute_bound else duration_s * H200_COPY_BYTES_PER_S,
+        tensor_core=c.tensor_core,
+        ref_time_s=duration_s,
+        features=features,
+    )

@@ -1,0 +1,167 @@
+"""Values that cross layers: clock pairs and grids, kernels, workloads, measurements.
+
+Frozen dataclasses with units in every name, so that a plan, a measurement or a kernel
+means the same thing in runtime/, envs/, policies/ and tuner/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+Source = Literal["simulated", "replayed", "measured"]
+"""Where a figure came from: the simulated GPU, a recorded table, or a real GPU."""
+
+PASSES = ("forward", "backward", "optimizer")
+
+
+class KdvfsError(ValueError):
+    """Bad input a user can fix: the message is one line naming the problem."""
+
+
+@dataclass(frozen=True, order=True)
+class ClockPair:
+    """A locked (core, memory) clock pair in MHz."""
+
+    core_mhz: int
+    mem_mhz: int
+
+    def as_list(self) -> list[int]:
+        return [self.core_mhz, self.mem_mhz]
+
+    def __str__(self) -> str:
+        return f"{self.core_mhz}/{self.mem_mhz} MHz"
+
+
+@dataclass(frozen=True)
+class ClockGrid:
+    """The clock pairs a device supports (or a search is restricted to), sorted ascending.
+
+    Not always a full Cartesian product: a recorded table may lack pairs, a card may tie
+    graphics clocks to a memory clock.
+    """
+
+    pairs: tuple[ClockPair, ...]
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise KdvfsError("clock grid is empty")
+        object.__setattr__(self, "pairs", tuple(sorted(set(self.pairs))))
+
+    @classmethod
+    def product(
+        cls, core_mhz: list[int] | tuple[int, ...], mem_mhz: list[int] | tuple[int, ...]
+    ) -> ClockGrid:
+        return cls(tuple(ClockPair(int(c), int(m)) for c in core_mhz for m in mem_mhz))
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __contains__(self, pair: object) -> bool:
+        return pair in self._index
+
+    @property
+    def _index(self) -> dict[ClockPair, int]:
+        cached = self.__dict__.get("_index_cache")
+        if cached is None:
+            cached = {p: i for i, p in enumerate(self.pairs)}
+            object.__setattr__(self, "_index_cache", cached)
+        return cached
+
+    def index(self, pair: ClockPair) -> int:
+        try:
+            return self._index[pair]
+        except KeyError:
+            raise KdvfsError(f"clock pair {pair} is not in the grid") from None
+
+    @property
+    def core_levels_mhz(self) -> tuple[int, ...]:
+        return tuple(sorted({p.core_mhz for p in self.pairs}))
+
+    @property
+    def mem_levels_mhz(self) -> tuple[int, ...]:
+        return tuple(sorted({p.mem_mhz for p in self.pairs}))
+
+    def highest(self) -> ClockPair:
+        """The highest pair: highest memory clock, then highest core clock at it."""
+        return max(self.pairs, key=lambda p: (p.mem_mhz, p.core_mhz))
+
+    def as_lists(self) -> list[list[int]]:
+        return [p.as_list() for p in self.pairs]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a training iteration.
+
+    flops / bytes_moved drive the simulator; features are what a search strategy may use as
+    context (recorded counters, pass, size). ref_time_s is a recorded duration, if any.
+    """
+
+    name: str
+    pass_name: str = "forward"
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    tensor_core: bool = False
+    launches: int = 1
+    ref_time_s: float | None = None
+    features: tuple[tuple[str, float], ...] = ()
+
+    def feature_dict(self) -> dict[str, float]:
+        return dict(self.features)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The ordered kernels of one training iteration."""
+
+    name: str
+    kernels: tuple[Kernel, ...]
+    meta: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.kernels:
+            raise KdvfsError(f"workload {self.name!r} has no kernels")
+        names = [k.name for k in self.kernels]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise KdvfsError(f"workload {self.name!r}: kernel name {dup!r} appears twice")
+
+    @property
+    def signature(self) -> str:
+        """Stable hash of the kernel sequence (names, passes, launches, sizes to 4 significant
+        digits), 16 hex digits: a plan made for one batch size does not pass for another."""
+        h = hashlib.sha256()
+        for k in self.kernels:
+            h.update(
+                f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1f{k.flops:.4g}\x1f{k.bytes_moved:.4g}\x1e".encode()
+            )
+        return h.hexdigest()[:16]
+
+    def kernel(self, name: str) -> Kernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KdvfsError(f"workload {self.name!r} has no kernel {name!r}")
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Time and energy of one launch of a kernel (or one pass of a group) at a clock setting.
+
+    throttled: the card reported a power-cap or thermal throttle during the measurement, so
+    it did not hold the asked clocks and its speed depends on temperature.
+    """
+
+    time_s: float
+    energy_j: float
+    source: Source
+    throttled: bool = False
+
+    @property
+    def power_w(self) -> float:
+        return self.energy_j / self.time_s if self.time_s > 0 else 0.0

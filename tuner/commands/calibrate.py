@@ -1,0 +1,66 @@
+"""`kdvfs calibrate`: the simulated card in auto mode against a stock-clock probe."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kdvfs.tuner.commands._common import add_json, pct, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device", default="sim:h200", help="a simulated card, sim:PRESET (default %(default)s)"
+    )
+    parser.add_argument(
+        "--against", type=Path, required=True, help="kernels_stock.csv from a probe (kdvfs probe)"
+    )
+    add_json(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kdvfs.runtime.registry import open_device
+    from kdvfs.runtime.simulator import SimulatedDevice
+    from kdvfs.runtime.types import KdvfsError
+    from kdvfs.tuner.calibration import calibrate
+
+    device = open_device(args.device, noise=0.0)
+    if not isinstance(device, SimulatedDevice):
+        raise KdvfsError(
+            f"calibrate compares a simulated card with a probe: --device must be sim:PRESET, not {args.device!r}"
+        )
+    rows = calibrate(device, args.against)
+    print(
+        f"{device.name} (simulated, auto mode, at the probe's temperatures) against {args.against} (measured on a real GPU)"
+    )
+    print(
+        f"  {'kernel':26s} {'power W meas/sim':>18s} {'err':>8s} {'SM MHz meas/sim':>17s} {'err':>8s} {'time us meas/sim':>20s} {'err':>8s}"
+    )
+    for r in rows:
+        print(
+            f"  {r.kernel:26s} {r.measured_power_w:8.0f}/{r.simulated_power_w:<8.0f} {pct(r.rel_error('power_w')):>8s}"
+            f" {r.measured_sm_mhz:8.0f}/{r.simulated_sm_mhz:<7.0f} {pct(r.rel_error('sm_mhz')):>8s}"
+            f" {r.measured_time_s * 1e6:9.1f}/{r.simulated_time_s * 1e6:<9.1f} {pct(r.rel_error('time_s')):>8s}"
+            f"{'  (power-capped)' if r.capped else ''}"
+        )
+    write_json(
+        args.json,
+        {
+            "device": args.device,
+            "against": str(args.against),
+            "source": "simulated vs measured",
+            "rows": [
+                {
+                    "kernel": r.kernel,
+                    "measured_power_w": r.measured_power_w,
+                    "simulated_power_w": r.simulated_power_w,
+                    "measured_sm_mhz": r.measured_sm_mhz,
+                    "simulated_sm_mhz": r.simulated_sm_mhz,
+                    "measured_time_s": r.measured_time_s,
+                    "simulated_time_s": r.simulated_time_s,
+                }
+                for r in rows
+            ],
+        },
+    )
+    return 0

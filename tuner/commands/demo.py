@@ -1,0 +1,35 @@
+"""`kdvfs demo`: the main job on the simulated GPU: `kdvfs tune` on the RTX 3080 Ti with the
+GPT-3-XL layer, the full sweep beside it, the run in MLflow."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEMO = [
+    "tune",
+    "--device",
+    "sim:rtx3080ti",
+    "--workload",
+    "gpt3-xl-layer",
+    "--strategy",
+    "ucb",
+    "--budget",
+    "0.01",
+    "--iterations",
+    "1200000",
+    "--plan-out",
+    "kdvfs-demo-plan.json",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write machine-readable results here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kdvfs.tuner.cli import main
+
+    print("kdvfs demo: " + " ".join(["kdvfs", *DEMO]))
+    return main([*DEMO, "--seed", str(args.seed), *(["--json", str(args.json)] if args.json else [])])

@@ -1,0 +1,238 @@
+"""`kdvfs probe`: read-only stock-clock measurements of reference kernels on a real GPU.
+
+Each kernel (runtime/probe_kernels.py) runs back to back for at least --seconds; the
+NVML energy counter is read before the run and after torch.cuda.synchronize(), the SM and
+memory clocks and power are sampled meanwhile. The rows go to DIR/kernels_stock.csv with the
+columns of h200-probe/kernels_stock.csv, so `kdvfs calibrate --against` reads it. Clocks are
+never changed: the GPU is opened in dry-run. The energy counter advances only every ~100 ms,
+so a run's energy is uncertain by about 0.1 s x its power: hence the >= 2 s default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from kdvfs.runtime.types import KdvfsError
+
+if TYPE_CHECKING:
+    from kdvfs.runtime.nvml_device import NvmlDevice
+    from kdvfs.runtime.probe_kernels import ProbeKernel
+
+PROBE_COLUMNS = (
+    "kernel", "iters", "per_call_us", "wall_s", "gpu_s", "energy_J", "avg_power_W", "energy_per_call_mJ",
+    "sm_clock_median", "sm_clock_min", "mem_clock", "power_W_median", "temp_end", "tflops", "gbps",
+)  # fmt: skip
+PROBE_FILE = "kernels_stock.csv"
+SAMPLE_PERIOD_S = 0.01
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kdvfs.runtime.probe_kernels import DEFAULT_PROBE_KERNELS
+
+    parser.add_argument("--out", metavar="DIR", type=Path, required=True, help=f"write DIR/{PROBE_FILE}")
+    parser.add_argument(
+        "--seconds", metavar="S", type=float, default=2.0, help="run each kernel >= S s (default 2)"
+    )
+    parser.add_argument("--index", metavar="N", type=int, default=0, help="CUDA device index (default 0)")
+    parser.add_argument(
+        "--kernels", metavar="NAMES", default=",".join(DEFAULT_PROBE_KERNELS),
+        help="comma-separated kernel names (default: the six of h200-probe)",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One kernel's stock-clock measurement; fields in PROBE_COLUMNS order."""
+
+    kernel: str
+    iters: int
+    per_call_us: float
+    wall_s: float
+    gpu_s: float
+    energy_j: float
+    avg_power_w: float
+    energy_per_call_mj: float
+    sm_clock_median_mhz: int
+    sm_clock_min_mhz: int
+    mem_clock_mhz: int
+    power_median_w: float
+    temp_end_c: int
+    tflops: float
+    gbps: float
+
+
+def write_probe_csv(path: Path, rows: list[ProbeRow]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(PROBE_COLUMNS)
+        writer.writerows(astuple(row) for row in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kdvfs.runtime.probe_kernels import parse_probe_kernel
+
+    if args.seconds <= 0:
+        raise KdvfsError(f"--seconds must be > 0, got {args.seconds}")
+    kernels = [parse_probe_kernel(name.strip()) for name in args.kernels.split(",") if name.strip()]
+    why_not = _cuda_missing(args.index)
+    if why_not:
+        print(f"kdvfs probe: needs PyTorch with CUDA and an NVIDIA GPU ({why_not})", file=sys.stderr)
+        return 1
+    from kdvfs.runtime.nvml_device import NvmlDevice, NvmlUnavailable
+
+    try:
+        dev = NvmlDevice(_nvml_index(args.index), dry_run=True)
+    except NvmlUnavailable as exc:
+        print(f"kdvfs probe: {exc}", file=sys.stderr)
+        return 1
+    rows = []
+    with dev:
+        print(
+            f"probing {dev.name} (GPU {dev.index}) at stock clocks, >= {args.seconds:g} s per kernel [measured]"
+        )
+        for kernel in kernels:
+            row = measure_kernel(kernel, dev, args.seconds, f"cuda:{args.index}")
+            print(
+                f"  {row.kernel}: {row.per_call_us:.1f} us/call, {row.energy_per_call_mj:.2f} mJ/call, "
+                f"{row.avg_power_w:.0f} W, SM {row.sm_clock_median_mhz} MHz median [measured]"
+            )
+            rows.append(row)
+    out = args.out / PROBE_FILE
+    write_probe_csv(out, rows)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cuda_missing(index: int) -> str | None:
+    """Why the probe cannot run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False"
+    if not 0 <= index < torch.cuda.device_count():
+        return f"no CUDA device {index}; {torch.cuda.device_count()} visible"
+    return None
+
+
+def _nvml_index(cuda_index: int) -> int:
+    """The NVML index of a CUDA device (they differ under CUDA_VISIBLE_DEVICES): matched by
+    UUID, else the same number."""
+    import torch
+
+    from kdvfs.runtime.nvml_device import list_gpu_uuids
+
+    cuda_uuid = str(getattr(torch.cuda.get_device_properties(cuda_index), "uuid", "") or "")
+    nvml_uuids = [u.removeprefix("GPU-") for u in list_gpu_uuids()]
+    if cuda_uuid and cuda_uuid.removeprefix("GPU-") in nvml_uuids:
+        return nvml_uuids.index(cuda_uuid.removeprefix("GPU-"))
+    return cuda_index
+
+
+def measure_kernel(kernel: ProbeKernel, dev: NvmlDevice, seconds: float, cuda_device: str) -> ProbeRow:
+    """Run one ProbeKernel back to back for >= seconds at stock clocks on an NvmlDevice."""
+    import torch
+
+    fn = kernel.build(cuda_device)
+    per_call_s = _estimate_per_call_s(fn, torch)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    iters = 0
+    batch = math.ceil(seconds / per_call_s)
+    with _Sampler(dev) as sampler:
+        e0_j = dev.energy_j()
+        t0_s = time.perf_counter()
+        start.record()
+        while True:
+            for _ in range(batch):
+                fn()
+            iters += batch
+            torch.cuda.synchronize()
+            wall_s = time.perf_counter() - t0_s
+            if wall_s >= seconds:
+                break
+            batch = math.ceil((seconds - wall_s) / per_call_s) + 1
+        end.record()
+        torch.cuda.synchronize()
+        wall_s = time.perf_counter() - t0_s
+        energy_j = dev.energy_j() - e0_j
+    gpu_s = start.elapsed_time(end) / 1000.0
+    del fn
+    torch.cuda.empty_cache()
+    return ProbeRow(
+        kernel=kernel.name,
+        iters=iters,
+        per_call_us=gpu_s / iters * 1e6,
+        wall_s=wall_s,
+        gpu_s=gpu_s,
+        energy_j=energy_j,
+        avg_power_w=energy_j / wall_s,
+        energy_per_call_mj=energy_j / iters * 1000.0,
+        sm_clock_median_mhz=round(statistics.median(sampler.sm_mhz)),
+        sm_clock_min_mhz=min(sampler.sm_mhz),
+        mem_clock_mhz=round(statistics.median(sampler.mem_mhz)),
+        power_median_w=statistics.median(sampler.power_w),
+        temp_end_c=round(dev.temperature_c()),
+        tflops=kernel.flops * iters / gpu_s / 1e12,
+        gbps=kernel.bytes_moved * iters / gpu_s / 1e9,
+    )
+
+
+def _estimate_per_call_s(fn: Callable[[], object], torch: ModuleType) -> float:
+    """Warm up, then time doubling batches until one lasts >= 0.1 s."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    n = 4
+    while True:
+        t0_s = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        elapsed_s = time.perf_counter() - t0_s
+        if elapsed_s >= 0.1:
+            return elapsed_s / n
+        n *= 2
+
+
+class _Sampler:
+    """Samples SM/memory clocks and power from a background thread while a kernel runs."""
+
+    def __init__(self, dev: NvmlDevice) -> None:
+        self._dev = dev
+        self.sm_mhz: list[int] = []
+        self.mem_mhz: list[int] = []
+        self.power_w: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kdvfs-probe-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        clocks = self._dev.clocks_mhz()
+        self.sm_mhz.append(clocks.core_mhz)
+        self.mem_mhz.append(clocks.mem_mhz)
+        self.power_w.append(self._dev.power_w())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_PERIOD_S):
+            self._sample()
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()  # at least one sample, even for a run shorter than the period

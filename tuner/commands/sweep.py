@@ -1,0 +1,92 @@
+"""`kdvfs sweep`: the exhaustive baseline, as the founding paper measured it."""
+
+from __future__ import annotations
+
+import argparse
+
+from kdvfs.tuner.commands._common import (
+    SOURCE_LABEL,
+    add_budget,
+    add_device_workload,
+    add_json,
+    open_from_args,
+    pct,
+    plan_json,
+    write_json,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_device_workload(parser)
+    add_budget(parser)
+    add_json(parser)
+    parser.add_argument(
+        "--window-s", type=float, default=1.0, help="seconds of repeats per measurement (default %(default)s)"
+    )
+    parser.add_argument("--table", action="store_true", help="print the per-kernel plan table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kdvfs.tuner.progress import Progress
+    from kdvfs.tuner.sweep import evaluate, pass_level_choice, run_sweep
+
+    device, workload = open_from_args(args)
+    with Progress("sweep", unit="measurements") as bar:
+        grid = run_sweep(device, workload, args.window_s, progress=bar.update)
+    kernel = evaluate(device, workload, grid.kernel_level_choice(args.budget))
+    passes = evaluate(device, workload, pass_level_choice(grid, args.budget))
+    source = device.source
+    label = SOURCE_LABEL[source]
+    print(
+        f"full sweep: {device.name} ({args.device}), workload {workload.name} ({len(workload)} kernels, signature {workload.signature}), budget {pct(args.budget)}"
+    )
+    print(f"  cost: {grid.measurements} measurements, {grid.cost_s:.0f} s of device time [{label}]")
+    if grid.throttled:
+        print(
+            f"  {grid.throttled} pair measurements throttled (power cap or thermal): the card did not hold those clocks"
+        )
+    print(
+        f"  kernel-level plan: energy saving {pct(kernel.energy_saving)}, slowdown {pct(kernel.slowdown)} [{label}, noiseless evaluation, switch cost ignored]"
+    )
+    print(
+        f"  pass-level plan:   energy saving {pct(passes.energy_saving)}, slowdown {pct(passes.slowdown)} [{label}, noiseless evaluation]"
+    )
+    if args.table:
+        print_plan_table(device, workload, kernel.choice)
+    write_json(
+        args.json,
+        {
+            "device": args.device,
+            "gpu": device.name,
+            "workload": workload.name,
+            "signature": workload.signature,
+            "budget": args.budget,
+            "source": source,
+            "measurements": grid.measurements,
+            "explore_seconds": grid.cost_s,
+            "kernel_level": {
+                "energy_saving": kernel.energy_saving,
+                "slowdown": kernel.slowdown,
+                "plan": plan_json(kernel.choice),
+            },
+            "pass_level": {
+                "energy_saving": passes.energy_saving,
+                "slowdown": passes.slowdown,
+                "plan": plan_json(passes.choice),
+            },
+        },
+    )
+    return 0
+
+
+def print_plan_table(device, workload, choice) -> None:
+    """Per kernel: pass, reference time, chosen clocks, energy saving of that kernel."""
+    print(f"  {'kernel':28s} {'pass':9s} {'ref time':>10s} {'core/mem MHz':>13s} {'saving':>8s}")
+    for k in workload.kernels:
+        rt, re = device.expected(k, None)
+        pair = choice[k.name]
+        _, e = device.expected(k, pair)
+        clocks = "stock" if pair is None else f"{pair.core_mhz}/{pair.mem_mhz}"
+        print(
+            f"  {k.name[:28]:28s} {k.pass_name:9s} {rt * k.launches * 1e3:8.3f}ms {clocks:>13s} {pct(1 - e / re):>8s}"
+        )

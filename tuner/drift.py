@@ -1,0 +1,378 @@
+"""Drift detection under a settled plan: has a group's time or the iteration's energy moved?
+
+Each monitored stream (a group's time per iteration from launch timings, the iteration's
+energy from the counter) gives one value per window. Its residual against what the plan
+expects, x / expected - 1, feeds a self-starting two-sided CUSUM (Page 1954; Hawkins 1987):
+    U_n = Phi^-1(F_t,n-2(sqrt((n-1)/n) (x_n - mean_n-1) / sd_n-1))     standardised residual
+    S+ = max(0, S+ + U_n - k),   S- = max(0, S- - U_n - k),   alarm when either exceeds h.
+The baseline (mean, sd) is learned on-line from every earlier window of the stream, so it
+absorbs a steady bias between the plan's figures (isolated replay) and training (in-iteration
+temperature, counter alignment): what alarms is a change, not a bias. Standardising by the
+estimates of the earlier windows through the t distribution makes U exactly N(0, 1) on
+Gaussian noise however few windows came before, so the false-alarm rate below holds from
+the start. (A baseline frozen after a short warm-up does not: its median is off by ~0.2 sigma
+after 50 windows, which shrinks k on one side and, measured, put a false alarm in one
+stream in six over 2,000 windows.)
+
+Choice of k and h. k = 0.5 sigma is the optimal allowance for a 1-sigma shift and detects
+larger ones quickly. h is set for an in-control average run length (ARL0: windows between false
+alarms of one stream, both sides) of DEFAULT_ARL0 = 1e7 by Siegmund's approximation
+(cusum_threshold): h ~ 15.0. A run of 2,000 windows watching 20 streams then expects
+2,000 x 20 / 1e7 = 0.004 false alarms (measured: one in 800,000 Gaussian windows). The price
+of a large h is small: the delay grows only linearly in h (about h / (shift - k) windows).
+Measured on Gaussian noise after 100 stable windows: a 2-sigma step is detected after ~13
+windows on average, a 3-sigma one after ~8; a 1-sigma step takes ~200, being partly learned
+into the baseline meanwhile.
+
+Tolerance of measurement glitches: U is clipped to +/- DEFAULT_CLIP (8) in the sums, so one
+wild window moves a sum by at most 7.5 < h and never alarms alone, while two extreme windows
+do (a gross change, another GPU or a power cap, is caught in two); and a window beyond the
+clip is not learned, so it cannot inflate the baseline's sd and blind the stream.
+No alarm is raised during the first `warmup` windows, while the baseline is still rough; at
+their end a robust screen (median and MAD) drops glitches among them, which no baseline
+could judge as they came.
+
+Windows must be long enough that consecutive residuals are roughly independent: at least the
+device's noise correlation time (1 s on the simulated card, whose noise is redrawn per second)
+and several energy-counter periods (100 ms). Shorter windows carry the same noise draw
+and make the sums drift, i.e. false alarms. For the same reason the card's temperature is no
+stream for this test (a first-order lag of power: its noise is correlated over the thermal
+time constant, and on the simulated H200 it false-alarmed within ~80 windows of 2 s): it is
+an input instead (ConditionWatch).
+
+Inputs (ConditionWatch). What the plan was made under is read, not inferred: the enforced
+power limit (an operator's cap is exact and known the moment it is set) and the GPU
+temperature. A limit that moves by more than POWER_LIMIT_TOLERANCE_W alarms at once. The
+temperature is watched for a step: once the readings of the last TEMP_SETTLE_S drift by less
+than TEMP_SETTLED_DRIFT_C between their halves (10 s apart: on a card with a 30-s time
+constant at most 0.3 C is then still to come), their mean is the centre, and a reading
+farther from it than half their range plus TEMP_MARGIN_C alarms. The centre then follows the
+readings with a TEMP_TRACK_S time constant: a settled card wanders (the simulated 3080 Ti by
+0.7 C over 15 minutes under one plan; a real one with its fan and the room), and a wander
+that slow is not a step; its effect on energy, if any, is the CUSUM's to see. The margin was
+set on a real H200 (experiments/h200_inputs.py, docs/gpu-validation.md): NVML reports whole
+degrees, and under a steady power-capped load the readings flickered by one degree and
+crept by two over two minutes; a 0.5 C margin alarmed twice in 100 s there, 1.5 C never.
+(The simulated cards are smoother: 0.056 C s.d.) After an ambient step of +15 C the
+simulated 3080 Ti (time constant 30 s) is 1.6 C off its centre within ~55 iterations (3.4 s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from scipy.special import ndtri, stdtr
+
+from kdvfs.runtime.types import KdvfsError
+
+POWER_LIMIT_TOLERANCE_W = 0.5
+TEMP_SETTLE_S = 20.0
+TEMP_SETTLED_DRIFT_C = 0.1
+TEMP_MARGIN_C = 1.5
+TEMP_TRACK_S = 120.0
+
+DEFAULT_K = 0.5
+DEFAULT_ARL0 = 1e7
+DEFAULT_WARMUP = 20
+DEFAULT_CLIP = 8.0
+DEFAULT_MIN_SCALE = 1e-3
+"""Floor on a stream's sd (relative residual): a noiseless stream still gets a 0.1% allowance,
+or any rounding would alarm."""
+MAD_TO_SD = 1.4826
+SIEGMUND_OFFSET = 1.166
+"""b = h + 1.166: Siegmund's correction of the threshold for the overshoot of a Gaussian sum."""
+
+
+def cusum_arl0(h: float, k: float = DEFAULT_K) -> float:
+    """In-control ARL of a two-sided CUSUM on N(0, 1) values, Siegmund's approximation: each
+    side (exp(2kb) - 2kb - 1) / (2k^2) with b = h + 1.166; two equal sides halve it."""
+    b = h + SIEGMUND_OFFSET
+    return (math.exp(2.0 * k * b) - 2.0 * k * b - 1.0) / (2.0 * k * k) / 2.0
+
+
+def cusum_threshold(arl0: float, k: float = DEFAULT_K) -> float:
+    """The threshold h whose two-sided in-control ARL is arl0 windows (bisection on cusum_arl0)."""
+    if not (arl0 > 1.0 and k > 0.0):
+        raise KdvfsError(f"CUSUM design needs arl0 > 1 and k > 0, got arl0={arl0}, k={k}")
+    lo, hi = 0.0, 1.0
+    while cusum_arl0(hi, k) < arl0:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if cusum_arl0(mid, k) < arl0 else (lo, mid)
+    return hi
+
+
+DEFAULT_H = cusum_threshold(DEFAULT_ARL0)
+
+
+class CusumDetector:
+    """Self-starting two-sided CUSUM on one stream of residuals.
+
+    update(x) feeds one window's residual and returns True on an alarm; the sums then restart
+    from zero and the baseline keeps learning (a stream that stays shifted alarms again some
+    windows later). reset() forgets the baseline too: call it once the stream's plan changed.
+    """
+
+    def __init__(
+        self,
+        k: float = DEFAULT_K,
+        h: float = DEFAULT_H,
+        warmup: int = DEFAULT_WARMUP,
+        clip: float = DEFAULT_CLIP,
+        min_scale: float = DEFAULT_MIN_SCALE,
+    ) -> None:
+        if not (k >= 0.0 and h > 0.0 and warmup >= 3 and clip > k and min_scale > 0.0):
+            raise KdvfsError(
+                f"bad CUSUM settings: k={k}, h={h}, warmup={warmup}, clip={clip}, min_scale={min_scale} "
+                "(need k >= 0, h > 0, warmup >= 3, clip > k, min_scale > 0)"
+            )
+        self.k, self.h, self.warmup, self.clip, self.min_scale = k, h, warmup, clip, min_scale
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the baseline and the sums."""
+        self.n = 0  # windows learned
+        self._warm: list[float] = []  # the warm-up's windows
+        self.mean = 0.0
+        self._m2 = 0.0  # Welford's sum of squared deviations
+        self.upper = 0.0
+        self.lower = 0.0
+        self.alarms = 0
+
+    @property
+    def sd(self) -> float:
+        """The baseline's sd (floored at min_scale); meaningful once two windows are learned."""
+        return max(math.sqrt(self._m2 / (self.n - 1)), self.min_scale) if self.n > 1 else self.min_scale
+
+    @property
+    def ready(self) -> bool:
+        """The warm-up is over: updates can alarm."""
+        return self.n >= self.warmup
+
+    def standardise(self, x: float) -> float:
+        """U of x against the baseline learned so far: N(0, 1) in control (needs n >= 2)."""
+        t = (x - self.mean) / self.sd * math.sqrt(self.n / (self.n + 1))
+        df = self.n - 1
+        # through the smaller tail, which keeps precision far out
+        return -float(ndtri(stdtr(df, -t))) if t > 0 else float(ndtri(stdtr(df, t)))
+
+    def update(self, x: float, learn: bool = True) -> bool:
+        """Judge one window's residual (True: alarm); learn it into the baseline unless told
+        not to or it is beyond the clip."""
+        if not math.isfinite(x):
+            raise KdvfsError(f"CUSUM input {x} is not a finite number")
+        u = self.standardise(x) if self.n >= 2 else 0.0
+        alarm = False
+        if self.ready:
+            z = min(max(u, -self.clip), self.clip)
+            self.upper = max(0.0, self.upper + z - self.k)
+            self.lower = max(0.0, self.lower - z - self.k)
+            if self.upper > self.h or self.lower > self.h:
+                self.upper = self.lower = 0.0
+                self.alarms += 1
+                alarm = True
+        if learn and abs(u) <= self.clip:
+            self._learn(x)
+        return alarm
+
+    def _learn(self, x: float) -> None:
+        self.n += 1
+        delta = x - self.mean
+        self.mean += delta / self.n
+        self._m2 += delta * (x - self.mean)
+        if self.n > self.warmup:
+            return
+        self._warm.append(x)
+        if self.n == self.warmup:
+            # The first windows could not be judged (no baseline yet): drop those a robust
+            # screen (median +/- clip x 1.4826 MAD) calls glitches, e.g. a switch transient.
+            warm = np.asarray(self._warm)
+            centre = float(np.median(warm))
+            scale = max(MAD_TO_SD * float(np.median(np.abs(warm - centre))), self.min_scale)
+            keep = warm[np.abs(warm - centre) <= self.clip * scale]
+            if len(keep) < len(warm):
+                self._warm = list(keep)
+                self.n, self.mean = len(keep), float(keep.mean())
+                self._m2 = float(((keep - self.mean) ** 2).sum())
+
+
+class DriftMonitor:
+    """One CusumDetector per named stream, on relative residuals x / expected - 1.
+
+    update(values, expected) takes one window: the measured value of each stream that has one
+    this window (a stream may sit a window out) and what the plan expects of it; it returns the
+    names of the streams that changed, in the order the monitor was given them. After re-tuning
+    those, reset(names) re-learns their baselines (the others keep watching).
+
+    confirm > 0: a stream's alarm is reported only when the stream alarms again within its next
+    `confirm` windows (its sums restart at the first alarm, its baseline is kept and learns
+    nothing meanwhile, so that a shift is not absorbed while it is being confirmed). A lasting
+    shift alarms again after as many windows as it took the first time; a burst of two or three
+    wild windows does not, and is counted in `unconfirmed` instead. Why: a stream can be
+    bimodal without any change, e.g. a group whose clock switch lands within the jitter of a
+    kernel boundary runs that kernel at one pair or the other (simulated 3080 Ti, batch 16: a
+    3% step in one 2-s window whenever the 1-s noise draw is >= +1.8%), and two such windows
+    close together alarm a plain CUSUM.
+    """
+
+    def __init__(
+        self,
+        streams: Sequence[str],
+        *,
+        k: float = DEFAULT_K,
+        h: float = DEFAULT_H,
+        warmup: int = DEFAULT_WARMUP,
+        clip: float = DEFAULT_CLIP,
+        min_scale: float = DEFAULT_MIN_SCALE,
+        confirm: int = 0,
+    ) -> None:
+        if not streams or len(set(streams)) != len(streams):
+            raise KdvfsError(f"drift monitor needs distinct stream names, got {list(streams)}")
+        if confirm < 0:
+            raise KdvfsError(f"drift monitor: confirm={confirm} windows, must be >= 0")
+        self.detectors = {name: CusumDetector(k, h, warmup, clip, min_scale) for name in streams}
+        self.confirm = confirm
+        self.unconfirmed = 0
+        self._suspects: dict[str, int] = {}  # stream -> windows left to confirm its first alarm
+
+    @property
+    def ready(self) -> bool:
+        """Every stream has its baseline."""
+        return all(d.ready for d in self.detectors.values())
+
+    def update(self, values: Mapping[str, float], expected: Mapping[str, float]) -> list[str]:
+        for name in values:
+            if not math.isfinite(values[name]):
+                raise KdvfsError(
+                    f"drift monitor: value of stream {name!r} is {values[name]}, not a finite number"
+                )
+            if name not in self.detectors:
+                raise KdvfsError(
+                    f"drift monitor: unknown stream {name!r} (known: {', '.join(self.detectors)})"
+                )
+            if name not in expected:
+                raise KdvfsError(f"drift monitor: stream {name!r} has a value but no expected value")
+            if not (math.isfinite(expected[name]) and expected[name] > 0.0):
+                raise KdvfsError(
+                    f"drift monitor: expected value of stream {name!r} is {expected[name]}, must be > 0"
+                )
+        moved = []
+        for name, d in self.detectors.items():
+            if name not in values:
+                continue
+            alarm = d.update(values[name] / expected[name] - 1.0, learn=name not in self._suspects)
+            if name in self._suspects:
+                self._suspects[name] -= 1
+                if alarm:
+                    del self._suspects[name]
+                    moved.append(name)
+                elif self._suspects[name] == 0:
+                    del self._suspects[name]
+                    self.unconfirmed += 1
+            elif alarm and self.confirm:
+                self._suspects[name] = self.confirm
+            elif alarm:
+                moved.append(name)
+        return moved
+
+    def reset(self, streams: Iterable[str] | None = None) -> None:
+        """Re-learn the baselines of these streams (all when None)."""
+        for name in self.detectors if streams is None else streams:
+            if name not in self.detectors:
+                raise KdvfsError(f"drift monitor: unknown stream {name!r}")
+            self.detectors[name].reset()
+            self._suspects.pop(name, None)
+
+
+def limit_moved(old_w: float | None, new_w: float, tolerance_w: float = POWER_LIMIT_TOLERANCE_W) -> bool:
+    """The enforced power limit changed (None: not read before; math.inf on both sides, a
+    card or table without one, never changes)."""
+    return old_w is not None and abs(new_w - old_w) > tolerance_w
+
+
+class ConditionWatch:
+    """The inputs a plan was made under: the enforced power limit and the settled temperature.
+
+    update(now_s, temp_c, power_limit_w) takes one reading and returns the inputs that moved
+    ("power_limit", "temperature"); after an alarm it learns the new conditions afresh (the
+    limit at once, the temperature once the card has settled again).
+    """
+
+    def __init__(
+        self,
+        settle_s: float = TEMP_SETTLE_S,
+        settled_drift_c: float = TEMP_SETTLED_DRIFT_C,
+        margin_c: float = TEMP_MARGIN_C,
+        track_s: float = TEMP_TRACK_S,
+        limit_tolerance_w: float = POWER_LIMIT_TOLERANCE_W,
+    ) -> None:
+        if not (
+            settle_s > 0.0
+            and settled_drift_c > 0.0
+            and margin_c > 0.0
+            and track_s > 0.0
+            and limit_tolerance_w > 0.0
+        ):
+            raise KdvfsError(
+                f"bad condition watch settings: settle_s={settle_s}, settled_drift_c={settled_drift_c}, "
+                f"margin_c={margin_c}, track_s={track_s}, limit_tolerance_w={limit_tolerance_w} "
+                "(all must be > 0)"
+            )
+        self.settle_s, self.settled_drift_c, self.margin_c, self.track_s = (
+            settle_s,
+            settled_drift_c,
+            margin_c,
+            track_s,
+        )
+        self.limit_tolerance_w = limit_tolerance_w
+        self.limit_w: float | None = None
+        self.centre_c: float | None = None
+        self.step_c = 0.0
+        """The last temperature alarm's reading less the centre it left (> 0: the card warmed)."""
+        self.half_width_c = 0.0
+        self._last_s = 0.0
+        self._readings: deque[tuple[float, float]] = deque()
+
+    def relearn_temperature(self) -> None:
+        """The load changed (a new plan): learn the temperature it settles at."""
+        self.centre_c = None
+        self._readings.clear()
+
+    def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[str]:
+        if not math.isfinite(temp_c):
+            raise KdvfsError(f"condition watch: temperature reading {temp_c} is not a finite number")
+        moved = []
+        if limit_moved(self.limit_w, power_limit_w, self.limit_tolerance_w):
+            moved.append("power_limit")
+        self.limit_w = power_limit_w
+        if self.centre_c is not None:
+            if abs(temp_c - self.centre_c) > self.half_width_c:
+                moved.append("temperature")
+                self.step_c = temp_c - self.centre_c
+            else:
+                self.centre_c += (temp_c - self.centre_c) * min(1.0, (now_s - self._last_s) / self.track_s)
+                self._last_s = now_s
+        if moved:
+            self.relearn_temperature()
+        if self.centre_c is None:
+            self._learn(now_s, temp_c)
+        return moved
+
+    def _learn(self, now_s: float, temp_c: float) -> None:
+        """Set the centre once the last settle_s of readings are flat."""
+        r = self._readings
+        r.append((now_s, temp_c))
+        while len(r) > 2 and now_s - r[1][0] >= self.settle_s:
+            r.popleft()
+        if now_s - r[0][0] < self.settle_s or len(r) < 4:
+            return
+        temps = [t for _, t in r]
+        half = len(temps) // 2
+        if abs(sum(temps[half:]) / (len(temps) - half) - sum(temps[:half]) / half) < self.settled_drift_c:
+            self.centre_c = sum(temps) / len(temps)
+            self.half_width_c = (max(temps) - min(temps)) / 2.0 + self.margin_c
+            self._last_s = now_s
