@@ -16,7 +16,7 @@ import pynvml
 import pytest
 
 from kdvfs.runtime import nvml_device
-from kdvfs.runtime.probe_kernels import DEFAULT_PROBE_KERNELS, parse_probe_kernel
+from kdvfs.runtime.probe_kernels import DEFAULT_PROBE_KERNELS, SIZE_LADDER, parse_probe_kernel
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.commands import doctor, probe
 from kdvfs.tuner.commands.doctor import energy_update_period_s
@@ -141,17 +141,76 @@ def test_probe_names_give_the_work_the_recorded_probe_counts():
     assert parse_probe_kernel("sdpa_causal_b1_h2_t64_d32").size("d") == 32
 
 
-@pytest.mark.parametrize("name", ["gemm_fp8_128", "layernorm_8k", "gelu_256", "conv_3x3", "gemm_bf16_8192x"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gemm_fp8_128",
+        "layernorm_8k",
+        "gelu_256",
+        "gelu_256MB2",
+        "copy_1TiB",
+        "adamw_3X",
+        "conv_3x3",
+        "gemm_bf16_8192x",
+    ],
+)
 def test_unknown_probe_name_is_a_clear_error(name):
     with pytest.raises(KdvfsError, match=rf"probe kernel '{name}' has no known form \(gemm_bf16_N"):
         parse_probe_kernel(name)
 
 
+@pytest.mark.parametrize(
+    ("name", "size_b"),
+    [
+        ("gelu_512B", 512),
+        ("gelu_256KiB", 256 * 2**10),
+        ("gelu_4MiB", 4 * 2**20),
+        ("gelu_1GiB", 2**30),
+        ("gelu_3KB", 3_000),
+        ("gelu_5MB", 5_000_000),
+        ("gelu_2GB", 2_000_000_000),
+    ],
+)
+def test_probe_names_take_the_byte_units_people_write(name, size_b):
+    kernel = parse_probe_kernel(name)
+    assert kernel.size("bytes") == size_b and kernel.bytes_moved == 2 * size_b  # read + write
+
+
+def test_probe_names_of_the_ladder_kinds_give_their_work_and_kind():
+    assert parse_probe_kernel("reduce_sum_1GiB").bytes_moved == 2**30  # read once
+    adamw = parse_probe_kernel("adamw_64M")
+    assert (
+        adamw.size("params") == 64_000_000 and adamw.bytes_moved == 64e6 * 7 * 4 and adamw.kind == "optimizer"
+    )
+    assert parse_probe_kernel("adamw_1B").size("params") == 10**9
+    softmax = parse_probe_kernel("softmax_64k_x_1024")
+    assert softmax.size("rows") == 65536 and softmax.bytes_moved == 2 * 65536 * 1024 * 2
+    kinds = {parse_probe_kernel(name).kind for name in SIZE_LADDER}
+    assert kinds == {"gemm", "attention", "norm", "elementwise", "memory_op", "reduce", "optimizer"}
+    with pytest.raises(KdvfsError, match="every size must be > 0"):
+        parse_probe_kernel("copy_0MiB")
+
+
+def test_the_size_ladder_spans_three_orders_of_magnitude_of_work_per_kind():
+    by_op: dict[str, list[float]] = {}
+    for name in SIZE_LADDER:
+        kernel = parse_probe_kernel(name)
+        by_op.setdefault(kernel.op, []).append(max(kernel.flops, kernel.bytes_moved))
+    assert len(by_op) == 8
+    for op, work in by_op.items():
+        assert len(work) >= 5 and max(work) / min(work) >= 1000, op
+
+
 def test_probe_kernels_run_on_cpu_at_tiny_sizes():
     torch = pytest.importorskip("torch")
-    for name in ("gemm_bf16_16", "layernorm_4_x_8", "gelu_1MiB", "copy_1MiB", "sdpa_causal_b1_h2_t16_d8"):
+    names = (
+        "gemm_bf16_16", "layernorm_4_x_8", "softmax_4_x_8", "gelu_1MiB", "copy_1MiB", "reduce_sum_4KiB",
+        "sdpa_causal_b1_h2_t16_d8", "adamw_1k",
+    )  # fmt: skip
+    for name in names:
         out = parse_probe_kernel(name).build("cpu")()
-        assert isinstance(out, torch.Tensor) and torch.isfinite(out.float()).all(), name
+        if isinstance(out, torch.Tensor):
+            assert torch.isfinite(out.float()).all(), name
 
 
 def test_probe_csv_has_the_recorded_probe_columns(tmp_path):
@@ -171,6 +230,8 @@ def test_probe_csv_has_the_recorded_probe_columns(tmp_path):
         62,
         647.7,
         0.0,
+        1.2,
+        "graph",
     )
     path = tmp_path / "out" / "kernels_stock.csv"
     write_probe_csv(path, [row])
@@ -178,8 +239,8 @@ def test_probe_csv_has_the_recorded_probe_columns(tmp_path):
         rows = list(csv.DictReader(f))
     header = (
         "kernel,iters,per_call_us,wall_s,gpu_s,energy_J,avg_power_W,energy_per_call_mJ,sm_clock_median,"
-        "sm_clock_min,mem_clock,power_W_median,temp_end,tflops,gbps"
-    )
+        "sm_clock_min,mem_clock,power_W_median,temp_end,tflops,gbps,window_s,mode"
+    )  # the recorded probe's columns, then the counter-aligned window and the launch mode
     assert ",".join(PROBE_COLUMNS) == header and list(rows[0]) == header.split(",")
     assert rows[0]["kernel"] == "gemm_bf16_2048" and int(rows[0]["iters"]) == 48195
     assert float(rows[0]["energy_J"]) == 887.9 and int(rows[0]["sm_clock_min"]) == 1395

@@ -1,11 +1,15 @@
 """`kdvfs probe`: read-only stock-clock measurements of reference kernels on a real GPU.
 
-Each kernel (runtime/probe_kernels.py) runs back to back for at least --seconds; the
-NVML energy counter is read before the run and after torch.cuda.synchronize(), the SM and
-memory clocks and power are sampled meanwhile. The rows go to DIR/kernels_stock.csv with the
-columns of h200-probe/kernels_stock.csv, so `kdvfs calibrate --against` reads it. Clocks are
-never changed: the GPU is opened in dry-run. The energy counter advances only every ~100 ms,
-so a run's energy is uncertain by about 0.1 s x its power: hence the >= 2 s default.
+Each kernel (runtime/probe_kernels.py; `--ladder` for the size ladder) is captured in a CUDA
+graph of enough calls to last ~2 ms, so that the GPU runs it back to back as a training
+step's queue does, not at Python's launch rate (eager launches where capture fails, said in
+the `mode` column). The graph is replayed for at least --seconds; a sampler thread reads the
+SM and memory clocks, power and the energy counter meanwhile, and the power is the energy
+between the first and last counter updates it saw while the GPU was busy (the counter
+advances only every ~100 ms; a window closed at observed updates resolves power to ~0.3%
+in 1 s, ../shared/data/h200-window-noise). Rows go to DIR/kernels_stock.csv with the columns
+of h200-probe/kernels_stock.csv (plus window_s and mode), so `kdvfs calibrate --against`
+reads it. Clocks are never changed: the GPU is opened in dry run.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ if TYPE_CHECKING:
 PROBE_COLUMNS = (
     "kernel", "iters", "per_call_us", "wall_s", "gpu_s", "energy_J", "avg_power_W", "energy_per_call_mJ",
     "sm_clock_median", "sm_clock_min", "mem_clock", "power_W_median", "temp_end", "tflops", "gbps",
+    "window_s", "mode",
 )  # fmt: skip
 PROBE_FILE = "kernels_stock.csv"
-SAMPLE_PERIOD_S = 0.01
+SAMPLE_PERIOD_S = 0.01  # s between clock/power samples (an energy read itself takes ~4 ms)
+GRAPH_S = 2e-3  # s of GPU work one captured CUDA graph holds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--index", metavar="N", type=int, default=0, help="CUDA device index (default 0)")
     parser.add_argument(
-        "--kernels", metavar="NAMES", default=",".join(DEFAULT_PROBE_KERNELS),
+        "--kernels",
+        metavar="NAMES",
+        default=",".join(DEFAULT_PROBE_KERNELS),
         help="comma-separated kernel names (default: the six of h200-probe)",
+    )
+    parser.add_argument(
+        "--ladder", action="store_true",
+        help="probe the size ladder (8 kinds x 6 sizes, probe_kernels.SIZE_LADDER) instead of --kernels",
     )  # fmt: skip
 
 
@@ -70,6 +82,8 @@ class ProbeRow:
     temp_end_c: int
     tflops: float
     gbps: float
+    window_s: float  # the counter-aligned window the power comes from
+    mode: str  # "graph" (CUDA graph replay) or "eager" (Python launches)
 
 
 def write_probe_csv(path: Path, rows: list[ProbeRow]) -> None:
@@ -81,11 +95,12 @@ def write_probe_csv(path: Path, rows: list[ProbeRow]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.runtime.probe_kernels import parse_probe_kernel
+    from kdvfs.runtime.probe_kernels import SIZE_LADDER, parse_probe_kernel
 
     if args.seconds <= 0:
         raise KdvfsError(f"--seconds must be > 0, got {args.seconds}")
-    kernels = [parse_probe_kernel(name.strip()) for name in args.kernels.split(",") if name.strip()]
+    names = SIZE_LADDER if args.ladder else [n.strip() for n in args.kernels.split(",") if n.strip()]
+    kernels = [parse_probe_kernel(name) for name in names]
     why_not = _cuda_missing(args.index)
     if why_not:
         print(f"kdvfs probe: needs PyTorch with CUDA and an NVIDIA GPU ({why_not})", file=sys.stderr)
@@ -148,28 +163,32 @@ def measure_kernel(kernel: ProbeKernel, dev: NvmlDevice, seconds: float, cuda_de
 
     fn = kernel.build(cuda_device)
     per_call_s = _estimate_per_call_s(fn, torch)
+    calls = max(1, math.ceil(GRAPH_S / per_call_s))
+    replay, mode = _capture(fn, calls, torch)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    iters = 0
-    batch = math.ceil(seconds / per_call_s)
+    replays = 0
     with _Sampler(dev) as sampler:
-        e0_j = dev.energy_j()
         t0_s = time.perf_counter()
         start.record()
-        while True:
-            for _ in range(batch):
-                fn()
-            iters += batch
+        while time.perf_counter() - t0_s < seconds or len(sampler.updates) < 2:
+            for _ in range(8):  # ~16 ms queued ahead: the GPU never waits, the CPU never runs far ahead
+                replay()
+            replays += 8
             torch.cuda.synchronize()
-            wall_s = time.perf_counter() - t0_s
-            if wall_s >= seconds:
+            if time.perf_counter() - t0_s > 10 * seconds + 5:
                 break
-            batch = math.ceil((seconds - wall_s) / per_call_s) + 1
         end.record()
+        busy_until_s = time.perf_counter()
         torch.cuda.synchronize()
-        wall_s = time.perf_counter() - t0_s
-        energy_j = dev.energy_j() - e0_j
+    wall_s = time.perf_counter() - t0_s
     gpu_s = start.elapsed_time(end) / 1000.0
-    del fn
+    iters = replays * calls
+    window = [(t, e) for t, e in sampler.updates if t <= busy_until_s]
+    if len(window) < 2:
+        raise KdvfsError(f"{kernel.name}: the energy counter did not advance twice in {wall_s:.1f} s")
+    (ta_s, ea_j), (tb_s, eb_j) = window[0], window[-1]
+    power_w = (eb_j - ea_j) / (tb_s - ta_s)
+    del fn, replay
     torch.cuda.empty_cache()
     return ProbeRow(
         kernel=kernel.name,
@@ -177,9 +196,9 @@ def measure_kernel(kernel: ProbeKernel, dev: NvmlDevice, seconds: float, cuda_de
         per_call_us=gpu_s / iters * 1e6,
         wall_s=wall_s,
         gpu_s=gpu_s,
-        energy_j=energy_j,
-        avg_power_w=energy_j / wall_s,
-        energy_per_call_mj=energy_j / iters * 1000.0,
+        energy_j=power_w * gpu_s,
+        avg_power_w=power_w,
+        energy_per_call_mj=power_w * gpu_s / iters * 1000.0,
         sm_clock_median_mhz=round(statistics.median(sampler.sm_mhz)),
         sm_clock_min_mhz=min(sampler.sm_mhz),
         mem_clock_mhz=round(statistics.median(sampler.mem_mhz)),
@@ -187,7 +206,35 @@ def measure_kernel(kernel: ProbeKernel, dev: NvmlDevice, seconds: float, cuda_de
         temp_end_c=round(dev.temperature_c()),
         tflops=kernel.flops * iters / gpu_s / 1e12,
         gbps=kernel.bytes_moved * iters / gpu_s / 1e9,
+        window_s=tb_s - ta_s,
+        mode=mode,
     )
+
+
+def _capture(fn: Callable[[], object], calls: int, torch: ModuleType) -> tuple[Callable[[], object], str]:
+    """A callable that runs `calls` calls of fn: one CUDA graph replay, or eager launches
+    where the op cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # warm-up on a side stream, as capture requires
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        torch.cuda.synchronize()
+        return graph.replay, "graph"
+    except RuntimeError:
+        torch.cuda.synchronize()
+
+        def eager() -> None:
+            for _ in range(calls):
+                fn()
+
+        return eager, "eager"
 
 
 def _estimate_per_call_s(fn: Callable[[], object], torch: ModuleType) -> float:
@@ -208,15 +255,21 @@ def _estimate_per_call_s(fn: Callable[[], object], torch: ModuleType) -> float:
 
 
 class _Sampler:
-    """Samples SM/memory clocks and power from a background thread while a kernel runs."""
+    """Samples SM/memory clocks and power every SAMPLE_PERIOD_S on one thread, and polls the
+    energy counter back to back on another (a read takes ~4 ms), while a kernel runs;
+    `updates` holds (time, energy) at each observed counter update."""
 
     def __init__(self, dev: NvmlDevice) -> None:
         self._dev = dev
         self.sm_mhz: list[int] = []
         self.mem_mhz: list[int] = []
         self.power_w: list[float] = []
+        self.updates: list[tuple[float, float]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="kdvfs-probe-sampler", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._sample_loop, name="kdvfs-probe-sampler", daemon=True),
+            threading.Thread(target=self._energy_loop, name="kdvfs-probe-energy", daemon=True),
+        ]
 
     def _sample(self) -> None:
         clocks = self._dev.clocks_mhz()
@@ -224,15 +277,25 @@ class _Sampler:
         self.mem_mhz.append(clocks.mem_mhz)
         self.power_w.append(self._dev.power_w())
 
-    def _loop(self) -> None:
+    def _sample_loop(self) -> None:
         while not self._stop.wait(SAMPLE_PERIOD_S):
             self._sample()
 
+    def _energy_loop(self) -> None:
+        last_j = self._dev.energy_j()
+        while not self._stop.is_set():
+            energy_j = self._dev.energy_j()
+            if energy_j != last_j:
+                self.updates.append((time.perf_counter(), energy_j))
+                last_j = energy_j
+
     def __enter__(self) -> _Sampler:
-        self._thread.start()
+        self._sample()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
-        self._sample()  # at least one sample, even for a run shorter than the period
+        for thread in self._threads:
+            thread.join()
