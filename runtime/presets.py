@@ -11,6 +11,29 @@ from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
+class KindModel:
+    """How one kind of kernel (types.KERNEL_KINDS) runs against the card's peak rates.
+
+    Args:
+        rate_eff: share of the card's peak FLOP rate (tensor or CUDA-core) the kind reaches
+            at large sizes.
+        bw_eff: share of the card's streaming DRAM bandwidth the kind reaches at large sizes.
+        floor_s: time floor of a launch too small to fill the SMs, at the highest core clock,
+            in seconds; it scales with 1 / core clock (the SMs' work, not the launch).
+        act_stream: SM activity while the kind streams memory (None: the card's act_mem).
+    """
+
+    rate_eff: float = 1.0
+    bw_eff: float = 1.0
+    floor_s: float = 0.0
+    act_stream: float | None = None
+
+
+GENERIC_KIND = KindModel()
+"""The model of a kernel of unknown kind: peak rates, no floor beyond the launch."""
+
+
+@dataclass(frozen=True)
 class Preset:
     """Everything the simulated card needs. Units in every name."""
 
@@ -52,6 +75,15 @@ class Preset:
     switch_latency_s: float
     time_noise: float
     energy_noise: float
+    # small kernels and per-kind rates (kinds of types.KERNEL_KINDS; others: GENERIC_KIND)
+    kinds: tuple[tuple[str, KindModel], ...] = ()
+    # what whole-step workloads size themselves by
+    memory_bytes: float = 0.0  # device memory
+    link_bytes_per_s: float = 0.0  # all-reduce bus bandwidth between GPUs of one host (NCCL busbw)
+
+    def kind_model(self, kind: str) -> KindModel:
+        """The model of a kernel kind on this card (GENERIC_KIND for an unknown one)."""
+        return dict(self.kinds).get(kind, GENERIC_KIND)
 
     @property
     def max_core_mhz(self) -> int:
@@ -65,6 +97,21 @@ class Preset:
 def _steps(lo: int, hi: int, step: int) -> tuple[int, ...]:
     return tuple(range(lo, hi + 1, step))
 
+
+# Per-kind rates, small-launch floors and streaming activity, fitted to the H200 size ladder
+# (data/h200/kernels_ladder.csv, `kdvfs probe --ladder`) by
+# `python -m kdvfs.experiments.fit_kinds`: one set per kind, never per kernel. The other
+# presets carry the same efficiencies and floors (they describe the kernels' implementations
+# more than the card; no ladder of those cards exists here).
+LADDER_KINDS = (
+    ("attention", KindModel(rate_eff=0.668, floor_s=9.99e-06)),
+    ("elementwise", KindModel(bw_eff=0.715, floor_s=1e-06, act_stream=0.49)),
+    ("gemm", KindModel(rate_eff=1.028, floor_s=4.31e-06)),
+    ("memory_op", KindModel(bw_eff=0.802, floor_s=1e-06, act_stream=0.332)),
+    ("norm", KindModel(bw_eff=0.563, floor_s=5.31e-06, act_stream=0.425)),
+    ("optimizer", KindModel(bw_eff=0.785, floor_s=2.72e-05, act_stream=0.319)),
+    ("reduce", KindModel(bw_eff=0.935, floor_s=5.77e-06, act_stream=0.333)),
+)
 
 # NVIDIA H200 SXM. Clocks, cap, counter period: ../shared/data/h200-probe (nvml.json,
 # README.md). Rates: H200 datasheet (989 TFLOP/s dense bf16 at 1980 MHz boost -> 500k
@@ -82,7 +129,7 @@ H200 = Preset(
     mem_bw_bytes_per_s=4.2e12,
     core_bytes_per_cycle=4.0e12 / 1.98e9 * 1.6,  # L2 keeps up with DRAM down to ~60% core clock
     overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
-    launch_latency_s=2.5e-6,
+    launch_latency_s=1.0e-6,  # ladder: copy_256KiB and gelu_256KiB ran 1.2 and 1.5 us a call back to back
     v_min_rel=0.70,
     v_knee_mhz=1000.0,
     static_w=50.0,
@@ -105,6 +152,9 @@ H200 = Preset(
     switch_latency_s=0.010,
     time_noise=0.005,
     energy_noise=0.02,
+    kinds=LADDER_KINDS,
+    memory_bytes=143771 * 2**20,  # nvidia-smi on the lent H200: 143771 MiB
+    link_bytes_per_s=400e9,  # NVLink 4 through NVSwitch: NCCL all-reduce busbw ~400 GB/s (8 GPUs)
 )
 
 # NVIDIA GeForce RTX 3080 Ti (the founding paper's card). Datasheet: 80 SMs, 34.1 TFLOP/s
@@ -147,6 +197,9 @@ RTX3080TI = Preset(
     switch_latency_s=0.030,  # tens of ms for a locked-clock change on current cards
     time_noise=0.005,
     energy_noise=0.02,
+    kinds=LADDER_KINDS,
+    memory_bytes=12 * 2**30,  # 12 GiB GDDR6X
+    link_bytes_per_s=22e9,  # no NVLink: PCIe 4.0 x16, ~22 GB/s of NCCL busbw through the host
 )
 
 # NVIDIA A100 SXM 40GB. Datasheet: 312 TFLOP/s dense bf16 and 19.5 FP32 at 1410 MHz;
@@ -185,6 +238,9 @@ A100 = Preset(
     switch_latency_s=0.015,
     time_noise=0.005,
     energy_noise=0.02,
+    kinds=LADDER_KINDS,
+    memory_bytes=40 * 2**30,  # 40 GiB HBM2
+    link_bytes_per_s=230e9,  # NVLink 3 through NVSwitch: NCCL all-reduce busbw ~230 GB/s
 )
 
 # NVIDIA H100 SXM. Datasheet: 989 TFLOP/s dense bf16 at 1980 MHz, 3.35 TB/s HBM3 at
@@ -196,6 +252,7 @@ H100 = replace(
     mem_bw_bytes_per_s=3.35e12 * 0.88,
     core_bytes_per_cycle=3.35e12 / 1.98e9 * 1.6,
     mem_w=85.0,
+    memory_bytes=80 * 2**30,  # 80 GiB HBM3
 )
 
 PRESETS: dict[str, Preset] = {"h200": H200, "rtx3080ti": RTX3080TI, "a100": A100, "h100": H100}

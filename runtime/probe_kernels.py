@@ -161,8 +161,9 @@ def _size(key: str, text: str) -> int:
 
 
 def _make(name: str, op: str, sizes: dict[str, int]) -> ProbeKernel:
-    """Flops and bytes per call, counted as the recorded probe counts them: matrix work
-    only for GEMM and attention, bytes read + written once for the memory-bound ops."""
+    """Flops and bytes per call: matrix work for GEMM (its operands stay in cache) and
+    attention (plus its inputs and output), bytes read + written once for the memory-bound
+    ops, both for AdamW."""
     flops = 0.0
     bytes_moved = 0.0
     if op == "gemm":
@@ -178,6 +179,8 @@ def _make(name: str, op: str, sizes: dict[str, int]) -> ProbeKernel:
         bytes_moved = float(ADAMW_BYTES_PER_PARAM * sizes["params"])
     else:
         sizes.setdefault("d", SDPA_HEAD_DIM)
-        # QK^T and PV: 2 x (2 b h t^2 d), half of it under the causal mask
+        # QK^T and PV: 2 x (2 b h t^2 d), half of it under the causal mask; q, k, v read and
+        # the output written once (a flash kernel keeps the scores on chip)
         flops = 2.0 * sizes["b"] * sizes["h"] * sizes["t"] ** 2 * sizes["d"]
+        bytes_moved = 4.0 * sizes["b"] * sizes["h"] * sizes["t"] * sizes["d"] * BF16_BYTES
     return ProbeKernel(name, op, tuple(sizes.items()), flops, bytes_moved)

@@ -2,7 +2,9 @@
 
 Devices:   sim:PRESET (rtx3080ti, a100, h100, h200; NAME-fastswitch for a fast clock switch),
            replay:CSV (a recorded measurement table), nvml:INDEX (a real GPU, dry-run).
-Workloads: gpt3-xl-layer[:batch=N,seq=N], trace:CSV (a torch.profiler kernel trace),
+Workloads: gpt3-xl-layer[:batch=N,seq=N], gpt3-xl[:batch=N,seq=N] (the whole step),
+           gpt3-xl-dpN[:batch=N,seq=N,link_gbs=N] (with an N-rank all-reduce),
+           trace:CSV (a torch.profiler kernel trace),
            table (the kernels of a replay device's table).
 """
 
@@ -43,6 +45,8 @@ def open_workload(spec: str, device: Device | None = None) -> Workload:
         from kdvfs.runtime.workloads import gpt3_xl_layer
 
         return gpt3_xl_layer(**_int_options(spec, arg, ("batch", "seq")))
+    if kind == "gpt3-xl" or kind.startswith("gpt3-xl-dp"):
+        return _gpt3_xl(spec, kind, arg, device)
     if kind == "trace":
         from kdvfs.runtime.trace import load_trace
 
@@ -54,7 +58,30 @@ def open_workload(spec: str, device: Device | None = None) -> Workload:
         if table is None:
             raise KdvfsError("workload 'table' needs a replay:CSV device")
         return table.workload()
-    raise KdvfsError(f"unknown workload {spec!r}: use gpt3-xl-layer, trace:CSV or table")
+    raise KdvfsError(
+        f"unknown workload {spec!r}: use gpt3-xl-layer, gpt3-xl, gpt3-xl-dpN, trace:CSV or table"
+    )
+
+
+def _gpt3_xl(spec: str, kind: str, arg: str, device: Device | None) -> Workload:
+    """gpt3-xl[:batch=N,seq=N] and gpt3-xl-dpN[:batch=N,seq=N,link_gbs=N]: the batch defaults
+    to what fits the simulated card's memory, the link to its preset's all-reduce bandwidth."""
+    from kdvfs.runtime.workloads import GPT3_XL, fitting_batch, gpt3_xl
+
+    ranks_text = kind.removeprefix("gpt3-xl-dp") if kind != "gpt3-xl" else "1"
+    if not ranks_text.isdigit() or (int(ranks_text) < 2 and kind != "gpt3-xl"):
+        raise KdvfsError(f"workload {spec!r}: the rank count must be a whole number >= 2, as gpt3-xl-dp8")
+    ranks = int(ranks_text)
+    options = _int_options(spec, arg, ("batch", "seq", "link_gbs") if ranks > 1 else ("batch", "seq"))
+    preset = getattr(device, "preset", None)
+    seq = options.get("seq", GPT3_XL["seq"])
+    if "batch" not in options and preset is not None and preset.memory_bytes:
+        shape = {k: GPT3_XL[k] for k in ("layers", "d_model", "heads", "vocab")}
+        options["batch"] = fitting_batch(preset.memory_bytes, seq=seq, **shape)
+    link = options.pop("link_gbs", 0) * 1e9 or (preset.link_bytes_per_s if preset is not None else 0.0)
+    if ranks > 1 and not link:
+        raise KdvfsError(f"workload {spec!r}: say the link's all-reduce bandwidth, as {kind}:link_gbs=400")
+    return gpt3_xl(options.get("batch", 8), seq, ranks=ranks, link_bytes_per_s=link)
 
 
 def _int_options(spec: str, arg: str, allowed: tuple[str, ...]) -> dict[str, int]:

@@ -53,26 +53,33 @@ def voltage_rel(p: Preset, core_mhz: float) -> float:
 
 
 def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[float, float, float]:
-    """(total time, compute time, memory time) of one launch."""
+    """(total time, busy compute time, busy memory time) of one launch. The busy times are
+    what the work needs at the kind's full rate; a launch too small to fill the SMs takes
+    the kind's floor instead (scaled by the core clock), and the chip idles meanwhile."""
+    km = p.kind_model(k.kind)
     core_hz = core_mhz * 1e6
-    rate = p.tensor_flop_per_cycle if k.tensor_core else p.simt_flop_per_cycle
+    rate = (p.tensor_flop_per_cycle if k.tensor_core else p.simt_flop_per_cycle) * km.rate_eff
     t_comp = k.flops / (rate * core_hz)
-    bw = min(p.mem_bw_bytes_per_s * mem_mhz / p.max_mem_mhz, p.core_bytes_per_cycle * core_hz)
+    bw = km.bw_eff * min(p.mem_bw_bytes_per_s * mem_mhz / p.max_mem_mhz, p.core_bytes_per_cycle * core_hz)
     t_mem = k.bytes_moved / bw
-    t = p.launch_latency_s + max(t_comp, t_mem) + (1.0 - p.overlap) * min(t_comp, t_mem)
-    return t, t_comp, t_mem
+    floor_s = km.floor_s * p.max_core_mhz / core_mhz
+    t_work = max(t_comp, t_mem) + (1.0 - p.overlap) * min(t_comp, t_mem)
+    return p.launch_latency_s + max(t_work, floor_s, k.wait_s), t_comp, t_mem
 
 
 def _power_w(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float, temp_c: float) -> tuple[float, float]:
-    """(time, power) of one launch at exactly these clocks."""
+    """(time, power) of one launch at exactly these clocks: activity follows how busy the
+    chip is (busy time over launch time), so a launch that cannot fill it draws far less."""
     t, t_comp, t_mem = _time_parts(p, k, core_mhz, mem_mhz)
     u_comp, u_mem = min(1.0, t_comp / t), min(1.0, t_mem / t)
     v = voltage_rel(p, core_mhz)
     static = p.static_w * v * (1.0 + p.leak_per_c * (temp_c - p.leak_ref_c))
     act_comp = p.act_tensor if k.tensor_core else p.act_simt
-    activity = p.act_idle + act_comp * u_comp + p.act_mem * u_mem
+    act_stream = p.kind_model(k.kind).act_stream
+    activity = p.act_idle + act_comp * u_comp + (p.act_mem if act_stream is None else act_stream) * u_mem
     core = p.core_dyn_w * v * v * (core_mhz / p.max_core_mhz) * activity
-    mem = p.mem_w * (mem_mhz / p.max_mem_mhz) * (p.mem_base_rel + (1.0 - p.mem_base_rel) * u_mem)
+    traffic = u_mem * p.kind_model(k.kind).bw_eff  # DRAM traffic against the card's streaming peak
+    mem = p.mem_w * (mem_mhz / p.max_mem_mhz) * (p.mem_base_rel + (1.0 - p.mem_base_rel) * traffic)
     return t, static + core + mem
 
 
@@ -153,6 +160,7 @@ class SimulatedDevice(ModelDevice):
     """
 
     source = "simulated"
+    costs_by_work = True  # a launch's cost depends on its kernel's work, not on its name
 
     def __init__(
         self,

@@ -21,21 +21,24 @@ Pass rule, from the names of one step:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from statistics import fmean
 
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
-from kdvfs.runtime.types import KdvfsError, Kernel, Workload
+from kdvfs.runtime.types import KERNEL_KINDS, KdvfsError, Kernel, Workload
 
 H200_GEMM_FLOPS_PER_S = 656e12
-"""bf16 8192^3 GEMM at stock: 656 TFLOP/s (h200-probe/kernels_stock.csv, gemm_bf16_8192)."""
+"""bf16 8192^3 GEMM at stock: 656 TFLOP/s (h200-probe/kernels_stock.csv, gemm_bf16_8192); where
+work_for_duration starts its search."""
 H200_COPY_BYTES_PER_S = 4.2e12
-"""256 MiB device copy at stock: 4.2 TB/s (h200-probe/kernels_stock.csv, copy_256MiB)."""
+"""256 MiB device copy at stock: 4.2 TB/s (h200-probe/kernels_stock.csv, copy_256MiB); likewise."""
 
 TRACE_COLUMNS = ("seq", "name", "start_us", "duration_us")
-KINDS = ("gemm", "attention", "norm", "elementwise", "reduce", "memory_op", "optimizer", "other")
+KINDS = KERNEL_KINDS
 
 _ANNOTATION = re.compile(r"^[A-Za-z_][\w.]*#[\w.]+$")
 _BACKWARD = re.compile(r"bprop|backward|_grad|grad_", re.IGNORECASE)
@@ -58,6 +61,7 @@ def _rule(pattern: str, short: str, kind: str, tensor_core: bool = False) -> _Ru
 # variants before their forward ones.
 _RULES = (
     _rule(r"^Memset", "memset", "memory_op"),
+    _rule(r"nccl", "nccl", "communication"),
     _rule(r"^Memcpy", "memcpy", "memory_op"),
     _rule(r"sdpa.*bprop|flash_bwd|fmha.*bwd", "sdpa_bwd", "attention", tensor_core=True),
     _rule(r"sdpa.*fprop|flash_fwd|fmha.*fwd", "sdpa_fwd", "attention", tensor_core=True),
@@ -203,20 +207,51 @@ def _passes(classes: list[KernelClass], names: list[str], optimizer_start: int) 
 
 
 def kernel_from_duration(position: int, c: KernelClass, pass_name: str, duration_s: float) -> Kernel:
-    """A trace kernel with the work that takes `duration_s` at the H200's stock rates:
-    flops for tensor-core kernels, bytes moved for the rest."""
-    compute_bound = c.tensor_core
+    """A trace kernel with the work that takes `duration_s` on the simulated H200 at stock
+    (work_for_duration): flops for tensor-core kernels, bytes moved for the rest."""
     features = (
         ("duration_s", duration_s),
         *((f"is_{kind}", float(c.kind == kind)) for kind in KINDS),
         ("tensor_core", float(c.tensor_core)),
     )
+    work = work_for_duration(c.kind, c.tensor_core, duration_s)
     return Kernel(
         name=f"{position:03d}.{c.short}",
         pass_name=pass_name,
-        flops=duration_s * H200_GEMM_FLOPS_PER_S if compute_bound else 0.0,
-        bytes_moved=0.0 if compute_bound else duration_s * H200_COPY_BYTES_PER_S,
+        flops=work if c.tensor_core else 0.0,
+        bytes_moved=0.0 if c.tensor_core else work,
         tensor_core=c.tensor_core,
         ref_time_s=duration_s,
         features=features,
+        kind=c.kind,
     )
+
+
+WORK_BISECTION_STEPS = 40  # steps of the bisection on log(work): relative precision ~1e-9
+
+
+@lru_cache(maxsize=65536)
+def work_for_duration(kind: str, tensor_core: bool, duration_s: float) -> float:
+    """The work (flops on tensor cores, else bytes) a kernel of this kind needs to run
+    `duration_s` on the simulated H200 at stock, at its training temperature: the recorded
+    kernel, as the simulator costs it. A duration under the kind's floor gets no work (the
+    simulated kernel then runs its floor, a little longer than recorded)."""
+    from kdvfs.runtime.presets import get_preset
+    from kdvfs.runtime.simulator import operating_point
+
+    card = get_preset("h200")
+    temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
+
+    def time_s(work: float) -> float:
+        kernel = Kernel("k", flops=work if tensor_core else 0.0, bytes_moved=0.0 if tensor_core else work,
+                        tensor_core=tensor_core, kind=kind)  # fmt: skip
+        return operating_point(card, kernel, None, temp_c, card.power_cap_w).time_s
+
+    naive = duration_s * (H200_GEMM_FLOPS_PER_S if tensor_core else H200_COPY_BYTES_PER_S)
+    if time_s(0.0) >= duration_s:
+        return 0.0
+    lo, hi = math.log(naive) - 2.0, math.log(naive) + 4.0
+    for _ in range(WORK_BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if time_s(math.exp(mid)) < duration_s else (lo, mid)
+    return math.exp(0.5 * (lo + hi))

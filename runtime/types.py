@@ -13,7 +13,7 @@ from typing import Literal
 Source = Literal["simulated", "replayed", "measured"]
 """Where a figure came from: the simulated GPU, a recorded table, or a real GPU."""
 
-PASSES = ("forward", "backward", "optimizer")
+PASSES = ("forward", "backward", "communication", "optimizer")
 
 
 class KdvfsError(ValueError):
@@ -91,6 +91,12 @@ class ClockGrid:
         return [p.as_list() for p in self.pairs]
 
 
+KERNEL_KINDS = (
+    "gemm", "attention", "norm", "elementwise", "reduce", "memory_op", "optimizer", "communication", "other",
+)  # fmt: skip
+"""Kinds of kernel, as trace.py classifies CUDA kernel names and the simulator costs them."""
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One kernel of a training iteration.
@@ -107,6 +113,8 @@ class Kernel:
     launches: int = 1
     ref_time_s: float | None = None
     features: tuple[tuple[str, float], ...] = ()
+    kind: str = ""  # one of KERNEL_KINDS, or "" (unknown): how the simulator costs small sizes
+    wait_s: float = 0.0  # s a launch waits on something outside the GPU (a link), at any clock
 
     def feature_dict(self) -> dict[str, float]:
         return dict(self.features)
@@ -134,8 +142,9 @@ class Workload:
         digits), 16 hex digits: a plan made for one batch size does not pass for another."""
         h = hashlib.sha256()
         for k in self.kernels:
+            wait = f"\x1f{k.wait_s:.4g}" if k.wait_s else ""  # absent where zero: older signatures stand
             h.update(
-                f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1f{k.flops:.4g}\x1f{k.bytes_moved:.4g}\x1e".encode()
+                f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1f{k.flops:.4g}\x1f{k.bytes_moved:.4g}{wait}\x1e".encode()
             )
         return h.hexdigest()[:16]
 

@@ -47,18 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.types import KdvfsError, Workload
-from kdvfs.tuner.grouping import group_kernels
 from kdvfs.tuner.online import OnlineTuner, Point, schedule_figures
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.report import TuneReport
-from kdvfs.tuner.sweep import run_sweep
+from kdvfs.tuner.sweep import realisable, run_sweep
 
 RECOVERED_SHARE = 0.95
 READY_STEP_S = 20.0
@@ -164,17 +161,8 @@ def oracle_saving(session: Session, scenario_name: str) -> tuple[float, Schedule
     """Best grouped schedule under the changed conditions from a full sweep (see module doc)."""
     device, workload = session.open()
     device, workload = get_scenario(scenario_name).apply(device, workload, seed=session.seed + 1)
-    obs = run_sweep(device, workload)
-    time_m, energy_m = obs.plannable()
-    t = np.column_stack([time_m, obs.ref_time_s])
-    e = np.column_stack([energy_m, obs.stock_energy_j])
-    columns = [*obs.pairs, None]
-    grouping = group_kernels(t, e, device.switch_latency_s, obs.time_limit_s(session.budget), 0.0)
-    if not grouping.feasible:
-        schedule = Schedule.stock()
-    else:
-        schedule = Schedule(tuple((g.start, columns[g.pair_index]) for g in grouping.groups))
-    return schedule_figures(device, workload, schedule)[0], schedule
+    best = realisable(device, run_sweep(device, workload), session.budget)
+    return best.energy_saving, best.schedule
 
 
 def store_plan(tuner: OnlineTuner, store: PlanStore) -> Path | None:

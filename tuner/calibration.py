@@ -44,7 +44,8 @@ def calibrate(device: SimulatedDevice, probe_csv: Path) -> list[CalibrationRow]:
             probe.name,
             flops=probe.flops,
             bytes_moved=probe.bytes_moved,
-            tensor_core=probe.op in ("gemm", "sdpa"),
+            tensor_core=probe.tensor_core,
+            kind=probe.kind,
         )
         temp_c = number(probe_csv, row, "temp_end")
         op = device.point(kernel, None, temp_c)

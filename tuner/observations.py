@@ -93,6 +93,19 @@ class Observations:
         n = self.counts[k, j]
         self.paired_ratio[k, j] = ratio if np.isnan(old[0]) else (old * (n - 1) + ratio) / n
 
+    def share(self, source: int, target: int) -> None:
+        """Give kernel `target` the measurements of kernel `source`, a launch of the same work
+        (the same layer's kernel in another layer): what one measures, the other would."""
+        for cells in (
+            self.time_s,
+            self.energy_j,
+            self.counts,
+            self.paired_ratio,
+            self.stock_time_s,
+            self.stock_energy_j,
+        ):
+            cells[target] = cells[source]
+
     def plannable(self) -> tuple[np.ndarray, np.ndarray]:
         """(time, energy) per kernel and pair that a plan may use: NaN where unmeasured; for a
         throttled pair, its paired ratio to stock times the kernel's references."""

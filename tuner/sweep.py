@@ -15,8 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
+from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.measure import measure_reference_iterations
-from kdvfs.runtime.types import ClockPair, Workload
+from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.types import ClockPair, Kernel, Workload
+from kdvfs.tuner.grouping import group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.solver import pass_level
 
@@ -38,17 +41,39 @@ def run_sweep(
     window_s: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> Observations:
-    """Measure the reference, then every kernel at stock and at every pair of the grid."""
+    """Measure the reference, then every distinct kernel at stock and at every pair of the
+    grid; a kernel doing the same work as one already measured (the same kernel of another
+    layer) shares its measurements instead of being measured again."""
     obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
-    total = len(workload) * len(obs.pairs)
-    for i in range(len(workload)):
+    first: dict[tuple, int] = {}
+    by_work = getattr(device, "costs_by_work", False)  # else a kernel's costs go by its name (a table)
+    copies = [first.setdefault(_work(k) if by_work else (k.name,), i) for i, k in enumerate(workload.kernels)]
+    distinct = [i for i, source in enumerate(copies) if source == i]
+    total = len(distinct) * len(obs.pairs)
+    for n, i in enumerate(distinct):
         measure_cell(device, obs, i, None, window_s)
         for j, pair in enumerate(obs.pairs):
             measure_cell(device, obs, i, pair, window_s)
             if progress is not None:
-                progress(i * len(obs.pairs) + j + 1, total)
+                progress(n * len(obs.pairs) + j + 1, total)
+    for i, source in enumerate(copies):
+        if source != i:
+            obs.share(source, i)
     device.reset_clocks()
     return obs
+
+
+def _work(kernel: Kernel) -> tuple:
+    """What a kernel's measurements depend on: everything but its name and pass."""
+    return (
+        kernel.flops,
+        kernel.bytes_moved,
+        kernel.tensor_core,
+        kernel.kind,
+        kernel.wait_s,
+        kernel.launches,
+        kernel.ref_time_s,
+    )
 
 
 def pass_level_choice(obs: Observations, budget: float) -> dict[str, ClockPair | None]:
@@ -70,3 +95,36 @@ def evaluate(device: RunnableDevice, workload: Workload, choice: dict[str, Clock
     ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
     t, e = device.expected_iteration([(k, choice[k.name], k.launches) for k in workload.kernels])
     return PlanFigures(dict(choice), 1.0 - e / ref_e, t / ref_t - 1.0, t, e)
+
+
+@dataclass(frozen=True)
+class Realisable:
+    """The best schedule a card can run with its clock-switch latency within the budget,
+    planned from a sweep's measurements, and its noiseless figures (switches included)."""
+
+    schedule: Schedule
+    energy_saving: float
+    slowdown: float
+
+    @property
+    def groups(self) -> int:
+        return len(self.schedule.groups)
+
+
+def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisable:
+    """Group the swept kernels so that clock switches pay for themselves (grouping.py), then
+    evaluate the schedule as the card runs it (all stock when no grouping fits the budget)."""
+    from kdvfs.tuner.online import schedule_figures  # online.py imports this module (through search.py)
+
+    time_m, energy_m = obs.plannable()
+    t = np.column_stack([time_m, obs.ref_time_s])
+    e = np.column_stack([energy_m, obs.stock_energy_j])
+    columns = [*obs.pairs, None]
+    grouping = group_kernels(t, e, device.switch_latency_s, obs.time_limit_s(budget), 0.0)
+    schedule = (
+        Schedule(tuple((g.start, columns[g.pair_index]) for g in grouping.groups))
+        if grouping.feasible
+        else Schedule.stock()
+    )
+    saving, slowdown = schedule_figures(device, obs.workload, schedule)
+    return Realisable(schedule, saving, slowdown)

@@ -44,7 +44,7 @@ def test_kernels_are_named_by_position_and_ordered_by_pass(discovered):
     assert [int(n[:3]) for n in names] == list(range(len(names)))
     passes = [k.pass_name for k in discovered.kernels]
     assert sorted(passes, key=PASSES.index) == passes
-    assert set(passes) == set(PASSES)
+    assert set(passes) == {"forward", "backward", "optimizer"}  # one process: no all-reduce
     assert all(k.ref_time_s > 0 for k in discovered.kernels)
     assert dict(discovered.meta)["steps"] == "2"
 
