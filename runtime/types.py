@@ -14,6 +14,7 @@ Source = Literal["simulated", "replayed", "measured"]
 """Where a figure came from: the simulated GPU, a recorded table, or a real GPU."""
 
 PASSES = ("forward", "backward", "optimizer")
+"""The passes of a training step, in order, as kernels are tagged with them."""
 
 
 class KdvfsError(ValueError):
