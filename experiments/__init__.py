@@ -6,7 +6,8 @@ and prints JSON (every figure labelled simulated, replayed or measured on a real
 - `drift_scenarios`: the tuner through drift scenarios, and plan reuse on restart;
 - `cusum_delay`: detection delay of the drift watch (synthetic, no device);
 - `h200_inputs`: the drift watch's inputs on a real GPU (read-only);
-- `h200_validation`: the PyTorch integration on a real GPU (dry-run: no clock change).
+- `h200_validation`: the PyTorch integration on a real GPU (dry-run: no clock change);
+- `record_step_trace`: a small GPT's whole training step under torch.profiler, as a trace.
 
 The modules are public by name (`kdvfs.experiments.online_tuning`, loaded on first use), each
 with its `main()`. Their findings: docs/benchmarks.md and docs/gpu-validation.md.
@@ -24,6 +25,7 @@ __all__ = [
     "h200_inputs",
     "h200_validation",
     "online_tuning",
+    "record_step_trace",
 ]
 
 
