@@ -1,13 +1,19 @@
-"""Gymnasium environments over a runtime device, registered on import:
+"""kdvfs.envs, the Gymnasium environments over a runtime device; importing it registers them.
 
-- `kdvfs/KernelDVFS-v0` (kernel_env.KernelDVFSEnv): one step = one isolated measurement of
-  the current kernel at the clock pair the action picks;
-- `kdvfs/IterationDVFS-v0` (iteration_env.IterationDVFSEnv): one step = training iterations
-  run with a clock pair per kernel.
+- `kdvfs/KernelDVFS-v0` (`KernelDVFSEnv`, kernel_env.py): one step = one isolated measurement
+  of the current kernel at the clock pair the action picks;
+- `kdvfs/IterationDVFS-v0` (`IterationDVFSEnv`, iteration_env.py): one step = training
+  iterations run with a clock pair per kernel (`measure_iterations`, `IterationMeasurement`).
 
-Both pay the compute-waste reward of reward.py. Importing this package imports only
-Gymnasium: the environments load when made.
+Both pay `compute_waste_reward` (reward.py). Importing this package imports only Gymnasium:
+the environments and the names above load when first made or used. Why they are built so:
+docs/design-envs.md.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 import gymnasium
 
@@ -21,3 +27,26 @@ gymnasium.register(
     entry_point="kdvfs.envs.iteration_env:IterationDVFSEnv",
     max_episode_steps=200,
 )
+
+_PUBLIC: dict[str, str] = {
+    "KernelDVFSEnv": "kernel_env",
+    "IterationDVFSEnv": "iteration_env",
+    "IterationMeasurement": "iteration_env",
+    "measure_iterations": "iteration_env",
+    "compute_waste_reward": "reward",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

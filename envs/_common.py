@@ -1,5 +1,8 @@
-"""What both environments share: the device they measure on and the workload they walk,
-given as registry specs or as objects, and the device re-opened under an episode's seed."""
+"""What both environments share: `EnvTarget` (the device they measure on and the workload they
+walk, given as registry specs or as objects, the device re-opened under an episode's seed)
+and the small helpers of their spaces (`scalar_box`, `scalar`, `positive`).
+Why seeding works so: docs/design-envs.md.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.types import KdvfsError, Workload
 
 ABSOLUTE_ZERO_C = -273.15
+"""The lowest temperature an observation may hold, deg C (the bound of its Box)."""
 
 
 class EnvTarget:
@@ -21,6 +25,13 @@ class EnvTarget:
     its seed alone. A device given as an object is used as it is: its noise continues from
     where it is, so only a caller who seeds it (and makes a new one per episode) gets
     repeatable episodes.
+
+    Args:
+        device: a registry spec (`sim:PRESET`, `replay:CSV`) or a device that runs kernels
+            itself; anything else is a KdvfsError.
+        workload: a registry spec (`gpt3-xl-layer`, `trace:CSV`, `table`) or a Workload.
+        noise: measurement-noise scale of a spec'd device (dimensionless; None: its default);
+            must be None for a device object.
     """
 
     def __init__(self, device: str | RunnableDevice, workload: str | Workload, noise: float | None) -> None:

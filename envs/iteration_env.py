@@ -1,5 +1,14 @@
 """IterationDVFS-v0: choose a clock pair for every kernel of a training iteration at once;
-each step runs the iteration with them and measures it."""
+each step runs the iteration with them and measures it.
+
+- `IterationDVFSEnv`: the environment (its class docstring documents it as Gymnasium
+  documents its own);
+- `measure_iterations` / `IterationMeasurement`: one iteration's time and energy under a
+  per-kernel plan, read at the energy counter's updates;
+- `_KernelStream`: the kernels run back to back, switching clocks synchronously.
+
+Why each switch is waited out: docs/design-envs.md.
+"""
 
 from __future__ import annotations
 
@@ -19,13 +28,20 @@ from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 
 Observation = dict[str, np.ndarray]
 
-_NOTHING_ASKED = object()
+_NOTHING_ASKED = object()  # the stream's last request before its first: differs from every pair
 
 
 @dataclass(frozen=True)
 class IterationMeasurement:
     """Measured time and energy of one iteration, whether the card throttled, and the device
-    seconds the measurement cost (warm-up and counter alignment included)."""
+    seconds the measurement cost.
+
+    Attributes:
+        time_s: one iteration's time, s (kernel run times plus clock-switch waits).
+        energy_j: one iteration's energy, J (the window's mean power times time_s).
+        throttled: a throttle reason of runtime.measure.THROTTLES was seen in the window.
+        cost_s: device seconds the measurement took, warm-up and counter alignment included.
+    """
 
     time_s: float
     energy_j: float
@@ -37,8 +53,13 @@ class _KernelStream:
     """The iteration's kernels run back to back, over and over, each at its planned clocks
     (None: stock). Before a kernel whose pair differs from the previous kernel's, the stream
     asks for it and waits the device's switch latency (idle, at the old clocks) so that the
-    kernel runs at its own pair: per-kernel DVFS needs that synchronous switch, and on a card
-    whose switch takes tens of ms the waiting costs far more than the clocks save."""
+    kernel runs at its own pair (why: docs/design-envs.md).
+
+    Args:
+        device: runs the kernels.
+        kernels: one iteration's kernels, in order.
+        plan: per kernel, its clock pair (None: stock clocks).
+    """
 
     def __init__(
         self, device: RunnableDevice, kernels: Sequence[Kernel], plan: Sequence[ClockPair | None]

@@ -1,5 +1,13 @@
 """KernelDVFS-v0: choose a clock pair for one kernel at a time; each step is one honest
-isolated measurement of that kernel at that pair."""
+isolated measurement of that kernel at that pair.
+
+- `KernelDVFSEnv`: the environment (its class docstring documents it as Gymnasium documents
+  its own); `step` measures with runtime.measure.measure_isolated, `_measure_reference`
+  measures a kernel's reference when the episode first reaches it;
+- `kernel_features`: the observation's feature matrix of a workload.
+
+Why it measures as it does: docs/design-envs.md.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
-"""The compute-waste reward both environments pay: relative energy saved against the
-reference, less a penalty that grows with the slowdown beyond the budget.
+"""The compute-waste reward both environments pay (`compute_waste_reward`): relative energy
+saved against the reference, less a penalty that grows with the slowdown beyond the budget.
 
     reward = (E_ref - E) / E_ref  -  penalty_scale * max(0, T / T_ref - 1 - budget) / budget
 
-Within the budget the reward is the plain relative saving (0 at the reference, up to 1).
-Beyond it the penalty is linear in the excess slowdown measured in budgets: a kernel or
-iteration that runs 2 x budget slower than the reference pays penalty_scale, so the saving
-that a low clock buys never pays for breaking the budget by much.
+Within the budget the reward is the plain relative saving (0 at the reference, up to 1);
+a slowdown of 2 x budget pays penalty_scale. Why this shape: docs/design-envs.md.
 """
 
 from __future__ import annotations

@@ -22,8 +22,11 @@ from kdvfs.tuner.drift import DriftMonitor
 from kdvfs.tuner.online import CONFIRM_WINDOWS
 
 SD = 0.01
+"""S.d. of a window's residual, relative (1 %)."""
 BASELINE_WINDOWS = 200
+"""Windows the monitor learns its baseline from before the shift."""
 MAX_WINDOWS = 300
+"""Windows after the shift within which a report counts."""
 
 
 def delay(shift_sd: float, confirm: int, seed: int) -> int | None:

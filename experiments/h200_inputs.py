@@ -3,16 +3,13 @@ under a steady load, and does it see a thermal step?
 
     python -m kdvfs.experiments.h200_inputs --out DIR
 
-Read-only: the only device is NvmlDevice(0, dry_run=True); it reads the temperature and the
-enforced power limit and changes nothing. The load is a bf16 matmul loop busy half the
-time (--duty) for --steady-s seconds (the card settles; the watch must stay silent), then
-busy all the time (the card heats: a thermal step made by the load, the nearest thing to an
-ambient step that changes no setting). A poller reads both inputs every --poll-s
-seconds, as the tuner reads them before each chunk, and the throttle (clock event) reasons:
-the tuner keeps its plan through a temperature step up only while none of
-measure.THROTTLES is set (OnlineTuner._hold_plan); "would_hold_plan" says what that rule
-decides at each alarm. Prints JSON; every figure is measured
-on a real GPU. Without one, a smoke run against the fake NVML of the tests:
+Read-only: the only device is NvmlDevice(0, dry_run=True). `run_load` runs a bf16 matmul loop
+busy half the time (--duty) for --steady-s seconds (the watch must stay silent), then all the
+time (a thermal step made by the load); a poller reads the temperature, the power limit and
+the throttle reasons every --poll-s seconds, and "would_hold_plan" says what the tuner's rule
+(keep the plan through a warming only while no runtime.measure.THROTTLES reason is set)
+decides at each alarm. Prints JSON, measured on a real GPU (docs/gpu-validation.md). Without
+one, a smoke run against the tests' fake NVML:
 KDVFS_NVML_MODULE=fake_pynvml PYTHONPATH=.:tests/runtime python -m kdvfs.experiments.h200_inputs
 --device cpu --size 64 --steady-s 2 --step-s 1 --out /tmp/inputs
 """

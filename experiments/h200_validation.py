@@ -1,27 +1,18 @@
 """The PyTorch integration on a real GPU, dry-run only: overhead, discovery, energy, clock calls.
 
-    cd REPO && PYTHONPATH=. python3 -m kdvfs.experiments.h200_validation --out $OUT \\
+    cd REPO && PYTHONPATH=. python3 -m kdvfs.experiments.h200_validation --out $OUT \
         --probe-trace .validation/gpt3xl_block_kernels.csv --callbacks
 
 NO clock, power-limit, persistence, compute-mode or MIG change is made: the only device is
-NvmlDevice(..., dry_run=True), which records the Set/Reset calls it would make; everything
-else is a read-only NVML query. The workload is one GPT-3-XL-sized transformer block
-(d=2048, 16 heads, batch 8 x 1024 tokens, bf16 autocast, forward + backward + AdamW), as in
-the H200 probe (../shared/data/h200-probe/README.md).
-
-1. Discover the block's training step (torch_discovery) and compare its kernels with the
-   probe's recorded trace (count, names, per-kernel time).
-2. Make a pass-level plan from it (forward / backward / optimizer at three clock pairs).
-3. Alternate runs of `steps` steps: (a) the bare loop, (b) the same loop under KdvfsTrainer
-   with that plan on the dry-run NvmlDevice; per-step time of each run (host clock between
-   two synchronisations, the trainer's set-up and close outside it) and the raw NVML
-   total-energy counter over it. Overhead: median over the pairs of b/a - 1.
-4. The trainer's own energy per step (counter windows) against the raw counter over the same
-   runs, and the clock calls the dry-run device recorded.
-5. Optionally (--callbacks) drive the trainer from a real PyTorch Lightning Trainer and a
-   Hugging Face Trainer on a small block, when those libraries are installed.
-Prints a JSON summary; writes validation.json, workload.json, clock_calls.json and the last
-tuned run's kdvfs_records.json and kdvfs_plan.json under --out.
+NvmlDevice(..., dry_run=True); everything else is a read-only NVML query. The workload is one
+GPT-3-XL-sized transformer block (`Block`, `Training`), as in the H200 probe. `measure`:
+(1) discover the step, compare it with the probe's trace (`compare_with_probe`); (2) make a
+pass-level plan (`make_plan`, `PASS_CLOCKS_MHZ`); (3) alternate bare runs with runs under
+KdvfsTrainer (`timed`, `tuned_run`): overhead = median over the pairs of tuned / bare - 1, per
+step host time between two synchronisations; (4) the trainer's energy against the raw counter
+(`RawCounter`) and the recorded clock calls; (5) optionally Lightning and Hugging Face
+(`callbacks_check`). Prints JSON; writes validation.json, workload.json, clock_calls.json, the
+last run's records and plan under --out. Results: docs/gpu-validation.md.
 """
 
 from __future__ import annotations
@@ -58,7 +49,12 @@ PASS_CLOCKS_MHZ = {"forward": (1980, 3201), "backward": (1755, 3201), "optimizer
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: LN, QKV, causal SDPA, projection; LN, 4d GELU MLP."""
+    """A pre-norm transformer block: LN, QKV, causal SDPA, projection; LN, 4d GELU MLP.
+
+    Args:
+        d_model: model width (GPT-3 XL: 2048).
+        heads: attention heads (GPT-3 XL: 16).
+    """
 
     def __init__(self, d_model: int, heads: int) -> None:
         super().__init__()
@@ -76,7 +72,14 @@ class Block(nn.Module):
 
 
 class Training:
-    """The block, its AdamW and one batch; step() is one bf16-autocast training step."""
+    """The block, its AdamW and one batch; step() is one bf16-autocast training step.
+
+    Args:
+        device: torch device type, "cuda" or "cpu".
+        d_model, heads: as Block.
+        batch: sequences per batch.
+        seq: tokens per sequence.
+    """
 
     def __init__(self, device: str, d_model: int, heads: int, batch: int, seq: int) -> None:
         torch.manual_seed(0)
@@ -98,7 +101,11 @@ class Training:
 
 
 class RawCounter:
-    """NVML's total-energy counter, read directly (not through the device under test)."""
+    """NVML's total-energy counter, read directly (not through the device under test).
+
+    Args:
+        index: the GPU's NVML index.
+    """
 
     def __init__(self, index: int) -> None:
         self.nvml = load_nvml()

@@ -1,0 +1,51 @@
+"""kdvfs.policies, the search strategies: ask / tell / best over a finite clock grid, numbers only.
+
+Public names (loaded on first use: the BoTorch strategies pull in torch; this package never
+imports kdvfs.runtime):
+- the interface: `Policy`, `SearchSpace`, `Task`;
+- the strategies: `SweepPolicy`, `RandomPolicy`, `EpsilonGreedyPolicy`, `UcbPolicy`,
+  `ThompsonPolicy`, `BotorchPolicy`, `CrossKernelPolicy`, and by name `make_policy`, `POLICIES`;
+- for writing a strategy: `BasePolicy`, `SafeExplorer`, `TaskLog`, `GridFacts`, `BeliefModel`.
+
+How each strategy searches and why: docs/design-policies.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC: dict[str, str] = {
+    "Policy": "base",
+    "SearchSpace": "base",
+    "Task": "base",
+    "SweepPolicy": "sweep",
+    "RandomPolicy": "random_search",
+    "EpsilonGreedyPolicy": "egreedy",
+    "UcbPolicy": "bandits",
+    "ThompsonPolicy": "bandits",
+    "BotorchPolicy": "botorch_bo",
+    "CrossKernelPolicy": "crosskernel",
+    "make_policy": "registry",
+    "POLICIES": "registry",
+    "BasePolicy": "_common",
+    "SafeExplorer": "_common",
+    "TaskLog": "_common",
+    "GridFacts": "_common",
+    "BeliefModel": "beliefs",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

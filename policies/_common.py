@@ -1,17 +1,16 @@
 """What every strategy shares: per-task measurement logs, ask/tell/best bookkeeping, the cost
 a task is judged by, the monotone-time facts of a clock grid, and the small initial design.
 
-Cost: energy + rate x time, for each of the policy's exchange rates (rates_w, J/s; set by the
-caller, read at decision time). A plan solved against an iteration-level time limit takes, per
-kernel, the least energy + lambda x time for the limit's own multiplier lambda; the caller does
-not know lambda exactly, so a strategy looks for the least cost at a few rates around its
-estimate. Logs hold raw time and energy, so a change of rates never invalidates them.
-Rates (0.0,), the default, mean least energy within the task's budget. The stock reference is
-always an option of a plan, so a config is worth measuring only if it could beat it.
+- `TaskLog`: one task's measurements (per-config counts and sums, per launch);
+- cost: `log_cost` (energy + rate x time as a log ratio to the reference's), `mean_log_cost`,
+  `best_config`, `incumbents`, `steps_since_improvement`, `log_ratios`;
+- limits: `time_limit_s` (the budget), `safe_log_limit` (too slow even to try);
+- `GridFacts`: monotone-time pruning and bounds, and the initial design (`DESIGN_RATIOS`);
+- `BasePolicy`: logs, seeded generators, the cap, CPU time per ask, `best()`;
+- `SafeExplorer`: the initial design first, then the subclass's `_pick`.
 
-Physics used for pruning: a kernel's time is a compute part ~ 1/core clock, a memory part
-~ 1/memory clock and a fixed part. Hence (a) time never rises when both clocks rise, and
-(b) lowering clocks by factors r_core, r_mem >= 1 multiplies time by at most max(r_core, r_mem).
+Why cost is judged at several exchange rates, and the physics behind the pruning:
+docs/design-policies.md.
 """
 
 from __future__ import annotations
@@ -26,17 +25,21 @@ import numpy as np
 from kdvfs.policies.base import SearchSpace, Task
 
 DESIGN_RATIOS = ((1.0, 1.0), (1.0, 0.75), (0.7, 1.0), (1.0, 0.5), (0.5, 1.0), (0.7, 0.5))
-"""(core, mem) clock targets as fractions of the grid's highest clocks: the top pair, then one
-step down each clock (the core to about the voltage knee, where energy per cycle stops falling,
-and below the power cap of a heavy kernel, whose energy drops there more steeply than a smooth
-model of capped pairs foresees), then a deeper step each, then both lowered. A deeper step is
-skipped by monotone pruning when a shallower one it is no faster than was already over budget
-(so memory-bound kernels skip the last)."""
+"""The initial design, in order: (core, mem) clock targets as fractions (dimensionless) of the
+grid's highest clocks; why these: docs/design-policies.md ("The initial design")."""
 
 
 @dataclass
 class TaskLog:
-    """The measurements of one task: per-config counts and sums (per launch)."""
+    """The measurements of one task: per-config counts and sums (per launch).
+
+    Attributes:
+        count: measurements per config.
+        time_sum_s: per config, the sum of the measured times per launch, s.
+        energy_sum_j: per config, the sum of the measured energies per launch, J.
+        order: the configs the strategy was told, in order (a seeded reference is not in it).
+        done_for: the rates (J/s) at which the strategy converged; None while it has not.
+    """
 
     count: np.ndarray
     time_sum_s: np.ndarray
@@ -140,7 +143,11 @@ def log_ratios(log: TaskLog, task: Task) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 class GridFacts:
-    """Monotone-time facts of a clock grid, precomputed once per search space."""
+    """Monotone-time facts of a clock grid, precomputed once per search space.
+
+    Args:
+        space: the grid; its configs in MHz.
+    """
 
     def __init__(self, space: SearchSpace) -> None:
         mhz = np.asarray(space.configs_mhz, dtype=float)
@@ -194,6 +201,12 @@ class BasePolicy(ABC):
     ask() returns only unmeasured configs (no strategy here re-samples); once it has returned
     None for a task it keeps doing so until rates_w changes (a task converged at some rates may
     still have configs worth measuring at others).
+
+    Args:
+        space: the candidate clock configurations.
+        seed: seeds every per-task generator (with the task key).
+        max_per_task: the most measurements a task is told before ask() returns None; None:
+            no cap.
     """
 
     name: str = ""
@@ -276,8 +289,12 @@ class BasePolicy(ABC):
 class SafeExplorer(BasePolicy):
     """A strategy with safe exploration: the initial design first, then its own `_pick`.
 
-    margin: a config whose predicted time exceeds (1 + 3 budget + margin) x reference is not
-    tried. tol: relative energy improvement below which a strategy calls a task converged.
+    Args:
+        space, seed, max_per_task: as BasePolicy.
+        margin: a config whose predicted time exceeds (1 + 3 budget + margin) x reference is not
+            tried (fraction of the reference time).
+        tol: relative cost improvement (fraction, 0.002 = 0.2 %) below which a strategy calls a
+            task converged.
     """
 
     def __init__(

@@ -1,10 +1,10 @@
-"""Constrained discrete bandits over the config set: UCB and Thompson sampling.
+"""Constrained discrete bandits over the config set: UCB (`UcbPolicy`) and Thompson sampling
+(`ThompsonPolicy`), sharing their constructor through `_GaussianBandit`.
 
-Both hold Gaussian beliefs about every config's log time and log energy (BeliefModel: a
-smoothing prior across neighbouring clocks), explore only safe configs (safe_candidates), and
-never re-measure a config: a measurement per config is enough once noise is in the beliefs.
-Costs are judged at every exchange rate of the policy (_common: energy + rate x time); a
-config is worth measuring when it could beat the incumbent at some rate.
+Both hold Gaussian beliefs about every config's log time and log energy (beliefs.BeliefModel),
+explore only safe configs (beliefs.safe_candidates), never re-measure a config, and judge
+cost at every exchange rate of the policy (_common.log_cost). How each picks and when it
+stops: docs/design-policies.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ from kdvfs.policies.beliefs import BeliefModel, safe_candidates
 
 
 class _GaussianBandit(SafeExplorer):
-    """Shared constructor: beliefs, safety kappa, margin and tolerance."""
+    """Shared constructor: beliefs, safety kappa, margin and tolerance.
+
+    Args:
+        space, seed, max_per_task, margin, tol: as SafeExplorer.
+        kappa: pessimism of the safety check, in standard deviations of the believed time.
+    """
 
     def __init__(
         self,
@@ -42,6 +47,11 @@ class UcbPolicy(_GaussianBandit):
     Among safe configs that could be within budget (time mean - beta sd <= budget), measure
     the one whose lower confidence bound on cost (time and energy at mean - beta sd) beats
     the incumbent by the most, at any rate. Converged when no bound beats it by more than tol.
+
+    Args:
+        space, seed: as BasePolicy.
+        beta: optimism, in standard deviations of the beliefs.
+        **opts: max_per_task, kappa, margin, tol (see _GaussianBandit).
     """
 
     name = "ucb"
@@ -73,6 +83,12 @@ class ThompsonPolicy(_GaussianBandit):
     configs drawn within budget. Converged when no safe config has probability >= stop_prob
     (estimated from `draws` joint draws) of being within budget and beating the incumbent by
     more than tol at some rate.
+
+    Args:
+        space, seed: as BasePolicy.
+        stop_prob: probability (0..1) below which a config is no longer worth measuring.
+        draws: joint draws per ask that estimate that probability.
+        **opts: max_per_task, kappa, margin, tol (see _GaussianBandit).
     """
 
     name = "thompson"

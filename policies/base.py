@@ -1,8 +1,11 @@
 """The one interface every search strategy implements: ask / tell / best.
 
-Policies see numbers only: a candidate set of clock configurations (normalised to [0, 1]),
-and per task (a kernel or group of kernels) its features and measured reference. They never
-import runtime/ or touch hardware.
+- `Policy`: the Protocol (ask, tell, best);
+- `SearchSpace`: the candidate clock configurations of a device (scaled to [0, 1] by `unit`);
+- `Task`: one thing to tune, a kernel or a group of kernels, with its measured reference.
+
+Policies see numbers only; they never import runtime/ or touch hardware
+(docs/design-policies.md).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import numpy as np
 class SearchSpace:
     """The candidate clock configurations of a device.
 
-    configs_mhz: (n, 2) array of (core_mhz, mem_mhz), the device grid's order.
-    reference: index of the config the reference runs at when the reference is a grid pair
-    (the highest pair on a recorded table); None when the reference is the card's auto mode.
+    Attributes:
+        configs_mhz: (n, 2) array of (core_mhz, mem_mhz), MHz, in the device grid's order.
+        reference: index of the config the reference runs at when the reference is a grid
+            pair (the highest pair on a recorded table); None when it is the card's auto mode.
     """
 
     configs_mhz: np.ndarray
@@ -41,7 +45,13 @@ class Task:
     """One thing to tune: a kernel (or a group of kernels) with its measured reference.
 
     The task's goal is least energy per launch with time_s <= (1 + budget) * ref_time_s.
-    features: numeric description for strategies that share knowledge across tasks.
+
+    Attributes:
+        key: the task's name, unique within a policy (seeds its generator).
+        ref_time_s: reference time per launch, s.
+        ref_energy_j: reference energy per launch, J.
+        budget: allowed slowdown, a fraction (0.01: 1 %).
+        features: numeric description for strategies that share knowledge across tasks.
     """
 
     key: str

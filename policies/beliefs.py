@@ -1,11 +1,12 @@
 """Gaussian beliefs about every config of a task, for the bandit strategies.
 
-Log time and log energy relative to the reference each get a Gaussian-process posterior with
-fixed hyperparameters (squared-exponential kernel on the unit-scaled clocks, prior mean 0 =
-"like the reference"). That is the smoothing prior across neighbouring configs: an unmeasured
-config inherits beliefs from measured neighbours, more uncertain the farther they are. Unlike
-the BoTorch strategy nothing is fitted, so one update costs well under a millisecond.
-The time mean is clipped into the monotone bounds the measurements imply (GridFacts).
+- `BeliefModel.posterior`: a fixed-hyperparameter GP posterior of log time and log energy
+  relative to the reference at every config (`Beliefs`), the time mean clipped into the
+  monotone bounds the measurements imply (GridFacts);
+- `safe_candidates`: the unmeasured configs worth and safe to try.
+
+Nothing is fitted, so one update costs well under a millisecond. Why a smoothing prior:
+docs/design-policies.md.
 """
 
 from __future__ import annotations
@@ -20,21 +21,31 @@ from kdvfs.policies.base import Task
 
 @dataclass(frozen=True)
 class Beliefs:
-    """Posterior mean and standard deviation per config of log time and log energy ratios."""
+    """Posterior mean and standard deviation per config of log time and log energy ratios.
+
+    Attributes:
+        mean_t, sd_t: of log(time / reference time), per config.
+        mean_e, sd_e: of log(energy / reference energy), per config.
+        upper_t: physical upper bound on log time (GridFacts.log_time_bounds).
+    """
 
     mean_t: np.ndarray
     sd_t: np.ndarray
     mean_e: np.ndarray
     sd_e: np.ndarray
-    upper_t: np.ndarray  # physical upper bound on log time (GridFacts.log_time_bounds)
+    upper_t: np.ndarray
 
 
 @dataclass(frozen=True)
 class BeliefModel:
-    """Fixed-hyperparameter Gaussian beliefs over a grid (see module docstring).
+    """Fixed-hyperparameter Gaussian beliefs over a grid (docs/design-policies.md).
 
-    lengthscale is in unit-scaled clock coordinates; prior_sd_* is the spread of log ratios
-    across a grid before any measurement; noise_sd_* the measurement noise of one launch mean.
+    Attributes:
+        facts: the grid's monotone-time facts (bounds on the time mean).
+        lengthscale: of the squared-exponential kernel, in unit-scaled clock coordinates.
+        prior_sd_t, prior_sd_e: spread of log time / log energy ratios across a grid before
+            any measurement, natural log units.
+        noise_sd_t, noise_sd_e: measurement noise of one launch mean, same units.
     """
 
     facts: GridFacts

@@ -12,7 +12,9 @@ from kdvfs.policies.base import SearchSpace, Task
 from kdvfs.policies.botorch_bo import BotorchPolicy
 
 CORE_MHZ = np.arange(345, 1981, 15)
+"""Core clocks of the H200-like benchmark grid, MHz (110 of them, 15 MHz apart)."""
 MEM_MHZ = np.array([2201, 3201])
+"""Memory clocks of the benchmark grid, MHz."""
 
 
 def _surface(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:

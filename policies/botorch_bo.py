@@ -1,20 +1,15 @@
 """Constrained Bayesian optimisation with BoTorch over the finite clock grid.
 
-Per task: two GPs (SingleTaskGP, Standardize outcome transform) over the unit-scaled clocks,
-one of log(time / reference time), one of log(energy / reference energy), as a ModelListGP.
-The acquisition is qLogNoisyExpectedImprovement on -log cost (energy + rate x time relative
-to the reference's, _common) with the time budget as an outcome constraint (feasibility-
-weighted), maximised over the unmeasured safe configs with optimize_acqf_discrete. Since the
-objective is a log ratio, expected improvement reads as a relative saving, so a rate has
-converged when its best expected improvement is < tol (0.2 %). With several rates one
-acquisition is built per ask: the rate of the last pick first, the others only once it has
-converged; the task has converged when every rate has, on the same data.
+Per task two GPs (log time and log energy relative to the reference, over the unit-scaled
+clocks) as a ModelListGP; qLogNoisyExpectedImprovement on -log cost with the time budget as
+an outcome constraint, maximised over the unmeasured safe configs.
 
-Speed: hyperparameters are fitted every `refit_every` new observations (warm-started from the
-previous fit; a new task starts from the last fit of any task); in between, the GPs are rebuilt
-on all data with the stored hyperparameters, which conditions them exactly on the new point at
-the cost of one Cholesky factorisation.
-torch runs single-threaded during an ask: faster for these small matrices.
+- `BotorchPolicy`: the strategy (`_pick`, `_acquisition`, `_safe`), its GPs (`model`, with
+  hyperparameters refitted every `refit_every` points) and their curves (`curves`, `Curves`),
+  which the cross-kernel strategy builds on;
+- `torch_threads`: torch's thread count for the length of a block.
+
+How it converges, handles several exchange rates and stays fast: docs/design-policies.md.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from kdvfs.policies._common import SafeExplorer, TaskLog, log_ratios, safe_log_limit
 from kdvfs.policies.base import SearchSpace, Task
 
-TIME, ENERGY = 0, 1  # output order of the ModelListGP
+TIME, ENERGY = 0, 1  # output order of the ModelListGP (indices, not knobs)
 
 
 @contextmanager
@@ -63,7 +58,12 @@ class _Fit:
 
 @dataclass(frozen=True)
 class Curves:
-    """A task's predicted log time and log energy ratios at every config, with their s.d."""
+    """A task's predicted log time and log energy ratios at every config, with their s.d.
+
+    Attributes:
+        log_t, sd_t: posterior mean and s.d. of log(time / reference time), per config.
+        log_e, sd_e: the same of log(energy / reference energy).
+    """
 
     log_t: np.ndarray
     sd_t: np.ndarray
@@ -77,11 +77,18 @@ def _hyperparameters(gp: SingleTaskGP) -> dict[str, torch.Tensor]:
 
 
 class BotorchPolicy(SafeExplorer):
-    """Constrained BO (see module docstring) after the shared initial design.
+    """Constrained BO (docs/design-policies.md) after the shared initial design.
 
     Safe exploration: configs known over budget by monotonicity are never candidates, nor
     configs whose GP mean time (clipped to the monotone / physical bounds) exceeds
     (1 + 3 budget + margin) x reference. Never re-measures a config.
+
+    Args:
+        space, seed, max_per_task, margin, tol: as SafeExplorer.
+        refit_every: new observations of a task between two hyperparameter fits.
+        fit_maxiter: the most optimiser iterations of one fit.
+        mc_samples: quasi-Monte-Carlo samples of the acquisition.
+        threads: torch intra-op threads during an ask.
     """
 
     name = "botorch"

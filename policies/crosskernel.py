@@ -1,27 +1,16 @@
 """Cross-kernel transfer: kernels of a kind share their relative curves.
 
-A training step has few kinds of kernels (GEMMs, norms, elementwise, attention) repeated many
-times, and kernels of a kind respond alike to clocks once time and energy are taken relative to
-their own reference. The policy keeps a list of kinds; a kind is founded by a task BO tuned
-(BotorchPolicy) and grows as tasks join it. Per output (log time, log energy ratio), a
-member's measurement at a config is modelled as
+A kind is founded by a task BO tuned (BotorchPolicy) and grows as tasks join it; a task of
+a known kind is predicted from what every member measured and needs one to a few
+measurements instead of a full BO run. A task no kind explains is tuned by BO.
 
-    founder's curve (BO's posterior mean)
-    + the kind's difference from it (a GP over the unit-scaled clocks, common to the kind, whose
-      variance is KIND_SD^2 plus BO's own posterior variance there)
-    + the member's own offset + measurement noise,
+- `CrossKernelPolicy`: `_pick` (transfer or BO), `_kind_weights` (which kind a task is of),
+  `_posterior` / `kind_model` (the kind's prediction for a task), `_transfer_pick` and
+  `_expected_improvement` (what to measure), `_found` (a BO task founds a kind);
+- the model's fixed hyperparameters: `NOISE_SD`, `OFFSET_SD`, `KIND_SD`, `LENGTHSCALE`,
+  `GATE_P`, `FEATURE_SCALE`.
 
-with fixed hyperparameters (KIND_SD, LENGTHSCALE, OFFSET_SD, NOISE_SD), so the
-prediction for a task pools what every member measured, its own measurements included, and
-sharpens as the kind grows (_posterior). Which kind a task is of is uncertain at first: each
-kind gets a weight, a prior from how near its members' features are times the likelihood of
-what the task measured under it; a kind whose prediction the task's measurements reject
-(chi-square test at GATE_P) is out, and with none left BO tunes the task. The task measures
-the config of largest expected improvement on the incumbent's cost at any exchange rate,
-averaged over the kinds by weight (under a kind, incumbent and candidate are both predicted, so
-the task's offset cancels), and stops when that falls below tol; it joins, for later tasks'
-pooling, its most probable kind. BO tasks found new kinds when they converge, so later kernels
-of a kind need one to a few measurements instead of a full BO run.
+The model of a kind and how a task's kind is decided: docs/design-policies.md.
 """
 
 from __future__ import annotations
@@ -37,18 +26,18 @@ from kdvfs.policies.base import SearchSpace, Task
 from kdvfs.policies.botorch_bo import BotorchPolicy, Curves
 
 NOISE_SD = (0.008, 0.03)
-"""Log time, log energy: s.d. of one measurement (time ~0.5 %, energy 1-3 %, simulator.md; a
-throttled pair's ratio to its paired stock measurement has both their noises)."""
+"""S.d. of one measurement's (log time, log energy) ratio, natural log units (time ~0.5 %,
+energy 1-3 %; a throttled pair's ratio to its paired stock measurement has both noises)."""
 OFFSET_SD = (0.01, 0.03)
-"""A member's level against its kind's (a kernel a little more or less capped at stock)."""
+"""S.d. of a member's level against its kind's (log time, log energy), natural log units."""
 KIND_SD = (0.05, 0.1)
-"""How far a kind's curves may be from its founder's (BO's posterior means)."""
+"""S.d. of how far a kind's curves may be from its founder's (log time, log energy)."""
 LENGTHSCALE = 0.3
-"""Of that difference, in unit-scaled clock coordinates (as beliefs.BeliefModel)."""
+"""Length scale of that difference, in unit-scaled clock coordinates (as beliefs.BeliefModel)."""
 GATE_P = 1e-3
-"""A kind is rejected when measurements this unlikely under it are seen."""
+"""Probability below which measurements reject a kind (chi-square test)."""
 FEATURE_SCALE = 0.25
-"""Relative RMS feature distance at which a kind's prior weight falls by e^-1/2."""
+"""Relative RMS feature distance (dimensionless) at which a kind's prior weight falls by e^-1/2."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +53,13 @@ class _Prediction:
 class CrossKernelPolicy(SafeExplorer):
     """BO for tasks of no known kind; transfer within the task's kind otherwise.
 
-    kinds: per kind, its member tasks (founder first). kappa: pessimism of the safety check on
-    a prediction, in s.d. bo_opts: options of the inner BotorchPolicy (which is told everything
-    this policy is told).
+    `kinds` holds, per kind, its member tasks (founder first).
+
+    Args:
+        space, seed, max_per_task, margin, tol: as SafeExplorer.
+        kappa: pessimism of the safety check on a prediction, in standard deviations.
+        **bo_opts: options of the inner BotorchPolicy (refit_every, ...), which is told
+            everything this policy is told.
     """
 
     name = "crosskernel"
@@ -180,7 +173,7 @@ class CrossKernelPolicy(SafeExplorer):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and covariance of the task's curve (output 0: log time, 1: log
         energy) at configs `at`, given the kind's members' measurements (the task's own only
-        if own_data): kind curve + the task's offset (module docstring)."""
+        if own_data): kind curve + the task's offset (docs/design-policies.md)."""
         members = [m for m in self.kinds[kind] if m.key != task.key] + ([task] if own_data else [])
         me = len(members) - 1 if own_data else -1
         data = [(i, *self._own_data(m, self.log(m))) for i, m in enumerate(members)]

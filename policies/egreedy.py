@@ -12,10 +12,16 @@ from kdvfs.policies.beliefs import BeliefModel, safe_candidates
 class EpsilonGreedyPolicy(SafeExplorer):
     """With probability epsilon a random safe config, else, among safe configs believed within
     budget, the one whose believed cost beats the incumbent by the most at any rate (beliefs:
-    BeliefModel; cost: _common).
+    BeliefModel; cost: _common.log_cost).
 
     Converged after `patience` measurements in a row that did not lower the best cost at any
     rate by more than tol, or when no safe config is left. Never re-measures a config.
+
+    Args:
+        space, seed, max_per_task, margin, tol: as SafeExplorer.
+        epsilon: probability (0..1) of a random safe config.
+        patience: measurements without improvement before the task is converged.
+        kappa: pessimism of the safety check, in standard deviations of the believed time.
     """
 
     name = "egreedy"

@@ -1,14 +1,13 @@
 """Leases on GPU clocks: who locked a GPU's clocks, and the promise to give them back.
 
-A process that locks a GPU's clocks first writes a lease file for that GPU (JSON: pid,
-process start time, GPU uuid and index, lock kinds, time). The lease is removed when the
-clocks are reset. Locks left by a process that died without resetting (SIGKILL, a crash of
-the interpreter, a power-cut node) are found by the next process that opens the GPU: the
-owner pid is dead, so it resets the clocks and removes the lease.
+- `Lease` / `new_lease`: the lease file's content (pid, process start time, GPU uuid and
+  index, lock kinds, time), written before a lock and removed when the clocks are reset;
+- `LeaseDir`: this machine's lease files, one per GPU uuid, where the next process that
+  opens a GPU finds the locks of a dead owner and resets them;
+- `hold` / `let_go` / `release_all`: release callbacks run at normal exit (atexit) and on
+  `RESTORE_SIGNALS`, before the signal's previous behaviour goes on.
 
-Within a live process, `hold()` registers a release callback that runs on normal exit
-(atexit) and on SIGINT / SIGTERM, before the signal's previous behaviour goes on
-(KeyboardInterrupt for SIGINT, termination for SIGTERM).
+How a crash is recovered from: docs/design-runtime.md.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from kdvfs.runtime.types import KdvfsError
 log = logging.getLogger(__name__)
 
 RESTORE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The signals on which held clocks are given back before the signal's own behaviour."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,11 @@ def default_lease_dir() -> Path:
 
 
 class LeaseDir:
-    """The lease files of this machine's GPUs, one per GPU uuid."""
+    """The lease files of this machine's GPUs, one per GPU uuid.
+
+    Args:
+        path: the directory of the lease files; None: default_lease_dir().
+    """
 
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_lease_dir()

@@ -1,11 +1,12 @@
 """Training iterations on a device whose kernels we run: a schedule of clock groups applied.
 
-On a real GPU the training loop runs the kernels and a controller applies the schedule
-(runtime/torch_integration.py); here the simulated or replayed device runs the workload's
-kernels itself. A schedule requests each group's clocks at its first kernel (only when they
-differ from the last request: a repeated request is no switch), so a switch lands
-switch_latency_s later, the old clocks running meanwhile, exactly as the grouping planner
-(tuner/grouping.py) models it.
+- `Schedule`: the clock requests of one iteration (a group's first kernel and its pair);
+- `IterationRunner`: runs iterations of a workload on a ModelDevice under a schedule,
+  requesting a group's clocks at its first kernel only when they differ from the last
+  request, so a switch lands switch_latency_s later, as tuner/grouping.py models it.
+
+On a real GPU the training loop runs the kernels instead (torch_integration.py); why the
+switch latency shapes schedules: docs/design-runtime.md.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ class Schedule:
 
 
 class IterationRunner:
-    """Runs training iterations of a workload on a ModelDevice under a schedule."""
+    """Runs training iterations of a workload on a ModelDevice under a schedule.
+
+    Args:
+        device: runs the kernels (a simulated or replayed device).
+        workload: the kernels of one iteration, in order.
+    """
 
     def __init__(self, device: ModelDevice, workload: Workload) -> None:
         self.device = device

@@ -1,13 +1,13 @@
 """Measurement as a real card allows it: isolated replay of one kernel at one clock setting,
 and the reference measured as training iterations at stock clocks.
 
-A real card's energy counter advances only every ~100 ms (h200-probe/README.md), so the
-energy of a microsecond kernel cannot be read around one launch. Instead the kernel runs back
-to back in short chunks; the counter is read after each chunk; the window starts and ends at
-observed counter updates, so the energy difference is exact up to when the update was seen
-(at most one chunk late, at both ends). Mean power over the window times the time per launch
-(from the launch timings, as CUDA events give it) is the energy per launch. The card's
-throttle reasons at the end of the window mark a measurement whose clocks did not hold.
+- `measure_isolated` / `IsolatedResult`: one kernel run back to back in chunks (`CHUNK_S`),
+  the energy window opened and closed at observed counter updates; energy per launch is the
+  window's mean power times the time per launch; `THROTTLES` marks clocks that did not hold;
+- `measure_reference_iterations` / `IterationReference`: whole iterations at stock clocks,
+  with the spread of sub-windows (`SUB_WINDOW_S`) as the noise estimate.
+
+Why windows end at counter updates, and what that resolves: docs/design-runtime.md.
 """
 
 from __future__ import annotations

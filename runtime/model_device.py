@@ -1,12 +1,11 @@
 """Shared mechanics of devices whose kernels we run ourselves (simulated, replayed).
 
-Both keep their own clock, apply a clock switch only after the switch latency (the old
-clocks run meanwhile, as on a real card), add measurement noise, and report energy the way
-NVML does: a cumulative counter that advances only every `energy_update_period_s`.
-Noise is drawn once per `noise_period_s` of device time and applied to every launch in that
-span: run-to-run variation on a real card is correlated over time (temperature, clock jitter),
-so averaging many launches inside one window does not make it vanish.
-Subclasses supply the physics: `_launch_cost(kernel, pair_or_None)`.
+`ModelDevice` keeps its own clock, applies a clock switch only after the switch latency
+(the old clocks run meanwhile, as on a real card), adds measurement noise drawn once per
+`noise_period_s` of device time, and reports energy the way NVML does: a cumulative counter
+that advances only every `energy_update_period_s`. Subclasses supply the physics:
+`_launch_cost(kernel, pair_or_None)`.
+Why noise is correlated over time: docs/design-runtime.md.
 """
 
 from __future__ import annotations
@@ -23,7 +22,18 @@ STATE_STEP_S = 0.05
 
 
 class ModelDevice:
-    """Base for SimulatedDevice and ReplayDevice. `None` as clocks means stock (auto)."""
+    """Base for SimulatedDevice and ReplayDevice. `None` as clocks means stock (auto).
+
+    Args:
+        name: the card's name, as plans and figures name it.
+        grid: the supported clock pairs.
+        energy_update_period_s: how often the energy counter advances, s (NVML: ~0.1).
+        switch_latency_s: time from a clock request to the new clocks, s.
+        time_noise: relative s.d. of a launch's time (0.005 = 0.5 %).
+        energy_noise: relative s.d. of a launch's energy.
+        seed: seeds the noise.
+        noise_period_s: device seconds over which one noise draw holds.
+    """
 
     source: Source
 

@@ -27,7 +27,9 @@ from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source
 log = logging.getLogger(__name__)
 
 NVML_MODULE_ENV = "KDVFS_NVML_MODULE"
+"""Environment variable naming the NVML module to import instead of pynvml (the tests' fake)."""
 CAP_SYS_ADMIN_BIT = 21
+"""Bit of CAP_SYS_ADMIN in a process's capability sets (linux/capability.h)."""
 
 # suffix of nvmlClocksEventReason* / nvmlClocksThrottleReason* -> our name
 _REASON_NAMES = (
@@ -114,6 +116,10 @@ class PowerIntegrator:
     adds the stretch since the last sample at the last power. NVML power is itself a
     running average updated every ~100 ms (~1 s average on H200), so this energy lags and
     smooths changes shorter than that: good for sustained replays, not single kernels.
+
+    Args:
+        read_power_w: reads the card's power, W.
+        period_s: time between two power samples, s.
     """
 
     def __init__(self, read_power_w: Callable[[], float], period_s: float = 0.02) -> None:
@@ -152,7 +158,15 @@ class PowerIntegrator:
 
 
 class NvmlDevice:
-    """One real GPU through NVML. Use as a context manager, or call close()."""
+    """One real GPU through NVML. Use as a context manager, or call close().
+
+    Args:
+        index: the GPU's NVML index.
+        dry_run: record the Set/Reset calls in `calls` and make none (the only mode allowed
+            on shared GPUs).
+        lease_dir: where the clock leases live; None: clock_lease.default_lease_dir().
+        power_sample_period_s: power sampling period on a card without an energy counter, s.
+    """
 
     source: Source = "measured"
 

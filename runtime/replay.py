@@ -28,6 +28,13 @@ class ReplayDevice(ModelDevice):
     device time, so launches close together share it. Idle power is the lowest average power of
     any recorded cell: the table holds no idle reading, and that is the closest the data
     comes to it (an upper bound: the card drew at least that little while running a kernel).
+
+    Args:
+        table: the recorded measurements.
+        noise: relative s.d. of energy (time gets a quarter of it); 0: the recorded values.
+        seed: seeds the noise.
+        energy_update_period_s: how often the energy counter advances, s.
+        switch_latency_s: time from a clock request to the new clocks, s.
     """
 
     source: Source = "replayed"

@@ -22,7 +22,9 @@ from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 
 AMBIENT_STEP_C = 15.0
+"""How much the inlet air warms in ambient-step, deg C."""
 POWER_CAP_FACTOR = 500.0 / 700.0
+"""The lowered power limit of power-cap, as a fraction of the card's (h200: 700 -> 500 W)."""
 SWAP_PARTNER = {"h200": "h100", "h100": "h200", "rtx3080ti": "a100", "a100": "rtx3080ti"}
 """The card a job restarts on: the same family where there is one (H200 -> H100: same core,
 slower memory with a single clock), else the other generation."""

@@ -19,7 +19,9 @@ from statistics import fmean
 from kdvfs.runtime.types import PASSES, ClockGrid, ClockPair, KdvfsError, Kernel, Workload
 
 CANONICAL_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s")
+"""Required columns of the canonical layout (with energy_j or power_w)."""
 NVDVFS_COLUMNS = ("appName", "kernel", "coreF", "memF", "time/ms", "power/W")
+"""The columns that identify the NV-DVFS raw layout."""
 _NVDVFS_NOT_FEATURES = frozenset(NVDVFS_COLUMNS) | {"argNo"}
 _CANONICAL_NOT_FEATURES = frozenset(CANONICAL_COLUMNS) | {"energy_j", "power_w", "pass"}
 

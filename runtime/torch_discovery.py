@@ -1,24 +1,14 @@
 """Workload of a live PyTorch training step, discovered with torch.profiler.
 
-`discover_workload(step_fn)` runs the step a few times under the profiler and returns one
-step's kernels as a Workload: in the order the GPU ran them, named `NNN.short` as
-runtime/trace.py names a recorded trace (its classify()), with the mean duration over the
-profiled steps as ref_time_s and the same duration-derived work, so a simulated card can run
-them. Without CUDA the "kernels" are the step's outermost non-view aten ops on the CPU (their
-CPU time as duration), so the same code runs in CI.
+- `discover_workload(step_fn)`: runs the step a few times under the profiler and returns one
+  step's kernels as a Workload, in the order the GPU ran them, named `NNN.short` as trace.py
+  names a recorded trace, each with its pass, op, module and step site (as features and in
+  meta); without CUDA the step's outermost non-view aten ops stand in, so CI runs it;
+- `StepSites`: the named points of a step where hooks fire (step, forward, backward,
+  optimizer, listed submodules); `workload_sites` reads a workload's sites back;
+- `_Trace`: the profiler's CPU-side op tree, walked for each kernel's pass, op and module.
 
-What each kernel carries, from the profiler's CPU-side op tree:
-- pass: optimizer inside `Optimizer.step` (torch.optim's own annotation), backward inside
-  an autograd `evaluate_function`, else a user annotation named forward / backward /
-  optimizer, else forward;
-- op: the autograd node for backward kernels (`AddmmBackward0`), else the outermost aten op
-  that launched it (`aten::linear`); module: the innermost module of `model` whose forward
-  launched it, or whose forward op a backward kernel's autograd node belongs to (matched by
-  the autograd sequence number). Both as one-hot features (`op.<op>`, `module.<class>`) and,
-  per kernel in workload order, in meta (`kernel_ops`, `kernel_modules`);
-- site: the step site (`StepSites`) that last fired before it was launched (meta `sites`,
-  `kernel_sites`). The training integration switches clocks at these sites, so they decide
-  where a group of the schedule may start.
+How each kernel's pass, op, module and site are found: docs/design-runtime.md.
 """
 
 from __future__ import annotations
@@ -40,8 +30,11 @@ from kdvfs.runtime.trace import KernelClass, classify, kernel_from_duration
 from kdvfs.runtime.types import PASSES, KdvfsError, Workload
 
 SITE_PREFIX = "kdvfs.site:"
+"""Prefix of the profiler annotation a step site records."""
 MODULE_PREFIX = "kdvfs.module:"
+"""Prefix of the profiler annotation around a module's forward."""
 STEP_SITE = "step"
+"""Name of the site at the start of every step."""
 _EVALUATE = "autograd::engine::evaluate_function: "
 
 
@@ -52,6 +45,12 @@ class StepSites:
     forward starts; "backward" when the first gradient of its output arrives; "optimizer" when
     the optimizer's step starts; "module:NAME" when the forward of a listed submodule starts.
     Sites exist only for what was given (no model: no forward/backward site).
+
+    Args:
+        model: its forward and backward become sites; None: no such sites.
+        optimizer: its step becomes a site; None: no optimizer site.
+        modules: names (as model.named_modules() gives them) of submodules whose forward is a
+            site.
     """
 
     def __init__(

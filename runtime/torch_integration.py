@@ -8,32 +8,11 @@ with KdvfsTrainer(device, workload, plan_or_schedule, model=model, optimizer=opt
             train_step(batch)
 ```
 
-How it follows the GPU without slowing it: at each step site (torch_discovery.StepSites:
-the step's start, the model's forward, its backward, the optimizer step, listed submodules)
-a hook records a CUDA event on the current (training) stream and queues it; nothing on the
-training thread waits for the GPU. The controller thread waits on each event in turn
-(blocking-sync events: it sleeps, and holds no GIL meanwhile); once the GPU has reached a
-site it requests the clocks of the kernels that follow it, through the Device. So clocks
-change at sites, as the GPU reaches them, a switch landing after the card's own latency.
-A schedule group that starts between two sites cannot be placed exactly: its kernels run at
-the clocks of their site's first kernel (ClockController.placement.moved names them);
-site_schedule() builds schedules that fit the sites.
-
-Measurement: each step's time is the GPU time between its start and end events; every
-`window_steps` steps, when the GPU reaches the window's end, the controller asks for an
-energy counter reading (on a reader thread of its own: an NVML read takes ~4 ms on an H200
-and would hold back the clock requests behind it) and gives each step of the window its
-share (NVML's counter advances about every 100 ms: choose windows of a second or more).
-
-Safety: clocks go back to stock (reset_clocks) when the trainer closes, also after an
-exception in a step or a KeyboardInterrupt; on SIGINT/SIGTERM clock_lease's handlers first
-halt the controller (so it can request nothing more), then the device resets its locks.
-dry_run=True (the default) refuses a device that would change a real card's clocks.
-
-Without CUDA the same code runs on the CPU: stamps are time.perf_counter() readings (already
-"reached"), and a device that runs kernels itself (SimulatedDevice, ReplayDevice) runs each
-site's kernels as the step passes it, so its clocks, switch latency and energy counter
-follow the training loop.
+- where clocks change: `place_schedule` / `Placement`, `site_schedule`, `schedule_from_plan`;
+- what is measured: `StepRecord`, `EnergyWindow`, `ClockRequest`;
+- `ClockController`: the thread that follows the GPU through each step's sites;
+- `KdvfsTrainer`: the user-facing wrapper; `lightning_callback` / `hf_callback` drive it.
+How it follows the GPU without slowing it, measures and stays safe: docs/design-runtime.md.
 """
 
 from __future__ import annotations
@@ -61,8 +40,11 @@ from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_STEPS = 50
+"""Training steps per energy-counter window (choose windows of a second or more)."""
 RECORDS_FILE = "kdvfs_records.json"
+"""File name of the step records a trainer writes into its out_dir."""
 PLAN_FILE = "kdvfs_plan.json"
+"""File name of the plan a trainer writes beside its records."""
 
 
 # --- where the clocks change -------------------------------------------------------------
@@ -222,6 +204,13 @@ class ClockController:
     requests and the energy reads. A step whose sites differ from the workload's (another
     code path) runs at stock clocks from the first difference on; it is listed in
     mismatched_steps, as is a step that ends before all the workload's sites fired.
+
+    Args:
+        device: where the clocks are requested.
+        workload: the step's kernels and the sites they follow (discover_workload).
+        schedule: the clock groups to apply; every pair must be in the device's grid.
+        dry_run: refuse a device that would change a real card's clocks.
+        window_steps: training steps per energy-counter window.
     """
 
     def __init__(
@@ -434,11 +423,18 @@ class ClockController:
 class KdvfsTrainer:
     """A training loop under a clock schedule: `with tuner.step(): ...` around each step.
 
-    schedule: a Schedule, or a plan (tuner.plan.Plan) whose schedule is used and which is
-    saved with the records. model / optimizer: what the workload's sites hook (as given to
-    discover_workload); they may come later through attach() (the callbacks do). out_dir:
-    where close() writes kdvfs_records.json (and kdvfs_plan.json). Use as a context manager
-    or call close().
+    Use as a context manager or call close().
+
+    Args:
+        device: where the clocks are requested.
+        workload: the step's kernels and sites (discover_workload).
+        schedule: a Schedule, or a plan (tuner.plan.Plan) whose schedule is used and which is
+            saved with the records.
+        model, optimizer: what the workload's sites hook (as given to discover_workload);
+            they may come later through attach() (the callbacks do).
+        window_steps: training steps per energy-counter window.
+        out_dir: where close() writes kdvfs_records.json (and kdvfs_plan.json); None: nowhere.
+        dry_run: refuse a device that would change a real card's clocks (the default).
     """
 
     def __init__(
@@ -592,7 +588,11 @@ class LightningHooks:
     Lightning runs forward and backward inside optimizer.step(closure), so the optimizer's
     own step hook would fire before the forward; the optimizer site fires from
     on_before_optimizer_step instead (after the closure, before the update), which gives
-    the site order of a plain loop (step, forward, backward, optimizer)."""
+    the site order of a plain loop (step, forward, backward, optimizer).
+
+    Args:
+        tuner: the trainer the hooks drive.
+    """
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
         self.tuner = tuner
@@ -621,7 +621,11 @@ class LightningHooks:
 class HFTrainerHooks:
     """Hugging Face TrainerCallback hooks (documented names and signatures) that drive a
     KdvfsTrainer: a step from on_step_begin to on_step_end (with gradient accumulation, all
-    micro-batches of one optimizer step). hf_callback() mixes them into TrainerCallback."""
+    micro-batches of one optimizer step). hf_callback() mixes them into TrainerCallback.
+
+    Args:
+        tuner: the trainer the hooks drive.
+    """
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
         self.tuner = tuner

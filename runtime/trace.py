@@ -1,22 +1,14 @@
 """Workload from a torch.profiler kernel trace (CSV: seq, name, start_us, duration_us).
 
-The trace covers several training steps of one repeating kernel sequence. The loader finds
-the period, keeps one step, averages each position's duration over the steps, names each
-kernel `NNN.short` by position, tags its pass and gives it flops or bytes so that a simulated
-card can run it.
+- `load_trace`: finds the period of the repeating kernel sequence, keeps one step, averages
+  each position's duration over the steps, drops profiler annotations, and tags each
+  kernel's pass;
+- `classify` / `KernelClass`: a kernel name's short name, kind (`KINDS`) and tensor-core use
+  (the rules in `_RULES`);
+- `kernel_from_duration`: a Kernel with flops or bytes from its duration at H200 stock rates
+  (`H200_GEMM_FLOPS_PER_S`, `H200_COPY_BYTES_PER_S`), so that a simulated card can run it.
 
-Profiler user annotations (rows named like `Optimizer.step#AdamW.step` or `ProfilerStep#3`)
-are CPU ranges that torch.profiler also records on the GPU timeline; they are not kernels and
-overlap the kernels they enclose, so they are dropped (an `Optimizer.step` range still marks
-where the optimizer pass begins).
-
-Pass rule, from the names of one step:
-- optimizer: from the first optimizer kernel (multi_tensor_apply / fused Adam) or the first
-  kernel starting inside an `Optimizer.step` annotation, to the end of the step;
-- backward: from the first backward-named kernel (bprop, Backward, grad), moved back to the
-  gradient seed (the last fill kernel after the last forward-named kernel, e.g. the
-  `ones_like` that `loss.backward()` launches) when there is one;
-- forward: everything before (the loss included). No backward-named kernel: no backward pass.
+The pass rule and why annotations are dropped: docs/design-runtime.md.
 """
 
 from __future__ import annotations
@@ -38,7 +30,13 @@ H200_COPY_BYTES_PER_S = 4.2e12
 """256 MiB device copy at stock: 4.2 TB/s (h200-probe/kernels_stock.csv, copy_256MiB); likewise."""
 
 TRACE_COLUMNS = ("seq", "name", "start_us", "duration_us")
+<<<<<<< HEAD
 KINDS = KERNEL_KINDS
+=======
+"""The columns a trace CSV must have (times in microseconds)."""
+KINDS = ("gemm", "attention", "norm", "elementwise", "reduce", "memory_op", "optimizer", "other")
+"""The kinds classify() sorts kernels into."""
+>>>>>>> i12-layers
 
 _ANNOTATION = re.compile(r"^[A-Za-z_][\w.]*#[\w.]+$")
 _BACKWARD = re.compile(r"bprop|backward|_grad|grad_", re.IGNORECASE)

@@ -14,6 +14,8 @@ Source = Literal["simulated", "replayed", "measured"]
 """Where a figure came from: the simulated GPU, a recorded table, or a real GPU."""
 
 PASSES = ("forward", "backward", "communication", "optimizer")
+"""The passes of a training step, in order, as kernels are tagged with them (communication:
+a data-parallel all-reduce the GPU waits on)."""
 
 
 class KdvfsError(ValueError):

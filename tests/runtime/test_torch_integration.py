@@ -133,6 +133,7 @@ def test_failure_in_a_step_restores_stock_and_closes(mlp, tmp_path, failure):
                 if i == 5:
                     raise failure
     assert device.clocks_in_effect() is None
+    # The controller thread must be gone after a failed step; it has no public handle.
     assert not tuner.controller._thread.is_alive()
     assert [r["step"] for r in json.loads((tmp_path / RECORDS_FILE).read_text())["steps"]] == list(range(5))
     with pytest.raises(KdvfsError, match="closed"):
@@ -283,6 +284,7 @@ class ResetLoggingDevice(LoggingDevice):
         self.resets: list[bool] = []  # was the controller halted when the clocks were reset?
 
     def reset_clocks(self) -> None:
+        # the halt flag is the controller's own safety state, read here to check the order
         self.resets.append(self.controller._halted)
         super().reset_clocks()
 
