@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.cli import main
 from kdvfs.tuner.sweep import evaluate, pass_level_choice, run_sweep
 
@@ -24,8 +25,9 @@ def rtx_sweep():
 
 def test_sweep_lands_in_the_founding_papers_regime(rtx_sweep):
     device, workload, grid = rtx_sweep
-    # every pair, a stock measurement per kernel, and a paired stock one per throttled pair
-    assert grid.measurements == 44 * 50 + 44 + grid.throttled
+    # every pair and a stock measurement per distinct kernel (kernels of the same work share
+    # them), and a paired stock one per throttled pair
+    assert grid.measurements == distinct_kernels(workload) * (50 + 1) + grid.throttled
     kernel = evaluate(device, workload, grid.kernel_level_choice(0.01))
     passes = evaluate(device, workload, pass_level_choice(grid, 0.01))
     assert 0.08 <= kernel.energy_saving <= 0.20
@@ -78,8 +80,17 @@ def test_cli_sweep_json_and_determinism(tmp_path):
     assert a["source"] == "simulated"
     assert set(a["kernel_level"]) >= {"energy_saving", "slowdown", "plan"}
     assert set(a["pass_level"]) >= {"energy_saving", "slowdown"}
-    assert a["measurements"] >= 44 * len(open_device("sim:a100").grid) + 44
+    assert a["measurements"] >= distinct_kernels(gpt3_xl_layer()) * (len(open_device("sim:a100").grid) + 1)
     assert len(a["kernel_level"]["plan"]) == 44
+    assert a["reference"]["iteration_time_s"] > 0 and a["reference"]["iteration_energy_j"] > 0
+    realisable = a["realisable"]
+    assert (
+        realisable["slowdown"] <= 0.02
+        and 0 <= realisable["energy_saving"] <= a["kernel_level"]["energy_saving"]
+    )
+    assert realisable["groups"][0]["start"] == 0 and realisable["switch_latency_s"] == 0.015
+    starts = [g["start"] for g in realisable["groups"]]
+    assert starts == sorted(set(starts))
 
 
 @pytest.mark.parametrize(
@@ -90,6 +101,8 @@ def test_cli_sweep_json_and_determinism(tmp_path):
         (["sweep", "--workload", "gpt3-xl-layer:batch=x"], "bad option 'batch=x'"),
         (["sweep", "--device", "replay:/nonexistent.csv", "--workload", "table"], "/nonexistent.csv"),
         (["sweep", "--workload", "table"], "needs a replay:CSV device"),
+        (["sweep", "--workload", "gpt3-xl-dp1"], "rank count must be a whole number >= 2"),
+        (["sweep", "--workload", "gpt3-xl:ranks=2"], "bad option 'ranks=2'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
@@ -110,3 +123,10 @@ def test_usage_errors_and_help_import_nothing_heavy():
         [sys.executable, "-m", "kdvfs.tuner.cli", "sweep", "--budget", "lots"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "budget must be a number" in bad.stderr
+
+
+def distinct_kernels(workload) -> int:
+    """Kernels of distinct work: what a sweep of a simulated card measures."""
+    return len(
+        {(k.flops, k.bytes_moved, k.tensor_core, k.kind, k.wait_s, k.launches) for k in workload.kernels}
+    )
