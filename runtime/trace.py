@@ -30,13 +30,9 @@ H200_COPY_BYTES_PER_S = 4.2e12
 """256 MiB device copy at stock: 4.2 TB/s (h200-probe/kernels_stock.csv, copy_256MiB); likewise."""
 
 TRACE_COLUMNS = ("seq", "name", "start_us", "duration_us")
-<<<<<<< HEAD
-KINDS = KERNEL_KINDS
-=======
 """The columns a trace CSV must have (times in microseconds)."""
-KINDS = ("gemm", "attention", "norm", "elementwise", "reduce", "memory_op", "optimizer", "other")
-"""The kinds classify() sorts kernels into."""
->>>>>>> i12-layers
+KINDS = KERNEL_KINDS
+"""The kinds classify() sorts kernels into (types.KERNEL_KINDS)."""
 
 _ANNOTATION = re.compile(r"^[A-Za-z_][\w.]*#[\w.]+$")
 _BACKWARD = re.compile(r"bprop|backward|_grad|grad_", re.IGNORECASE)
