@@ -121,7 +121,7 @@ class SavingTrace:
         self.points += [(start + self.offset, 0.0, 0.0, False) for start, _ in spans[self._spans_seen :]]
         self._spans_seen = len(spans)
         saving, slowdown = self.figures()
-        self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refining))
+        self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refinement_running))
 
     def from_stored_plan(self) -> None:
         """A kept stored (or carried) plan ran from state.plan_from_iteration, before the first

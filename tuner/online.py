@@ -59,7 +59,7 @@ The session, iteration by iteration:
    workload from another GPU is carried to this card's clocks (transfer.py), noted, and run
    from the end of a normal reference (plan_source "transferred"): it is dropped for a cold
    start when training measures it over the budget, and refined in training otherwise.
-9. Refinement (refine.py): a settled schedule of one pair for the whole iteration (a card
+9. Refinement (refinement.py): a settled schedule of one pair for the whole iteration (a card
    whose switch is slow against its iteration) is refined in training once its judge window
    passed: the core clock is bisected downwards on the slowdown each candidate measures in
    training, and the lowest that keeps the limit is adopted if its measured energy is lower.
@@ -85,7 +85,15 @@ from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
-from kdvfs.tuner.refine import ABORT_S, ENERGY_MARGIN, TRIAL_S, TRIAL_SLACK_S, Refined, Refinement, Trial
+from kdvfs.tuner.refinement import (
+    ABORT_S,
+    ENERGY_MARGIN,
+    TRIAL_S,
+    TRIAL_SLACK_S,
+    RefinementResult,
+    RefinementSearch,
+    Trial,
+)
 from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
 from kdvfs.tuner.transfer import carry_schedule
 
@@ -207,7 +215,9 @@ class TuneState:
     reconverged_at: list[int] = field(default_factory=list)  # after each alarm's re-tuning
     watch_windows: int = 0  # time windows the drift watch judged
     unconfirmed_alarms: int = 0  # output alarms that did not recur within CONFIRM_WINDOWS (nothing re-tuned)
-    refinements: list[Refined] = field(default_factory=list)  # one-pair schedules refined in training
+    refinements: list[RefinementResult] = field(
+        default_factory=list
+    )  # one-pair schedules refined in training
     plan_source: str = "tuned"  # "store": a stored plan verified and kept; "transferred": another GPU's, on trial (until a drift alarm)
     store_note: str | None = (
         None  # what the plan store lookup found, unless a plan for this very card was kept
@@ -270,11 +280,11 @@ class OnlineTuner:
         self._measure_cost_s = 2.0 * (window_s + 0.3)  # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
         self._since_plan = (0.0, 0, device.energy_j())  # training seconds, iterations, counter at its start
-        self._refine: Refinement | None = None
+        self._refinement_search: RefinementSearch | None = None
         self._incumbent: tuple[Schedule, float] | None = (
             None  # a schedule on trial against a one-pair challenger, its energy/iteration
         )
-        self._refined = False  # the settled one-pair schedule was refined in training
+        self._refinement_done = False  # the settled one-pair schedule was refined in training
         self._remembered: ClockPair | None = (
             None  # the pair training chose before a drift re-plan: tried first
         )
@@ -356,7 +366,7 @@ class OnlineTuner:
         run_s, runs, counter_j = self._since_plan
         run_s, runs = run_s + total_s, runs + n
         self._since_plan = (run_s, runs, counter_j)
-        if self.refining:
+        if self.refinement_running:
             self._trial_chunk()
             return
         if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
@@ -371,14 +381,14 @@ class OnlineTuner:
             if over:
                 self.state.plan_budget *= 0.5  # the schedule runs slower than planned: back off
                 self._replan()
-            elif self._settled() and not self._refined and self.account.slack_s() >= TRIAL_SLACK_S:
+            elif self._settled() and not self._refinement_done and self.account.slack_s() >= TRIAL_SLACK_S:
                 self._start_refinement(measured, (self.device.energy_j() - counter_j) / runs)
 
-    # --- in-training refinement of a one-pair schedule (refine.py) ------------------------
+    # --- in-training refinement of a one-pair schedule (refinement.py) ------------------------
     @property
-    def refining(self) -> bool:
+    def refinement_running(self) -> bool:
         """A trial of the in-training refinement is running."""
-        return self._refine is not None or self._incumbent is not None
+        return self._refinement_search is not None or self._incumbent is not None
 
     def _start_refinement(self, slowdown: float, energy_j: float) -> None:
         """A settled schedule passed its judge window (measured slowdown and energy per
@@ -396,12 +406,12 @@ class OnlineTuner:
             return
         if pair is not None:
             cores = [p.core_mhz for p in self.device.grid.pairs if p.mem_mhz == pair.mem_mhz]
-            self._refine = Refinement(Trial(pair, slowdown, energy_j, True), cores)
+            self._refinement_search = RefinementSearch(Trial(pair, slowdown, energy_j, True), cores)
             self._next_trial()
             return
         alternative = self._best_one_pair()
         if alternative is None:
-            self._refined = True
+            self._refinement_done = True
             return
         self._incumbent = (self.state.schedule, energy_j)
         self.state.schedule = Schedule(((0, alternative),))
@@ -449,7 +459,7 @@ class OnlineTuner:
             run_s >= TRIAL_S and slowdown <= limit,
         )
         if self._incumbent is None:
-            self._refine.tell(trial)
+            self._refinement_search.tell(trial)
             self._next_trial()
             return
         incumbent, incumbent_energy_j = self._incumbent
@@ -458,26 +468,26 @@ class OnlineTuner:
         if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * incumbent_energy_j:
             # the one-pair challenger wins in training: keep it, refine it after its own judge window
             self.state.refinements.append(
-                Refined(
+                RefinementResult(
                     self.account.iterations, incumbent_pair, trial.pair, 1, trial.slowdown, trial.energy_j
                 )
             )
         else:
             # back to the incumbent: a one-pair one is refined after its judge window, groups are final
-            self.state.schedule, self._refined = incumbent, incumbent_pair is None
+            self.state.schedule, self._refinement_done = incumbent, incumbent_pair is None
         self._start_window()
 
     def _next_trial(self) -> None:
         """Run the next candidate, or settle on the best when done (or when the slack could
         not pay for a trial that turns out too slow)."""
-        ref = self._refine
+        ref = self._refinement_search
         pair = ref.candidate()
         if pair is not None and self.account.slack_s() >= TRIAL_SLACK_S:
             self.state.schedule = Schedule(((0, pair),))
         else:
             best = ref.best()
             self.state.refinements.append(
-                Refined(
+                RefinementResult(
                     self.account.iterations,
                     ref.incumbent.pair,
                     best.pair,
@@ -487,7 +497,7 @@ class OnlineTuner:
                 )
             )
             self.state.schedule = Schedule(((0, best.pair),))
-            self._refine, self._refined = None, True
+            self._refinement_search, self._refinement_done = None, True
         self._start_window()
 
     def _settled(self) -> bool:
@@ -917,7 +927,7 @@ class OnlineTuner:
     def _replan(self) -> None:
         st = self.state
         self._start_window()
-        self._refine, self._incumbent, self._refined = None, None, False
+        self._refinement_search, self._incumbent, self._refinement_done = None, None, False
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None

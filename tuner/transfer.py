@@ -13,7 +13,7 @@ The result is never applied silently (issue 6): the tuner notes where it came fr
 its chunks never spending more than the slack at its worst-case slowdown. It is dropped for a
 cold start when plainly slow after ABORT_S, over the budget after its judge window, or when
 the slack is spent (OnlineTuner._train); kept, it is refined in training like any one-pair
-schedule (refine.py).
+schedule (refinement.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ unused: on the simulated H200 the settled pair was planned at -0.4% and ran at -
 training, against a 1% budget. A one-pair schedule needs no per-kernel figures: training
 itself measures its time (launch timings) and its energy (the counter), and a trial within
 the budget costs nothing. So the tuner bisects the core clock, the memory clock fixed,
-between the plan's pair and REFINE_FLOOR of its core clock. Each candidate runs TRIAL_S of
+between the plan's pair and REFINEMENT_FLOOR of its core clock. Each candidate runs TRIAL_S of
 training and is feasible when its measured slowdown is within the plan's time limit; one
 plainly too slow (6 s.d. over) is stopped after ABORT_S. The lowest feasible candidate
 replaces the plan only when its energy per iteration is lower by more than ENERGY_MARGIN:
@@ -32,9 +32,9 @@ from kdvfs.runtime.types import ClockPair, KdvfsError
 
 TRIAL_S = 20.0
 ABORT_S = 2.0
-REFINE_FLOOR = 0.7
+REFINEMENT_FLOOR = 0.7
 TRIAL_SLACK_S = 1.0
-"""Slack the budget account must hold before a trial: a candidate REFINE_FLOOR below the plan
+"""Slack the budget account must hold before a trial: a candidate REFINEMENT_FLOOR below the plan
 runs at most ~40% slower for ABORT_S (0.8 s), and one just over the limit for TRIAL_S costs
 far less; a refinement waits until the run has saved that much."""
 ENERGY_MARGIN = 0.01
@@ -52,7 +52,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Refined:
+class RefinementResult:
     """A finished refinement: after how many iterations, from which pair (None: a grouped
     schedule that one pair beat in training) to which, in how many trials, and the chosen
     pair as training measured it (slowdown against the reference, energy per iteration)."""
@@ -65,7 +65,7 @@ class Refined:
     energy_j: float
 
 
-class Refinement:
+class RefinementSearch:
     """Bisection for the lowest core clock of a one-pair schedule whose measured slowdown
     stays within the plan's limit (the module docstring; the tuner judges each trial). The
     incumbent is feasible by its own measurement; candidate() proposes the next core clock,
@@ -77,7 +77,7 @@ class Refinement:
                 f"refinement needs a feasible incumbent, got {incumbent.pair} at {incumbent.slowdown:+.4f}"
             )
         top = incumbent.pair.core_mhz
-        self.levels_mhz = sorted(c for c in core_levels_mhz if REFINE_FLOOR * top <= c <= top)
+        self.levels_mhz = sorted(c for c in core_levels_mhz if REFINEMENT_FLOOR * top <= c <= top)
         self.incumbent = incumbent
         self.trials: list[Trial] = []
         self._lo, self._hi = 0, len(self.levels_mhz) - 1  # levels_mhz[_hi] is the lowest known feasible
