@@ -135,16 +135,16 @@ def _walk_hull(
     planner: _Planner, low: Grouping, high: Grouping, dual_j: float, limit_s: float
 ) -> tuple[Grouping, Grouping, float, list[Grouping]]:
     """Walk the lower hull of (time, energy) between a plan over the limit (low) and one within
-    it (high): lam = the slope between them finds any plan below their chord; none means lam
+    it (high): exchange_rate_w = the slope between them finds any plan below their chord; none means it
     maximises the dual, and the chord at the limit is the bound. Returns the final low and
     high, the dual bound and every plan met."""
     seen = [low, high]
     for _ in range(200):
-        lam = (high.energy_j - low.energy_j) / (low.time_s - high.time_s)
-        plan, value = planner.lagrangian(1.0, lam)
+        exchange_rate_w = (high.energy_j - low.energy_j) / (low.time_s - high.time_s)
+        plan, value = planner.lagrangian(1.0, exchange_rate_w)
         seen.append(plan)
-        dual_j = max(dual_j, value - lam * limit_s)
-        chord = low.energy_j + lam * low.time_s
+        dual_j = max(dual_j, value - exchange_rate_w * limit_s)
+        chord = low.energy_j + exchange_rate_w * low.time_s
         known = {(low.time_s, low.energy_j), (high.time_s, high.energy_j)}
         if value >= chord - 1e-12 * abs(chord) or (plan.time_s, plan.energy_j) in known:
             break

@@ -94,7 +94,7 @@ from kdvfs.tuner.refinement import (
     RefinementSearch,
     Trial,
 )
-from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
+from kdvfs.tuner.search import PRIOR_EXCHANGE_RATE_SHARE, TASK_SLOWDOWN, kernel_features, search_space
 from kdvfs.tuner.transfer import carry_schedule
 
 EXPLORE_PLAN_SHARE = 0.5
@@ -276,7 +276,7 @@ class OnlineTuner:
         self.state.store_note = store_note
         self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
         self._features = kernel_features(workload)
-        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        self._exchange_rate_w = PRIOR_EXCHANGE_RATE_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         self._measure_cost_s = 2.0 * (window_s + 0.3)  # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
         self._since_plan = (0.0, 0, device.energy_j())  # training seconds, iterations, counter at its start
@@ -608,7 +608,7 @@ class OnlineTuner:
         self.reference = ref
         obs.reference = ref
         obs.cost_s += ref.cost_s
-        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        self._exchange_rate_w = PRIOR_EXCHANGE_RATE_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         kernel_ratio = ref.kernel_time_s / old.kernel_time_s
         obs.stock_time_s *= kernel_ratio  # isolated stock moves as stock in training did
         if "workload" in streams:
@@ -821,7 +821,8 @@ class OnlineTuner:
             self._task = Task(
                 key=kernel.name,
                 ref_time_s=obs.stock_time_s[k] / kernel.launches,
-                ref_energy_j=(obs.stock_energy_j[k] + self._lam * obs.stock_time_s[k]) / kernel.launches,
+                ref_energy_j=(obs.stock_energy_j[k] + self._exchange_rate_w * obs.stock_time_s[k])
+                / kernel.launches,
                 budget=TASK_SLOWDOWN,
                 features=self._features[k],
             )
@@ -837,7 +838,7 @@ class OnlineTuner:
             else:
                 measure_cell(self.device, obs, k, obs.pairs[config], self.window_s)
                 time_s, energy_j = obs.plannable()
-                cost = energy_j[k, config] + self._lam * time_s[k, config]
+                cost = energy_j[k, config] + self._exchange_rate_w * time_s[k, config]
                 self.policy.tell(
                     self._task, config, time_s[k, config] / kernel.launches, cost / kernel.launches
                 )

@@ -13,9 +13,9 @@ under the iteration's budget: the iteration-level solver trades slack between ke
 locked below the cap can run faster than stock and pay for another's slower, thriftier pair),
 and its optimum is, per kernel, the least energy + lambda x time for one exchange rate lambda
 (J/s) shared by all kernels: the knapsack's Lagrange multiplier. The loop estimates it before
-each kernel from the kernels tuned so far (exchange_rate_w: the multiplier of their plan
-within their share of the limit; LAMBDA_SHARE x the iteration's mean power before any), and
-the policy looks at RATE_SPREAD below and above it (at 0 alone when the limit does not bind).
+each kernel from the kernels tuned so far (estimate_exchange_rate_w: the multiplier of their plan
+within their share of the limit; PRIOR_EXCHANGE_RATE_SHARE x the iteration's mean power before any), and
+the policy looks at EXCHANGE_RATE_SPREAD below and above it (at 0 alone when the limit does not bind).
 Once every kernel is tuned, each is asked again at the final estimate: a kernel tuned early,
 under a rate far from it, may still have pairs the plan would use. The task's time limit
 (TASK_SLOWDOWN) only keeps policies away from pairs no plan would use. A measurement is worth
@@ -61,8 +61,8 @@ from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.sweep import evaluate
 
-LAMBDA_SHARE = 0.5
-RATE_SPREAD = 1.5
+PRIOR_EXCHANGE_RATE_SHARE = 0.5
+EXCHANGE_RATE_SPREAD = 1.5
 TASK_SLOWDOWN = 0.15
 TASK_TOL = 0.002
 ITERATION_TOL = 1e-4
@@ -145,7 +145,7 @@ def solve_within(obs: Observations, limit_s: float) -> np.ndarray:
     return np.array(solve_budget(list(times), list(energies), limit_s).choice)
 
 
-def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> float:
+def estimate_exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> float:
     """The Lagrange multiplier (J/s) of the plan over the tuned kernels (a boolean mask) within
     their share of the time limit: 0 when their least-energy options fit."""
     times, energies = _options(obs)
@@ -154,8 +154,10 @@ def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> floa
     rows = np.arange(len(times))
     costs_ok = ~np.isnan(times)
 
-    def plan_time_s(lam: float) -> float:
-        pick = np.argmin(np.where(costs_ok, energies + lam * np.nan_to_num(times), np.inf), axis=1)
+    def plan_time_s(exchange_rate_w: float) -> float:
+        pick = np.argmin(
+            np.where(costs_ok, energies + exchange_rate_w * np.nan_to_num(times), np.inf), axis=1
+        )
         return float(times[rows, pick].sum())
 
     if plan_time_s(0.0) <= limit_s:
@@ -171,9 +173,13 @@ def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> floa
     return hi
 
 
-def rates_around(lam_w: float) -> tuple[float, ...]:
-    """The exchange rates a policy looks at: RATE_SPREAD either side of the estimate, or 0."""
-    return (0.0,) if lam_w == 0.0 else (lam_w / RATE_SPREAD, lam_w, lam_w * RATE_SPREAD)
+def exchange_rates_around(exchange_rate_w: float) -> tuple[float, ...]:
+    """The exchange rates a policy looks at: EXCHANGE_RATE_SPREAD either side of the estimate, or 0."""
+    return (
+        (0.0,)
+        if exchange_rate_w == 0.0
+        else (exchange_rate_w / EXCHANGE_RATE_SPREAD, exchange_rate_w, exchange_rate_w * EXCHANGE_RATE_SPREAD)
+    )
 
 
 def task_tol(obs: Observations, k: int) -> float:
@@ -225,7 +231,9 @@ def run_search(
             policy.tell(tasks[k], config, time_s[k, config] / launches, energy_j[k, config] / launches)
             cpu_s += time.process_time() - t0
 
-    prior_w = LAMBDA_SHARE * obs.reference.iteration_energy_j / obs.reference.iteration_time_s
+    prior_exchange_rate_w = (
+        PRIOR_EXCHANGE_RATE_SHARE * obs.reference.iteration_energy_j / obs.reference.iteration_time_s
+    )
     for done, k in enumerate(np.argsort(-obs.ref_time_s, kind="stable")):
         kernel = workload.kernels[k]
         bench.stock(obs, k)
@@ -236,7 +244,9 @@ def run_search(
             budget=TASK_SLOWDOWN,
             features=features[k],
         )
-        policy.rates_w = rates_around(exchange_rate_w(obs, budget, tuned) if tuned.any() else prior_w)
+        policy.exchange_rates_w = exchange_rates_around(
+            estimate_exchange_rate_w(obs, budget, tuned) if tuned.any() else prior_exchange_rate_w
+        )
         tune(k)
         tuned[k] = True
         curve.append(
@@ -244,7 +254,7 @@ def run_search(
         )
         if progress is not None:
             progress(done + 1, len(workload), obs.measurements)
-    policy.rates_w = rates_around(exchange_rate_w(obs, budget, tuned))
+    policy.exchange_rates_w = exchange_rates_around(estimate_exchange_rate_w(obs, budget, tuned))
     for k in tasks:
         tune(k)
     before = obs.measurements
