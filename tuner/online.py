@@ -94,7 +94,7 @@ from kdvfs.tuner.refinement import (
     RefinementSearch,
     Trial,
 )
-from kdvfs.tuner.search import PRIOR_EXCHANGE_RATE_SHARE, TASK_SLOWDOWN, kernel_features, search_space
+from kdvfs.tuner.search import PRIOR_EXCHANGE_RATE_SHARE, TASK_SLOWDOWN, search_space, task_features
 from kdvfs.tuner.transfer import carry_schedule
 
 EXPLORE_PLAN_SHARE = 0.5
@@ -275,7 +275,7 @@ class OnlineTuner:
         )
         self.state.store_note = store_note
         self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
-        self._features = kernel_features(workload)
+        self._task_features = task_features(workload)
         self._exchange_rate_w = PRIOR_EXCHANGE_RATE_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         self._measure_cost_s = 2.0 * (window_s + 0.3)  # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
@@ -680,7 +680,7 @@ class OnlineTuner:
         self.workload = workload
         self.state.obs.workload = workload
         self.runner = IterationRunner(self.device, workload)
-        self._features = kernel_features(workload)
+        self._task_features = task_features(workload)
         self._on_drift(["workload"], spans)
 
     def _limit_moved(self, old_limit_w: float) -> None:
@@ -824,7 +824,7 @@ class OnlineTuner:
                 ref_energy_j=(obs.stock_energy_j[k] + self._exchange_rate_w * obs.stock_time_s[k])
                 / kernel.launches,
                 budget=TASK_SLOWDOWN,
-                features=self._features[k],
+                features=self._task_features[k],
             )
         else:
             config = self.policy.ask(self._task)

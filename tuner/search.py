@@ -89,8 +89,10 @@ class SearchResult:
     verify_measurements: int
 
 
-def kernel_features(workload: Workload) -> list[tuple[float, ...]]:
-    """Each kernel's numeric features in one fixed order (the union of names, zero-filled)."""
+def task_features(workload: Workload) -> list[tuple[float, ...]]:
+    """What a search strategy sees of each kernel (Task.features): its numeric features in one
+    fixed order (the union of names, zero-filled). The Gymnasium observation's features are
+    another thing (envs.kernel_env.observation_features: names, float32, log10 flops/bytes)."""
     names = sorted({name for k in workload.kernels for name, _ in k.features})
     return [tuple(float(k.feature_dict().get(n, 0.0)) for n in names) for k in workload.kernels]
 
@@ -204,7 +206,7 @@ def run_search(
     space = search_space(device)
     policy = make_policy(strategy, space, seed=seed) if isinstance(strategy, str) else strategy
     obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
-    features = kernel_features(workload)
+    features = task_features(workload)
     curve: list[tuple[int, float]] = [(0, 0.0)]
     cpu_s = 0.0
     tuned = np.zeros(len(workload), dtype=bool)
