@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 from scipy.special import ndtri, stdtr
@@ -288,6 +289,20 @@ class DriftMonitor:
             self._suspects.pop(name, None)
 
 
+def group_stream(index: int) -> str:
+    """The drift watch's stream name for the time of the schedule's group `index`."""
+    return f"g{index}"
+
+
+def stream_group(name: str) -> int | None:
+    """The group index of a group's stream name (group_stream), None for any other stream."""
+    return int(name[1:]) if name[:1] == "g" and name[1:].isdigit() else None
+
+
+Condition = Literal["power_limit", "temperature"]
+"""An input a plan was made under, as ConditionWatch reports it when it moved."""
+
+
 def limit_moved(old_w: float | None, new_w: float, tolerance_w: float = POWER_LIMIT_TOLERANCE_W) -> bool:
     """The enforced power limit changed (None: not read before; math.inf on both sides, a
     card or table without one, never changes)."""
@@ -342,10 +357,10 @@ class ConditionWatch:
         self.centre_c = None
         self._readings.clear()
 
-    def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[str]:
+    def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[Condition]:
         if not math.isfinite(temp_c):
             raise KdvfsError(f"condition watch: temperature reading {temp_c} is not a finite number")
-        moved = []
+        moved: list[Condition] = []
         if limit_moved(self.limit_w, power_limit_w, self.limit_tolerance_w):
             moved.append("power_limit")
         self.limit_w = power_limit_w

@@ -71,6 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -80,7 +81,7 @@ from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import THROTTLES, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
-from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, limit_moved
+from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, limit_moved, stream_group
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
@@ -96,6 +97,10 @@ from kdvfs.tuner.refinement import (
 )
 from kdvfs.tuner.search import PRIOR_EXCHANGE_RATE_SHARE, TASK_SLOWDOWN, search_space, task_features
 from kdvfs.tuner.transfer import carry_schedule
+
+PlanSource = Literal["tuned", "store", "transferred"]
+"""Where the running schedule came from: tuned in this session, a stored plan for this card
+verified and kept, or another GPU's plan carried to this card's clocks (on trial)."""
 
 EXPLORE_PLAN_SHARE = 0.5
 SIGNIFICANT_SHARE = 0.005
@@ -218,7 +223,7 @@ class TuneState:
     refinements: list[RefinementResult] = field(
         default_factory=list
     )  # one-pair schedules refined in training
-    plan_source: str = "tuned"  # "store": a stored plan verified and kept; "transferred": another GPU's, on trial (until a drift alarm)
+    plan_source: PlanSource = "tuned"  # "transferred" until a drift alarm or a drop
     store_note: str | None = (
         None  # what the plan store lookup found, unless a plan for this very card was kept
     )
@@ -520,7 +525,7 @@ class OnlineTuner:
         ref_t = self.state.obs.ref_time_s
         spans = self._group_spans()
         if self._watch is None:
-            names = ["iteration", "energy"] + [f"g{i}" for i in range(len(spans))]
+            names = ["iteration", "energy"] + [group_stream(i) for i in range(len(spans))]
             self._watch = DriftMonitor(names, confirm=CONFIRM_WINDOWS)
             self._time_window = (0.0, 0)
             self._energy_window = (self.device.energy_j(), 0.0, 0)
@@ -531,7 +536,8 @@ class OnlineTuner:
         if win_s >= CHUNK_S:
             values["iteration"], expected["iteration"] = win_s / win_n, float(ref_t.sum())
             for i, (a, b) in enumerate(spans):
-                values[f"g{i}"], expected[f"g{i}"] = float(times[a:b].sum()), float(ref_t[a:b].sum())
+                stream = group_stream(i)
+                values[stream], expected[stream] = float(times[a:b].sum()), float(ref_t[a:b].sum())
             win_s, win_n = 0.0, 0
             self.state.watch_windows += 1
         self._time_window = (win_s, win_n)
@@ -586,7 +592,7 @@ class OnlineTuner:
         st = self.state
         obs = st.obs
         self._warming_since_s = None
-        moved_groups = [int(name[1:]) for name in streams if name.startswith("g")]
+        moved_groups = [i for i in map(stream_group, streams) if i is not None]
         if not obs.counts.any():
             reopen = list(range(len(self.workload)))
         else:
@@ -704,7 +710,7 @@ class OnlineTuner:
             )
 
     # --- plan reuse ------------------------------------------------------------------------
-    def _store_lookup(self, store: PlanStore) -> tuple[Schedule | None, str, str | None]:
+    def _store_lookup(self, store: PlanStore) -> tuple[Schedule | None, PlanSource, str | None]:
         """The store's plan for this GPU, grid and workload ("store"); else the newest plan for
         this workload from another GPU, carried to this card's clocks ("transferred",
         transfer.py); else none. With a note of what was found, where it matters."""
@@ -769,7 +775,7 @@ class OnlineTuner:
             return
         self._adopt(schedule, "store", from_iteration)
 
-    def _adopt(self, schedule: Schedule, source: str, from_iteration: int) -> None:
+    def _adopt(self, schedule: Schedule, source: PlanSource, from_iteration: int) -> None:
         """Run a schedule from the store as the settled one, nothing to explore. A transferred
         one is still on trial: _train drops it when training measures it over the budget."""
         st = self.state
