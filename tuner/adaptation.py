@@ -101,7 +101,12 @@ class Session:
 class SavingTrace:
     """The running schedule's noiseless saving, point by point (evaluated when it changes).
     The tuner's runs at stock between two points (an alarm's settling and reference, a stored
-    plan's reference: state.stock_spans) are recorded too, as saving nothing from their start."""
+    plan's reference: state.stock_spans) are recorded too, as saving nothing from their start.
+
+    Args:
+        tuner: the session whose running schedule is traced (called with each of its points).
+        offset: added to the tuner's iteration counts (a restarted job's iterations before), iterations.
+    """
 
     def __init__(self, tuner: OnlineTuner, offset: int = 0) -> None:
         self.tuner, self.offset = tuner, offset

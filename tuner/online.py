@@ -1,69 +1,18 @@
 """Online tuning: clocks tuned while the training job runs, never slower than the budget.
 
-The session, iteration by iteration:
-1. Reference: the first iterations run at stock clocks (the card's auto mode); once the card
-   has settled to its training temperature their per-kernel times (launch timings) and
-   energy (counter) are the reference (measure.measure_reference_iterations).
-2. Exploration is paid from the budget, not borrowed: the account allows (1 + budget) x the
-   reference time of the iterations run so far; each iteration whose schedule is faster than
-   that adds the difference to the slack, and an exploration measurement is made only when
-   the slack covers its whole device time (isolated replay of one kernel at one clock pair,
-   observations.measure_cell: on a card whose clock switch takes tens of ms, no kernel can run
-   alone at a clock inside a training iteration, and the energy counter cannot see a kernel).
-   So the cumulative slowdown of the run, exploration and switches included, stays within the
-   budget at every reported point.
-3. Kernels are explored one at a time, longest first (most of the saving comes early), by the
-   search strategy (policies/, the objective of tuner/search.py).
-4. The training runs a grouped schedule: consecutive kernels share one clock pair, chosen by
-   the switch-cost-aware planner (grouping.group_kernels) from what has been measured, with
-   pessimistic fill-ins for pairs a kernel was not measured at (time scaled by the larger
-   clock ratio, power as at stock: no saving assumed), re-planned each time a kernel
-   converges. While exploring, the schedule may use half the budget (EXPLORE_PLAN_SHARE);
-   the rest pays for exploration.
-5. Completion: a group shares one pair, which most of its kernels were never measured at.
-   Once every kernel has converged, the COMPLETION_PAIRS pairs the per-kernel plan uses most
-   (time-weighted) and the pairs a group of mixed kernels can share (top memory clock, core
-   below its top) are measured for every kernel of at least SIGNIFICANT_SHARE of the
-   iteration, paid from the slack like exploration. The final schedule then uses the whole
-   budget, less the noise margin, planned from measured cells (pessimistic fill-ins elsewhere).
-6. A schedule whose measured slowdown overshoots is dropped for stock and re-planned with
-   less budget.
-7. Drift watch (issue 6), once settled. Inputs first: before each chunk (at most
-   WATCH_ITERATIONS iterations) the enforced power limit and the temperature are read
-   (drift.ConditionWatch): a new limit, or a temperature that steps off where the card had
-   settled, alarms at once. Then the outputs: every chunk adds to a window of the iteration
-   time (launch timings, total / n) and of each group's time; once a window spans CHUNK_S it
-   is judged; the energy counter, which advances only every 100 ms, gives the energy per
-   iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM)
-   watches them; a stream's alarm counts once it recurs within CONFIRM_WINDOWS. A card that
-   warmed (its temperature stepped up) while nothing throttles it keeps its plan and its
-   reference: warmer stock can only be slower, so the reference stays a strict bound; the
-   energy stream sits out while it warms, a throttle reason meanwhile is an alarm, and once
-   the temperature is flat the energy baseline is learned afresh (_hold_plan). On any other
-   alarm (a new power limit, a cooling step, a group's time or the energy moved) the card
-   runs at stock until its temperature is flat again, the stock reference is measured again
-   in training, the budget account allows (1 + budget) x the new stock time for the
-   iterations since the alarm, and the schedule is re-planned at once from the cells that
-   still hold (_on_drift): only the kernels of groups whose own time moved are explored
-   again. When none is, the pair the last refinement chose is tried against the new plan in
-   training (one trial) before the winner is refined. A new workload of the same kernels at
-   other sizes (change_workload) is handled the same way, its cells scaled, without the
-   settling.
-8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
-   from the first iteration, through the warm-up the reference needs anyway; the reference
-   is then measured, and the plan is kept as the settled schedule (no exploration, drift
-   watch on) if its measured slowdown over the warm-up is within the budget plus noise.
-   Else, or when it runs plainly slow in its first chunk, the session cold-starts. A plan the
-   store cannot vouch for (corrupt, or made for another GPU / workload under this key) is
-   refused, noted in state.store_note. With no plan for this card, the newest plan for this
-   workload from another GPU is carried to this card's clocks (transfer.py), noted, and run
-   from the end of a normal reference (plan_source "transferred"): it is dropped for a cold
-   start when training measures it over the budget, and refined in training otherwise.
-9. Refinement (refinement.py): a settled schedule of one pair for the whole iteration (a card
-   whose switch is slow against its iteration) is refined in training once its judge window
-   passed: the core clock is bisected downwards on the slowdown each candidate measures in
-   training, and the lowest that keeps the limit is adopted if its measured energy is lower.
-   The drift watch waits until it is done.
+- OnlineTuner: one session on a device whose kernels we run (simulated or replayed); run()
+  advances it chunk by chunk. Its parts, in the class's order: the loop (_train,
+  _explore_one), the in-training refinement (refinement.py), the drift watch (_watch_chunk,
+  _hold_plan, _on_drift), plan reuse (_store_lookup, _warm_up_under, transfer.py),
+  exploration and completion, planning (candidate_matrices, _replan: grouping.py).
+- BudgetAccount: time allowed, (1 + budget) x reference, against time spent; the slack pays
+  for exploration.
+- TuneState: what the session learned and runs; Point: one reported point; Alarm: one drift
+  alarm; PlanSource: where the running schedule came from.
+- plan_schedule (a plan document as a schedule), schedule_figures (a schedule's noiseless
+  saving and slowdown).
+
+Design and findings: docs/design-tuner.md#online-the-tuning-session
 """
 
 from __future__ import annotations
@@ -102,46 +51,32 @@ PlanSource = Literal["tuned", "store", "transferred"]
 """Where the running schedule came from: tuned in this session, a stored plan for this card
 verified and kept, or another GPU's plan carried to this card's clocks (on trial)."""
 
+#: Share of the budget the schedule may use while exploring (the rest pays for it); a fraction.
 EXPLORE_PLAN_SHARE = 0.5
+#: Smallest share of the iteration's reference time of a kernel measured in completion; a fraction.
 SIGNIFICANT_SHARE = 0.005
+#: Number of the per-kernel plan's most used pairs (time-weighted) measured in completion.
 COMPLETION_PAIRS = 3
+#: Core clocks, as fractions of the top one, of the shared pairs (top memory clock) completion measures.
 SHARED_CORE_FRACTIONS = (0.9, 0.8, 0.7)
+#: Training between reported points while nothing else happens, and the drift watch's time window; s.
 CHUNK_S = 2.0
-"""Training seconds between reported points while nothing else happens."""
+#: Training under a schedule before its measured slowdown is held against it (its judge window); s.
 JUDGE_S = 20.0
-"""Training seconds under a schedule before its measured slowdown is held against it."""
+#: Longest training chunk while saving up for a measurement (a long one can run throttled); s.
 TRAIN_MAX_S = 10.0
-"""Longest training chunk while saving up for a measurement. A chunk repeats its first exact
-iteration (IterationRunner fast-forward), so a long one started while a card at its thermal
-limit throttles runs throttled throughout: measured on the simulated 3080 Ti after a +15 C
-ambient step, 60-s chunks at stock ran 15% slower than stock, 10-s chunks within 0.3%."""
+#: Shortest energy window of the drift watch (100 energy-counter periods); s.
 ENERGY_WINDOW_S = 10.0
-"""Shortest energy window of the drift watch: 100 counter periods, so the counter's 100 ms
-steps and read alignment stay below the noise."""
+#: Longest run at stock waiting for the card to settle after an alarm (ten ~30-s time constants); s.
 SETTLE_MAX_S = 300.0
-"""Longest run at stock waiting for the card to settle before the reference is measured again
-after an alarm (ten time constants of a card's ~30 s). After an alarm of the inputs or the
-drift watch the card's thermal state is moving: an ambient step heats it and under its
-thermal limit stock slows, a lowered cap cools it and stock speeds up. A reference taken
-before it settles would be off by as much as the change (on the simulated 3080 Ti after
-+15 C, a reference taken at once left the run at a cumulative 6.65% slowdown against it once
-stock had settled at its thermal limit). A new workload on the same card
-needs no settling (ordinary conditions, the card warm from its plan)."""
+#: Window of the reference measured again after an alarm; s.
 REMEASURE_WINDOW_S = 10.0
-"""Window of the reference measured again: ten of the card's 1-s noise periods and a hundred
-energy-counter steps."""
+#: Windows within which an output stream's alarm must recur before it re-tunes; windows.
 CONFIRM_WINDOWS = 30
-"""An output stream's alarm re-tunes only when the stream alarms again within its next 30
-windows (60 s of a time stream, 300 s of the energy stream): drift.DriftMonitor(confirm).
-Inputs (power limit, temperature, workload) need no confirmation: they are read, not
-inferred. The budget does not wait for it: a schedule measured over it is backed off anyway."""
+#: Longest training chunk under a settled plan (the inputs are read before each); iterations.
 WATCH_ITERATIONS = 25
-"""Longest training chunk under a settled plan: the inputs (power limit, temperature) are read
-before each chunk, so a change is seen within this many iterations."""
+#: Slowdown beyond the budget, against a first second at stock, that stops a stored plan's warm-up.
 WARM_ABORT_SLOWDOWN = 0.05
-"""A stored plan whose chunk of the warm-up runs this much over the budget against a first
-second at stock is plainly not for this card now: it is stopped there (the reference is
-measured and the session cold-starts). The margin covers a cool card's faster stock."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +171,20 @@ class TuneState:
 
 
 class OnlineTuner:
-    """A tuning session on a device whose kernels we run (simulated or replayed)."""
+    """A tuning session on a device whose kernels we run (simulated or replayed).
+
+    Args:
+        device: the card the job trains on, whose kernels the tuner runs and measures.
+        workload: the kernels of one training iteration, in order.
+        strategy: the search strategy's name (kdvfs.policies.registry.POLICIES).
+        budget: the largest slowdown allowed against stock, a fraction (0.01: 1%).
+        seed: seed of the strategy's random draws.
+        window_s: length of one exploration measurement (isolated replay), s.
+        warmup_s: training at stock before the reference is measured, s.
+        drift_watch: watch a settled plan for drift and re-tune on an alarm.
+        plan_store: where to look first for this card's stored plan (or another GPU's, to
+            carry over); None: tune from scratch.
+    """
 
     def __init__(
         self,
@@ -569,26 +517,18 @@ class OnlineTuner:
         return bool(moved)
 
     def _hold_plan(self) -> None:
-        """The card warmed (its inlet air or cooling changed) and nothing throttles it: keep the
-        plan and the reference. A hotter card can only run stock slower (its boost clock falls
-        with temperature and leakage power), so the reference stays a strict bound for the
-        budget; a locked pair's time does not depend on the temperature until the card
-        throttles. Settling at stock and measuring the reference again (_on_drift) would
-        give up the saving for minutes and, in this direction, tell the budget nothing it
-        needs. While the card warms the energy stream sits out (leakage rises with it) and
-        is learned afresh once the temperature is flat; the time streams keep watching, and
-        a throttle reason while warming is an alarm like any other."""
+        """The card warmed and nothing throttles it: keep the plan and the reference (warmer
+        stock is only slower). The energy stream sits out until the temperature is flat
+        (_end_warming); a throttle reason meanwhile is an alarm. Why: docs/design-tuner.md
+        (drift handling in the session)."""
         self.state.alarms.append(Alarm(self.account.iterations, ("temperature",), (), held=True))
         self._warming_since_s = self.device.now_s()
 
     def _on_drift(self, streams: list[str], spans: list[tuple[int, int]]) -> None:
-        """Re-measure the stock reference and re-plan from what still holds. The kernels of the
-        groups whose time moved are re-opened (their cells forgotten, explored again); the
-        other cells are kept: a locked pair's time does not depend on the card's temperature or
-        cap, and its energy moves with the card's leakage much as stock's does. A lowered power
-        limit drops the cells that drew more than it (the card can no longer hold them) and the
-        paired cells (measured against the old cap). Everything is re-opened when the running
-        plan came from the store and has no cells."""
+        """Re-measure the stock reference and re-plan from what still holds: the kernels of the
+        groups whose time moved are re-opened (their cells forgotten, explored again), the other
+        cells kept (a new power limit: _limit_moved); everything is re-opened when the running
+        plan came from the store and has no cells. Why: docs/design-tuner.md."""
         st = self.state
         obs = st.obs
         self._warming_since_s = None
@@ -652,11 +592,7 @@ class OnlineTuner:
     def _end_warming(self) -> None:
         """The card settled under a held plan (or SETTLE_MAX_S passed): the energy stream
         learns its baseline afresh, with the warmer card's leakage in it. Stock is not measured
-        again: only the budget's slack would gain (warmer stock is slower), and a refinement
-        could not use it. Measured on the simulated H200 after +15 C, seeds 0-2: stock ran
-        0.27% slower, the next pair down then kept the budget and saved 0.9% more energy, and a
-        build that re-measured stock and refined again never adopted it (a 20-s trial tells
-        apart 1%), so its 10 s at stock bought nothing."""
+        again (docs/design-tuner.md says why)."""
         self._warming_since_s = None
         self._watch.reset(["energy"])
 

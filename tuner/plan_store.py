@@ -49,7 +49,11 @@ class StoredPlan:
 
 
 class PlanStore:
-    """A directory of plans, one per (GPU name, clock grid, workload signature)."""
+    """A directory of plans, one per (GPU name, clock grid, workload signature).
+
+    Args:
+        root: the directory; None: default_plan_dir() ($KDVFS_PLAN_DIR, else the user's cache).
+    """
 
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = default_plan_dir() if root is None else Path(root).expanduser()

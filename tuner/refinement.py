@@ -69,7 +69,12 @@ class RefinementSearch:
     """Bisection for the lowest core clock of a one-pair schedule whose measured slowdown
     stays within the plan's limit (the module docstring; the tuner judges each trial). The
     incumbent is feasible by its own measurement; candidate() proposes the next core clock,
-    tell() takes its trial."""
+    tell() takes its trial.
+
+    Args:
+        incumbent: the running pair's own trial; must be feasible.
+        core_levels_mhz: the core clocks the grid has at the incumbent's memory clock, MHz.
+    """
 
     def __init__(self, incumbent: Trial, core_levels_mhz: Sequence[int]) -> None:
         if not incumbent.feasible:

@@ -108,7 +108,12 @@ class Bench:
     """Measures cells as observations.measure_cell does, but pairs a throttled pair with the
     adjacent stock measurement of the same kernel: the one taken just before it when there is
     one (the kernel's reference, or the pair of the cell before), else a new one right after it
-    (which then also pairs the next cell). Same temperature either way, half the stock runs."""
+    (which then also pairs the next cell). Same temperature either way, half the stock runs.
+
+    Args:
+        device: the card the cells are measured on.
+        window_s: length of one measurement (isolated replay), s.
+    """
 
     def __init__(self, device: RunnableDevice, window_s: float) -> None:
         self.device = device

@@ -104,7 +104,13 @@ def _never_raises(method: Callable[_P, _R]) -> Callable[_P, _R | None]:
 
 
 class Tracker:
-    """Opens MLflow runs on one tracking store and keeps the store's health (back-off, warning)."""
+    """Opens MLflow runs on one tracking store and keeps the store's health (back-off, warning).
+
+    Args:
+        tracking_uri: the MLflow tracking URI; None: MLFLOW_TRACKING_URI, else MLflow's default.
+        experiment: the MLflow experiment runs are opened in.
+        spool_dir: directory of the local spool for items the store did not take.
+    """
 
     def __init__(
         self,
@@ -236,7 +242,14 @@ class RunHandle:
     """One MLflow run. Items are delivered in order; what the store did not take waits in the spool.
 
     Spool file: a header line (the run: name, tags, parent, run id once created) then one JSON
-    line per pending item (params, metrics, dict, file, end).
+    line per pending item (params, metrics, dict, file, end). Opened by Tracker.start_run.
+
+    Args:
+        tracker: the tracker whose store the run goes to.
+        header: the run's spool header (name, tags, parent, run id once created).
+        pending: items not yet delivered, in order.
+        spool_path: the run's spool file.
+        parent: the enclosing run of a nested run; None for a top-level run.
     """
 
     def __init__(
