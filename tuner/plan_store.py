@@ -21,6 +21,7 @@ from pathlib import Path
 from kdvfs.runtime.types import ClockGrid, KdvfsError
 from kdvfs.tuner.plan import Plan, check_compatible, load_plan, save_plan
 
+#: Environment variable naming the default plan store directory.
 PLAN_DIR_ENV = "KDVFS_PLAN_DIR"
 
 

@@ -1,40 +1,15 @@
 """The tuning loop of a search strategy: policy x measurements until every kernel converges.
 
-Kernels are tuned one after another, longest first (they set the exchange rate below, and a
-cross-kernel strategy learns from those before). Each kernel's reference (stock) is measured
-first; then the policy asks for a clock pair, the pair is measured as the sweep measures it
-(>= window_s of isolated replay, a paired stock measurement when the card throttles: Bench),
-and the policy is told the result, until it answers None (converged) or the cap is hit. The
-plan is solved from what was measured, against the iteration-level budget measured in
-training conditions (observations.py), by the sweep's solver, then verified.
+- run_search: tunes every kernel with one strategy (longest first, at an estimated exchange
+  rate), solves the plan and verifies it; returns a SearchResult. What `kdvfs compare` runs.
+- The exchange rate: estimate_exchange_rate_w (the multiplier of the tuned kernels' plan),
+  exchange_rates_around (the rates a policy looks at), task_tol (when a policy stops).
+- Bench: measures cells, pairing a throttled pair with the adjacent stock measurement.
+- verified_plan (with _judge, _pooled): the plan judged by fresh measurements of its cells.
+- task_features, search_space: what a strategy is given of the kernels and the clock grid.
 
-What a policy looks for per kernel is the least energy + lambda x time, not the least energy
-under the iteration's budget: the iteration-level solver trades slack between kernels (a GEMM
-locked below the cap can run faster than stock and pay for another's slower, thriftier pair),
-and its optimum is, per kernel, the least energy + lambda x time for one exchange rate lambda
-(J/s) shared by all kernels: the knapsack's Lagrange multiplier. The loop estimates it before
-each kernel from the kernels tuned so far (estimate_exchange_rate_w: the multiplier of their plan
-within their share of the limit; PRIOR_EXCHANGE_RATE_SHARE x the iteration's mean power before any), and
-the policy looks at EXCHANGE_RATE_SPREAD below and above it (at 0 alone when the limit does not bind).
-Once every kernel is tuned, each is asked again at the final estimate: a kernel tuned early,
-under a rate far from it, may still have pairs the plan would use. The task's time limit
-(TASK_SLOWDOWN) only keeps policies away from pairs no plan would use. A measurement is worth
-as much as the energy it can save: a policy stops on a kernel once the improvement it expects
-is below ITERATION_TOL of the iteration's energy (task_tol).
-
-Verification (the winner's curse): among many noisy cells the solver favours those measured
-optimistically, so the plan's measured time is biased low. After solving, the plan's cells are
-measured again, independently, longest first, until the kernels left unverified could bias the
-plan's time by at most VERIFY_TOLERANCE of the budget's slack (SAFETY_Z s.d. of the reference's
-noise); the reference is measured again too (training iterations at stock) and pooled with the
-first. The plan is judged by the fresh measurements only (unbiased: the choice did not see
-them), the unverified rest at its measured time plus that allowance, against (1 + budget) x the
-pooled reference less SAFETY_Z s.d. of the judgement's error: the fresh cells' noise and the
-pooled reference's (from its sub-window noise or, when larger, from how far apart the two
-references came out: that also sees noise correlated over many seconds, such as thermal
-drift). If the judged time is over, the plan is solved again with its measured time lowered by
-the excess, and judged again (VERIFY_ROUNDS at most; then all stock: the reference itself).
-Every verification measurement counts, and so does its device time.
+Design and findings (the exchange rate, the winner's curse):
+docs/design-tuner.md#search-the-tuning-loop-of-a-search-strategy
 """
 
 from __future__ import annotations
@@ -61,13 +36,21 @@ from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.sweep import evaluate
 
+#: Exchange rate before any kernel is tuned, as a fraction of the iteration's mean power.
 PRIOR_EXCHANGE_RATE_SHARE = 0.5
+#: Factor below and above the estimated exchange rate that a policy also looks at; no unit.
 EXCHANGE_RATE_SPREAD = 1.5
+#: A task's own slowdown limit, keeping policies off pairs no plan would use; a fraction.
 TASK_SLOWDOWN = 0.15
+#: Smallest relative improvement a policy stops below on a kernel; a fraction.
 TASK_TOL = 0.002
+#: Improvement, as a fraction of the iteration's energy, below which a policy stops on a kernel.
 ITERATION_TOL = 1e-4
+#: Largest relative improvement a policy stops below on a kernel; a fraction.
 MAX_TASK_TOL = 0.5
+#: Bias the unverified cells may put on the plan's time, as a fraction of the budget's slack.
 VERIFY_TOLERANCE = 0.05
+#: Most times a plan judged over its limit is solved again before falling back to stock.
 VERIFY_ROUNDS = 8
 
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from kdvfs.runtime.types import KdvfsError
 
+#: Extra times within this fraction of a slack unit above a whole number of units round down
+#: (float noise on an exact multiple must not cost a whole unit).
 _CEIL_TOL = 1e-9
-"""Extra times within this fraction of a slack unit above a whole number of units round down:
-float noise on an exact multiple must not cost a whole unit."""
 
 
 @dataclass(frozen=True)
