@@ -172,10 +172,10 @@ def run_scenario(
     fleet_store: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The scenario's JSON document (module docstring); after_iterations defaults to twice
-    the iterations the first convergence took. fleet_store (gpu-swap only): another job of
-    the fleet, started after this one, has tuned the new card meanwhile (a cold start of its
-    own) and left its plan in the shared store."""
+    """The scenario's JSON document (its figures: docs/design-tuner.md, adaptation);
+    after_iterations defaults to twice the iterations the first convergence took. fleet_store
+    (gpu-swap only): another job of the fleet, started after this one, has tuned the new card
+    meanwhile (a cold start of its own) and left its plan in the shared store."""
     say = progress or (lambda _msg: None)
     with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
         store = PlanStore(store_dir or tmp)

@@ -28,7 +28,7 @@ SAFETY_Z = 2.0
 @dataclass
 class Observations:
     """Per-iteration (launches included) mean time and energy per (kernel, pair), NaN where
-    unmeasured, with the references (see the module docstring)."""
+    unmeasured, with the references (docs/design-tuner.md, two references)."""
 
     workload: Workload
     pairs: tuple[ClockPair, ...]

@@ -55,7 +55,7 @@ class RefinementResult:
 
 class RefinementSearch:
     """Bisection for the lowest core clock of a one-pair schedule whose measured slowdown
-    stays within the plan's limit (the module docstring; the tuner judges each trial). The
+    stays within the plan's limit (docs/design-tuner.md; the tuner judges each trial). The
     incumbent is feasible by its own measurement; candidate() proposes the next core clock,
     tell() takes its trial.
 

@@ -270,8 +270,9 @@ def run_search(
 
 def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, ClockPair | None]:
     """The plan of least measured energy whose time, judged by fresh measurements of its cells
-    and of the reference (module docstring), is within the budget by SAFETY_Z s.d. of the
-    judgement's error. Fresh measurements, and their device time, are counted in obs."""
+    and of the reference, is within the budget by SAFETY_Z s.d. of the judgement's error (the
+    rule: docs/design-tuner.md, verification). Fresh measurements, and their device time, are
+    counted in obs."""
     again = measure_reference_iterations(bench.device, obs.workload.kernels)
     reference, reference_sd_s = _pooled(obs.reference, again)
     fresh = Observations(obs.workload, obs.pairs, reference)

@@ -129,7 +129,7 @@ class Tracker:
 
     @property
     def uri(self) -> str:
-        """The effective tracking URI (see the module docstring for how it is resolved)."""
+        """The effective tracking URI (docs/design-tuner.md, tracking URI)."""
         return self._uri
 
     @property
