@@ -42,7 +42,17 @@ READY_LIMIT_S = 200_000.0
 
 @dataclass(frozen=True)
 class Session:
-    """How to open the simulated job: device spec, workload spec, tuner settings."""
+    """How to open the simulated job: device spec, workload spec, tuner settings.
+
+    Args:
+        device_spec: the device, as the CLI takes it (sim:PRESET, replay:CSV).
+        workload_spec: the workload, as the CLI takes it (gpt3-xl-layer, trace:CSV, table).
+        strategy: the search strategy's name.
+        budget: the largest slowdown allowed against stock, a fraction.
+        seed: seed of the device's noise and the strategy's draws.
+        warmup_s: training at stock before the reference is measured, s.
+        workload: a workload object used instead of workload_spec (tests use small slices).
+    """
 
     device_spec: str
     workload_spec: str
@@ -51,7 +61,6 @@ class Session:
     seed: int = 0
     warmup_s: float = 120.0
     workload: Workload | None = None
-    """A workload object instead of workload_spec (tests use small slices)."""
 
     def open(self, seed: int | None = None) -> tuple[ModelDevice, Workload]:
         device = open_device(self.device_spec, seed=self.seed if seed is None else seed)
@@ -78,7 +87,8 @@ class SavingTrace:
 
     Args:
         tuner: the session whose running schedule is traced (called with each of its points).
-        offset: added to the tuner's iteration counts (a restarted job's iterations before), iterations.
+        offset: added to the tuner's iteration counts (a restarted job's earlier iterations);
+            iterations.
     """
 
     def __init__(self, tuner: OnlineTuner, offset: int = 0) -> None:

@@ -95,7 +95,14 @@ class Point:
 
 @dataclass
 class BudgetAccount:
-    """Time allowed vs time spent, from the tuner's own measurements."""
+    """Time allowed vs time spent, from the tuner's own measurements.
+
+    Args:
+        ref_time_s: the reference (stock) time of one iteration, s.
+        budget: the largest slowdown allowed against it, a fraction.
+        iterations, spent_s, ref_total_s: the account so far (iterations run, the seconds they
+            took, their reference seconds); zero for a new account.
+    """
 
     ref_time_s: float
     budget: float

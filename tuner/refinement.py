@@ -30,8 +30,14 @@ ENERGY_MARGIN = 0.01
 
 @dataclass(frozen=True)
 class Trial:
-    """One candidate as training measured it: slowdown against the reference, energy per
-    iteration, and whether it kept the limit for a whole trial."""
+    """One candidate as training measured it.
+
+    Args:
+        pair: the clock pair the whole iteration ran at.
+        slowdown: its measured slowdown against the reference, a fraction.
+        energy_j: its measured energy per iteration, J.
+        feasible: it kept the plan's limit for a whole trial.
+    """
 
     pair: ClockPair
     slowdown: float
