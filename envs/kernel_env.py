@@ -27,10 +27,10 @@ from kdvfs.runtime.types import ClockPair, KdvfsError, Measurement, Workload
 Observation = dict[str, Any]
 
 
-def kernel_features(workload: Workload) -> tuple[tuple[str, ...], np.ndarray]:
-    """Feature names (sorted union over the kernels) and a (kernels, features) float32 matrix,
-    zero where a kernel lacks a feature. log10_flops / log10_bytes are added from a kernel's
-    flops / bytes_moved where it has them and its features do not already."""
+def observation_features(workload: Workload) -> tuple[tuple[str, ...], np.ndarray]:
+    """The observation's `features`: names (sorted union over the kernels) and a (kernels,
+    features) float32 matrix, zero where a kernel lacks a feature. log10_flops / log10_bytes are
+    added from a kernel's flops / bytes_moved where it has them and its features do not already."""
     per_kernel = []
     for k in workload.kernels:
         features = k.feature_dict()
@@ -170,7 +170,7 @@ class KernelDVFSEnv(gym.Env[Observation, np.ndarray]):
         self._mask = np.array(
             [[ClockPair(c, m) in grid for m in self.mem_levels_mhz] for c in self.core_levels_mhz]
         )
-        self.feature_names, self._features = kernel_features(self.workload)
+        self.feature_names, self._features = observation_features(self.workload)
         top = grid.highest()
         self._reference_clocks = (
             top.core_mhz / max(self.core_levels_mhz),

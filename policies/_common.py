@@ -2,7 +2,8 @@
 a task is judged by, the monotone-time facts of a clock grid, and the small initial design.
 
 - `TaskLog`: one task's measurements (per-config counts and sums, per launch);
-- cost: `log_cost` (energy + rate x time as a log ratio to the reference's), `mean_log_cost`,
+- cost: `log_cost` (energy + rate x time as a log ratio to the reference's, at each of
+  `exchange_rates_w`), `mean_log_cost`,
   `best_config`, `incumbents`, `steps_since_improvement`, `log_ratios`;
 - limits: `time_limit_s` (the budget), `safe_log_limit` (too slow even to try);
 - `GridFacts`: monotone-time pruning and bounds, and the initial design (`DESIGN_RATIOS`);
@@ -84,43 +85,45 @@ def safe_log_limit(task: Task, margin: float) -> float:
     return float(np.log(1.0 + 3.0 * task.budget + margin))
 
 
-def log_cost(log_t: np.ndarray, log_e: np.ndarray, mu: np.ndarray | float) -> np.ndarray:
+def log_cost(log_t: np.ndarray, log_e: np.ndarray, relative_rate: np.ndarray | float) -> np.ndarray:
     """log((energy + rate x time) / the reference's), from log time and log energy ratios to the
-    reference; mu = rate x reference time / reference energy (0: energy alone). Broadcasts."""
-    mu = np.asarray(mu, dtype=float)
+    reference; relative_rate = rate x reference time / reference energy (0: energy alone). Broadcasts."""
+    relative_rate = np.asarray(relative_rate, dtype=float)
     with np.errstate(divide="ignore"):
-        return np.logaddexp(log_e, np.log(mu) + log_t) - np.log1p(mu)
+        return np.logaddexp(log_e, np.log(relative_rate) + log_t) - np.log1p(relative_rate)
 
 
-def mean_log_cost(log: TaskLog, task: Task, mu: np.ndarray | float) -> np.ndarray:
+def mean_log_cost(log: TaskLog, task: Task, relative_rate: np.ndarray | float) -> np.ndarray:
     """Per config, the log cost ratio of its mean time and energy; NaN where unmeasured."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return log_cost(
-            np.log(log.mean_time_s / task.ref_time_s), np.log(log.mean_energy_j / task.ref_energy_j), mu
+            np.log(log.mean_time_s / task.ref_time_s),
+            np.log(log.mean_energy_j / task.ref_energy_j),
+            relative_rate,
         )
 
 
-def best_config(log: TaskLog, task: Task, mu: float = 0.0) -> int | None:
+def best_config(log: TaskLog, task: Task, relative_rate: float = 0.0) -> int | None:
     """Least mean cost among measured configs whose mean time is within budget."""
     ok = log.measured & (log.mean_time_s <= time_limit_s(task))
     if not ok.any():
         return None
-    return int(np.nanargmin(np.where(ok, mean_log_cost(log, task, mu), np.nan)))
+    return int(np.nanargmin(np.where(ok, mean_log_cost(log, task, relative_rate), np.nan)))
 
 
-def incumbents(log: TaskLog, task: Task, mus: np.ndarray) -> np.ndarray:
+def incumbents(log: TaskLog, task: Task, relative_rates: np.ndarray) -> np.ndarray:
     """Per rate, the least log cost ratio a plan can already have: the best measured config
     within budget, or the stock reference (0)."""
     ok = log.measured & (log.mean_time_s <= time_limit_s(task))
-    cost = mean_log_cost(log, task, mus[:, None])
+    cost = mean_log_cost(log, task, relative_rates[:, None])
     return np.minimum(np.where(ok, cost, np.inf).min(axis=1), 0.0)
 
 
-def steps_since_improvement(log: TaskLog, task: Task, tol: float, mus: np.ndarray) -> int:
+def steps_since_improvement(log: TaskLog, task: Task, tol: float, relative_rates: np.ndarray) -> int:
     """How many of the task's last measurements did not lower the best cost at any rate by more
     than tol (relative); the stock reference and seeded configs are the starting point."""
     feasible = log.mean_time_s <= time_limit_s(task)
-    cost = mean_log_cost(log, task, mus[:, None])
+    cost = mean_log_cost(log, task, relative_rates[:, None])
     seeded = log.measured.copy()
     seeded[log.order] = False
     best = np.minimum(np.where(seeded & feasible, cost, np.inf).min(axis=1), 0.0)
@@ -199,7 +202,7 @@ class BasePolicy(ABC):
     When the space's reference is a grid config, each task's log starts with the caller's
     reference measurement at it, so no strategy spends a measurement on it again.
     ask() returns only unmeasured configs (no strategy here re-samples); once it has returned
-    None for a task it keeps doing so until rates_w changes (a task converged at some rates may
+    None for a task it keeps doing so until exchange_rates_w changes (a task converged at some rates may
     still have configs worth measuring at others).
 
     Args:
@@ -218,7 +221,7 @@ class BasePolicy(ABC):
         self.seed = int(seed)
         self.max_per_task = max_per_task
         self.ask_cpu_s: list[float] = []
-        self.rates_w: tuple[float, ...] = (0.0,)
+        self.exchange_rates_w: tuple[float, ...] = (0.0,)
         self._logs: dict[str, TaskLog] = {}
         self._rngs: dict[str, np.random.Generator] = {}
 
@@ -248,24 +251,24 @@ class BasePolicy(ABC):
             self._rngs[task.key] = rng
         return rng
 
-    def mus(self, task: Task) -> np.ndarray:
-        """The rates as dimensionless mu = rate x reference time / reference energy."""
-        return np.asarray(self.rates_w, dtype=float) * task.ref_time_s / task.ref_energy_j
+    def relative_rates(self, task: Task) -> np.ndarray:
+        """The exchange rates relative to the task: rate x reference time / reference energy (no unit)."""
+        return np.asarray(self.exchange_rates_w, dtype=float) * task.ref_time_s / task.ref_energy_j
 
     def ask(self, task: Task) -> int | None:
         start = time.process_time()
         try:
             log = self.log(task)
             if (
-                log.done_for == self.rates_w
+                log.done_for == self.exchange_rates_w
                 or log.measured.all()
                 or (self.max_per_task is not None and len(log.order) >= self.max_per_task)
             ):
-                log.done_for = self.rates_w
+                log.done_for = self.exchange_rates_w
                 return None
             config = self._choose(task, log)
             if config is None:
-                log.done_for = self.rates_w
+                log.done_for = self.exchange_rates_w
                 return None
             assert not log.measured[config], f"{self.name} chose measured config {config}"
             return int(config)
@@ -279,7 +282,9 @@ class BasePolicy(ABC):
 
     def best(self, task: Task) -> int | None:
         """Least mean cost within budget at the middle rate (least energy at the default)."""
-        return best_config(self.log(task), task, float(self.mus(task)[len(self.rates_w) // 2]))
+        return best_config(
+            self.log(task), task, float(self.relative_rates(task)[len(self.exchange_rates_w) // 2])
+        )
 
     @abstractmethod
     def _choose(self, task: Task, log: TaskLog) -> int | None:

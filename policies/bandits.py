@@ -66,9 +66,9 @@ class UcbPolicy(_GaussianBandit):
         cand &= b.mean_t - self.beta * b.sd_t <= np.log1p(task.budget)
         if not cand.any():
             return None
-        mus = self.mus(task)
-        lcb = log_cost(b.mean_t - self.beta * b.sd_t, b.mean_e - self.beta * b.sd_e, mus[:, None])
-        gain = np.where(cand, incumbents(log, task, mus)[:, None] - lcb, -np.inf)
+        relative_rates = self.relative_rates(task)
+        lcb = log_cost(b.mean_t - self.beta * b.sd_t, b.mean_e - self.beta * b.sd_e, relative_rates[:, None])
+        gain = np.where(cand, incumbents(log, task, relative_rates)[:, None] - lcb, -np.inf)
         rate, config = np.unravel_index(int(np.argmax(gain)), gain.shape)
         if gain[rate, config] <= -np.log1p(-self.tol):
             return None
@@ -104,12 +104,12 @@ class ThompsonPolicy(_GaussianBandit):
         b = self.model.posterior(log, task)
         cand = safe_candidates(self.facts, log, task, b, self.kappa, self.margin)
         limit_t = np.log1p(task.budget)
-        mus = self.mus(task)
-        target = incumbents(log, task, mus)[:, None, None] + np.log1p(-self.tol)
+        relative_rates = self.relative_rates(task)
+        target = incumbents(log, task, relative_rates)[:, None, None] + np.log1p(-self.tol)
         rng = self.rng(task)
         draw_t = b.mean_t + b.sd_t * rng.standard_normal((self.draws, b.mean_t.size))
         draw_e = b.mean_e + b.sd_e * rng.standard_normal((self.draws, b.mean_e.size))
-        cost = log_cost(draw_t, draw_e, mus[:, None, None])  # rate x draw x config
+        cost = log_cost(draw_t, draw_e, relative_rates[:, None, None])  # rate x draw x config
         useful = (draw_t <= limit_t) & (cost < target)
         if not (cand & (useful.mean(axis=1) >= self.stop_prob).any(axis=0)).any():
             return None

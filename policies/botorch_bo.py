@@ -131,11 +131,13 @@ class BotorchPolicy(SafeExplorer):
             cand = np.flatnonzero(open_ & self._safe(task, log, model))
             if cand.size == 0:
                 return None
-            mus = self.mus(task)
-            first = self._rate.get(task.key, 0) % len(mus)
-            for r in (first + np.arange(len(mus))) % len(mus):
+            relative_rates = self.relative_rates(task)
+            first = self._rate.get(task.key, 0) % len(relative_rates)
+            for r in (first + np.arange(len(relative_rates))) % len(relative_rates):
                 x_next, log_ei = optimize_acqf_discrete(
-                    self._acquisition(model, log, task, float(mus[r])), q=1, choices=self._x_all[cand]
+                    self._acquisition(model, log, task, float(relative_rates[r])),
+                    q=1,
+                    choices=self._x_all[cand],
                 )
                 if float(log_ei.exp().max()) >= self.tol:
                     self._rate[task.key] = int(r)
@@ -143,17 +145,17 @@ class BotorchPolicy(SafeExplorer):
         return None
 
     def _acquisition(
-        self, model: ModelListGP, log: TaskLog, task: Task, mu: float
+        self, model: ModelListGP, log: TaskLog, task: Task, relative_rate: float
     ) -> qLogNoisyExpectedImprovement:
         """qLogNEI on -log cost at one rate, feasibility-weighted by the time budget."""
-        log_mu = float(np.log(mu)) if mu > 0 else -np.inf
-        offset = float(np.log1p(mu))
+        log_relative_rate = float(np.log(relative_rate)) if relative_rate > 0 else -np.inf
+        offset = float(np.log1p(relative_rate))
         limit_t = float(np.log1p(task.budget))
 
         def neg_log_cost(z: torch.Tensor, X: torch.Tensor | None = None) -> torch.Tensor:
-            if mu == 0:
+            if relative_rate == 0:
                 return -z[..., ENERGY]
-            return offset - torch.logaddexp(z[..., ENERGY], z[..., TIME] + log_mu)
+            return offset - torch.logaddexp(z[..., ENERGY], z[..., TIME] + log_relative_rate)
 
         return qLogNoisyExpectedImprovement(
             model,

@@ -104,7 +104,7 @@ class CrossKernelPolicy(SafeExplorer):
             self._join(task, max(weights, key=weights.get) if weights else None)
             if weights:
                 return self._transfer_pick(task, log, weights)
-        self.bo.rates_w, self.bo.tol = self.rates_w, self.tol
+        self.bo.exchange_rates_w, self.bo.tol = self.exchange_rates_w, self.tol
         config = self.bo.ask(task)
         if config is None:
             self._found(task)
@@ -225,18 +225,20 @@ class CrossKernelPolicy(SafeExplorer):
         safe = np.minimum(mean_t + self.kappa * np.sqrt(var_t), upper_t) <= safe_log_limit(task, self.margin)
         open_ = ~log.measured & ~self.facts.known_infeasible(log, task) & safe
         open_ &= mean_t <= np.log1p(task.budget)
-        ei = np.zeros((len(self.rates_w), open_.size))
-        for r, mu in enumerate(self.mus(task)):
-            cost = log_cost(mean_t, pred.log_e, mu)
+        ei = np.zeros((len(self.exchange_rates_w), open_.size))
+        for r, relative_rate in enumerate(self.relative_rates(task)):
+            cost = log_cost(mean_t, pred.log_e, relative_rate)
             # d cost / d log time and d log energy: the shares of rate x time and of energy
             share_t = (
-                np.exp(np.log(mu) + mean_t - np.logaddexp(pred.log_e, np.log(mu) + mean_t))
-                if mu > 0
+                np.exp(
+                    np.log(relative_rate) + mean_t - np.logaddexp(pred.log_e, np.log(relative_rate) + mean_t)
+                )
+                if relative_rate > 0
                 else np.zeros(cost.size)
             )
             share_e = 1.0 - share_t
             var = share_t**2 * var_t + share_e**2 * var_e
-            b = best_config(log, task, float(mu))
+            b = best_config(log, task, float(relative_rate))
             if b is None or cost[b] >= 0.0:
                 gain = -cost
             else:

@@ -45,8 +45,8 @@ class EpsilonGreedyPolicy(SafeExplorer):
         self.model = BeliefModel(self.facts)
 
     def _pick(self, task: Task, log: TaskLog) -> int | None:
-        mus = self.mus(task)
-        if steps_since_improvement(log, task, self.tol, mus) >= self.patience:
+        relative_rates = self.relative_rates(task)
+        if steps_since_improvement(log, task, self.tol, relative_rates) >= self.patience:
             return None
         beliefs = self.model.posterior(log, task)
         safe = safe_candidates(self.facts, log, task, beliefs, self.kappa, self.margin)
@@ -57,6 +57,6 @@ class EpsilonGreedyPolicy(SafeExplorer):
             return int(rng.choice(np.flatnonzero(safe)))
         within = safe & (beliefs.mean_t <= np.log1p(task.budget))
         pool = within if within.any() else safe
-        cost = log_cost(beliefs.mean_t, beliefs.mean_e, mus[:, None])
-        gain = np.where(pool, incumbents(log, task, mus)[:, None] - cost, -np.inf)
+        cost = log_cost(beliefs.mean_t, beliefs.mean_e, relative_rates[:, None])
+        gain = np.where(pool, incumbents(log, task, relative_rates)[:, None] - cost, -np.inf)
         return int(np.unravel_index(int(np.argmax(gain)), gain.shape)[1])

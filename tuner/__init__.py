@@ -1,0 +1,61 @@
+"""kdvfs.tuner: the orchestration layer: tuning sessions, plans, drift watch, MLflow and the CLI.
+
+The public names below load on first use (a lazy module __getattr__, as kdvfs/__init__ does),
+so that `kdvfs --help` does not import numpy, scipy, torch or MLflow. The CLI is tuner/cli.py
+with its commands in tuner/commands/; the design is docs/design-tuner.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC: dict[str, str] = {
+    # the online session
+    "OnlineTuner": "kdvfs.tuner.online",
+    "TuneState": "kdvfs.tuner.online",
+    "Point": "kdvfs.tuner.online",
+    "Alarm": "kdvfs.tuner.online",
+    "PlanSource": "kdvfs.tuner.online",
+    "schedule_figures": "kdvfs.tuner.online",
+    # search strategies against the sweep
+    "run_search": "kdvfs.tuner.search",
+    "SearchResult": "kdvfs.tuner.search",
+    "run_sweep": "kdvfs.tuner.sweep",
+    "compare_strategies": "kdvfs.tuner.compare",
+    # plans
+    "Plan": "kdvfs.tuner.plan",
+    "PlanGroup": "kdvfs.tuner.plan",
+    "load_plan": "kdvfs.tuner.plan",
+    "save_plan": "kdvfs.tuner.plan",
+    "PlanStore": "kdvfs.tuner.plan_store",
+    "carry_schedule": "kdvfs.tuner.transfer",
+    "solve_budget": "kdvfs.tuner.solver",
+    "group_kernels": "kdvfs.tuner.grouping",
+    "Grouping": "kdvfs.tuner.grouping",
+    # drift and refinement
+    "DriftMonitor": "kdvfs.tuner.drift",
+    "ConditionWatch": "kdvfs.tuner.drift",
+    "CusumDetector": "kdvfs.tuner.drift",
+    "RefinementSearch": "kdvfs.tuner.refinement",
+    "RefinementResult": "kdvfs.tuner.refinement",
+    "run_scenario": "kdvfs.tuner.adaptation",
+    # MLflow
+    "Tracker": "kdvfs.tuner.tracking",
+    "RunHandle": "kdvfs.tuner.tracking",
+}
+
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kdvfs.tuner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

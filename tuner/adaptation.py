@@ -1,42 +1,14 @@
 """Drift scenarios run against the online tuner, and plan reuse on a restart (issue 6).
 
-run_scenario: the tuner runs to convergence with its drift watch ready (or to --at-iteration),
-the scenario lands (runtime/scenarios.py), and the run continues for `after` iterations.
-ambient-step and power-cap change the card in place: the same session must notice (its
-inputs, power limit and temperature, or its drift watch) and re-plan. workload-change is in
-place too: the training loop hands the tuner its kernels at the new batch size
-(OnlineTuner.change_workload), which carries its table over. gpu-swap restarts the job: a
-new session on the new card asks the plan store first; the stored plan is for another GPU,
-so the store has none for the new key: the session carries the old card's plan over to the
-new card's clocks and tries it in training after the reference (transfer.py), or
-cold-starts if that fails (detection is the restart itself). Figures, per scenario:
-- detected_after_iterations: iterations from the change to the first drift alarm (0 on a
-  restart; None when nothing alarmed);
-- recovered_after_iterations: first iteration after the change from which the running
-  schedule's noiseless saving (schedule_figures under the new conditions) stays >=
-  RECOVERED_SHARE of the oracle's with its noiseless slowdown within the budget, to the end
-  of the run (the trials of a refinement, 20 s each at most, excepted; the tuner's runs at
-  stock, settling and references, count as saving nothing; on a restart whose stored plan was
-  kept, the plan counts from the iteration it began to run, a second into the job); None when
-  never; first_reached_after_iterations: the first point there at all, even if it fell back;
-- stock_spans_after: the tuner's runs at stock after the change, [from, to) in iterations
-  after it (settling and references: what keeps recovery from being sooner; a restart's
-  first warm-up and reference are in it only when a stored plan ran through the warm-up);
-- max_slowdown: largest cumulative slowdown (the budget account's, against the stock time in
-  force) at any reported point after the change; budget_violations: how many points exceed it;
-- energy_saving_after: noiseless saving of the schedule running at the end;
-- oracle_saving_after: the best grouped schedule under the new conditions from full
-  information: a full sweep on a fresh device with the change applied, group_kernels over
-  every pair and stock within the same time limit rule, evaluated by schedule_figures;
-- energy_lost_vs_oracle_j: the energy the run used from the change on (its counter:
-  exploration, references and the time before detection included) less what the oracle's
-  schedule, running from the change, would use over as many iterations (noiseless);
-  energy_lost_vs_oracle_share: that as a share of stock's energy over those iterations;
-- unconfirmed_alarms: output alarms after the change that did not recur (nothing re-tuned);
-- false_alarms_stable: alarms of a separate run of the same length without the change
-  (unconfirmed_alarms_stable: its output alarms that did not recur).
-measure_restart: a cold start that stores its plan, then a restart on a fresh card of the
-same kind that reuses it: iterations each needs until its schedule reaches the old saving.
+- run_scenario: the tuner settles (settle), the scenario lands (runtime/scenarios.py), the
+  run continues; it reports detection, recovery, the budget kept and the saving against an
+  oracle (oracle_saving), and the false alarms of a stable run (stable_run).
+- measure_restart: a cold start that stores its plan against a restart that reuses it.
+- Session: how to open the simulated job; SavingTrace: the running schedule's noiseless
+  saving point by point; store_plan: a settled session's plan into a store.
+
+The scenarios and the meaning of every figure reported:
+docs/design-tuner.md#adaptation-drift-scenarios-and-restarts
 """
 
 from __future__ import annotations
@@ -57,16 +29,27 @@ from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.report import TuneReport
 from kdvfs.tuner.sweep import realisable, run_sweep
 
+#: Share of the oracle's saving a schedule must keep to count as recovered; a fraction.
 RECOVERED_SHARE = 0.95
+#: Training run at a time while waiting for convergence and a ready drift watch; s.
 READY_STEP_S = 20.0
-"""Training seconds run at a time while waiting for convergence and a ready drift watch."""
+#: Training after which a session that has not settled is an error; s.
 READY_LIMIT_S = 200_000.0
-"""Training seconds after which a session that has not settled is an error."""
 
 
 @dataclass(frozen=True)
 class Session:
-    """How to open the simulated job: device spec, workload spec, tuner settings."""
+    """How to open the simulated job: device spec, workload spec, tuner settings.
+
+    Args:
+        device_spec: the device, as the CLI takes it (sim:PRESET, replay:CSV).
+        workload_spec: the workload, as the CLI takes it (gpt3-xl-layer, trace:CSV, table).
+        strategy: the search strategy's name.
+        budget: the largest slowdown allowed against stock, a fraction.
+        seed: seed of the device's noise and the strategy's draws.
+        warmup_s: training at stock before the reference is measured, s.
+        workload: a workload object used instead of workload_spec (tests use small slices).
+    """
 
     device_spec: str
     workload_spec: str
@@ -75,7 +58,6 @@ class Session:
     seed: int = 0
     warmup_s: float = 120.0
     workload: Workload | None = None
-    """A workload object instead of workload_spec (tests use small slices)."""
 
     def open(self, seed: int | None = None) -> tuple[ModelDevice, Workload]:
         device = open_device(self.device_spec, seed=self.seed if seed is None else seed)
@@ -98,7 +80,13 @@ class Session:
 class SavingTrace:
     """The running schedule's noiseless saving, point by point (evaluated when it changes).
     The tuner's runs at stock between two points (an alarm's settling and reference, a stored
-    plan's reference: state.stock_spans) are recorded too, as saving nothing from their start."""
+    plan's reference: state.stock_spans) are recorded too, as saving nothing from their start.
+
+    Args:
+        tuner: the session whose running schedule is traced (called with each of its points).
+        offset: added to the tuner's iteration counts (a restarted job's earlier iterations);
+            iterations.
+    """
 
     def __init__(self, tuner: OnlineTuner, offset: int = 0) -> None:
         self.tuner, self.offset = tuner, offset
@@ -118,7 +106,7 @@ class SavingTrace:
         self.points += [(start + self.offset, 0.0, 0.0, False) for start, _ in spans[self._spans_seen :]]
         self._spans_seen = len(spans)
         saving, slowdown = self.figures()
-        self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refining))
+        self.points.append((point.iteration + self.offset, saving, slowdown, self.tuner.refinement_running))
 
     def from_stored_plan(self) -> None:
         """A kept stored (or carried) plan ran from state.plan_from_iteration, before the first
@@ -182,10 +170,10 @@ def run_scenario(
     fleet_store: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The scenario's JSON document (module docstring); after_iterations defaults to twice
-    the iterations the first convergence took. fleet_store (gpu-swap only): another job of
-    the fleet, started after this one, has tuned the new card meanwhile (a cold start of its
-    own) and left its plan in the shared store."""
+    """The scenario's JSON document (its figures: docs/design-tuner.md, adaptation);
+    after_iterations defaults to twice the iterations the first convergence took. fleet_store
+    (gpu-swap only): another job of the fleet, started after this one, has tuned the new card
+    meanwhile (a cold start of its own) and left its plan in the shared store."""
     say = progress or (lambda _msg: None)
     with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
         store = PlanStore(store_dir or tmp)

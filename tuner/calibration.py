@@ -15,6 +15,7 @@ from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import number, positive, read_csv, require_columns
 from kdvfs.runtime.types import Kernel
 
+#: Columns a probe table must have.
 REQUIRED = ("kernel", "per_call_us", "avg_power_W", "sm_clock_median", "temp_end")
 
 

@@ -1,60 +1,14 @@
 """Drift detection under a settled plan: has a group's time or the iteration's energy moved?
 
-Each monitored stream (a group's time per iteration from launch timings, the iteration's
-energy from the counter) gives one value per window. Its residual against what the plan
-expects, x / expected - 1, feeds a self-starting two-sided CUSUM (Page 1954; Hawkins 1987):
-    U_n = Phi^-1(F_t,n-2(sqrt((n-1)/n) (x_n - mean_n-1) / sd_n-1))     standardised residual
-    S+ = max(0, S+ + U_n - k),   S- = max(0, S- - U_n - k),   alarm when either exceeds h.
-The baseline (mean, sd) is learned on-line from every earlier window of the stream, so it
-absorbs a steady bias between the plan's figures (isolated replay) and training (in-iteration
-temperature, counter alignment): what alarms is a change, not a bias. Standardising by the
-estimates of the earlier windows through the t distribution makes U exactly N(0, 1) on
-Gaussian noise however few windows came before, so the false-alarm rate below holds from
-the start. (A baseline frozen after a short warm-up does not: its median is off by ~0.2 sigma
-after 50 windows, which shrinks k on one side and, measured, put a false alarm in one
-stream in six over 2,000 windows.)
+- CusumDetector: a self-starting two-sided CUSUM on one stream of relative residuals
+  (cusum_arl0 and cusum_threshold design its threshold h for an in-control run length).
+- DriftMonitor: one detector per named stream (the iteration's time, its energy, each
+  group's time: group_stream / stream_group name them), with confirmation of alarms.
+- ConditionWatch: the inputs a plan was made under, read not inferred: the enforced power
+  limit (limit_moved) and the settled temperature; Condition names what moved.
 
-Choice of k and h. k = 0.5 sigma is the optimal allowance for a 1-sigma shift and detects
-larger ones quickly. h is set for an in-control average run length (ARL0: windows between false
-alarms of one stream, both sides) of DEFAULT_ARL0 = 1e7 by Siegmund's approximation
-(cusum_threshold): h ~ 15.0. A run of 2,000 windows watching 20 streams then expects
-2,000 x 20 / 1e7 = 0.004 false alarms (measured: one in 800,000 Gaussian windows). The price
-of a large h is small: the delay grows only linearly in h (about h / (shift - k) windows).
-Measured on Gaussian noise after 100 stable windows: a 2-sigma step is detected after ~13
-windows on average, a 3-sigma one after ~8; a 1-sigma step takes ~200, being partly learned
-into the baseline meanwhile.
-
-Tolerance of measurement glitches: U is clipped to +/- DEFAULT_CLIP (8) in the sums, so one
-wild window moves a sum by at most 7.5 < h and never alarms alone, while two extreme windows
-do (a gross change, another GPU or a power cap, is caught in two); and a window beyond the
-clip is not learned, so it cannot inflate the baseline's sd and blind the stream.
-No alarm is raised during the first `warmup` windows, while the baseline is still rough; at
-their end a robust screen (median and MAD) drops glitches among them, which no baseline
-could judge as they came.
-
-Windows must be long enough that consecutive residuals are roughly independent: at least the
-device's noise correlation time (1 s on the simulated card, whose noise is redrawn per second)
-and several energy-counter periods (100 ms). Shorter windows carry the same noise draw
-and make the sums drift, i.e. false alarms. For the same reason the card's temperature is no
-stream for this test (a first-order lag of power: its noise is correlated over the thermal
-time constant, and on the simulated H200 it false-alarmed within ~80 windows of 2 s): it is
-an input instead (ConditionWatch).
-
-Inputs (ConditionWatch). What the plan was made under is read, not inferred: the enforced
-power limit (an operator's cap is exact and known the moment it is set) and the GPU
-temperature. A limit that moves by more than POWER_LIMIT_TOLERANCE_W alarms at once. The
-temperature is watched for a step: once the readings of the last TEMP_SETTLE_S drift by less
-than TEMP_SETTLED_DRIFT_C between their halves (10 s apart: on a card with a 30-s time
-constant at most 0.3 C is then still to come), their mean is the centre, and a reading
-farther from it than half their range plus TEMP_MARGIN_C alarms. The centre then follows the
-readings with a TEMP_TRACK_S time constant: a settled card wanders (the simulated 3080 Ti by
-0.7 C over 15 minutes under one plan; a real one with its fan and the room), and a wander
-that slow is not a step; its effect on energy, if any, is the CUSUM's to see. The margin was
-set on a real H200 (experiments/h200_inputs.py, docs/gpu-validation.md): NVML reports whole
-degrees, and under a steady power-capped load the readings flickered by one degree and
-crept by two over two minutes; a 0.5 C margin alarmed twice in 100 s there, 1.5 C never.
-(The simulated cards are smoother: 0.056 C s.d.) After an ambient step of +15 C the
-simulated 3080 Ti (time constant 30 s) is 1.6 C off its centre within ~55 iterations (3.4 s).
+Design and findings (choice of k and h, glitches, window length, the temperature margin
+measured on a real H200): docs/design-tuner.md#drift-is-the-settled-plan-still-right
 """
 
 from __future__ import annotations
@@ -62,28 +16,38 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 from scipy.special import ndtri, stdtr
 
 from kdvfs.runtime.types import KdvfsError
 
+#: Change of the enforced power limit that alarms; W.
 POWER_LIMIT_TOLERANCE_W = 0.5
+#: Span of temperature readings that must be flat before their mean is the centre; s.
 TEMP_SETTLE_S = 20.0
+#: Largest difference between the means of the two halves of that span for it to be flat; C.
 TEMP_SETTLED_DRIFT_C = 0.1
+#: Distance beyond half the settled readings' range from the centre that alarms; C.
 TEMP_MARGIN_C = 1.5
+#: Time constant with which the centre follows a settled card's readings; s.
 TEMP_TRACK_S = 120.0
 
+#: CUSUM allowance k per window; standard deviations of the stream.
 DEFAULT_K = 0.5
+#: In-control average run length the threshold h is set for (both sides); windows.
 DEFAULT_ARL0 = 1e7
+#: Windows learned before a detector may alarm; windows.
 DEFAULT_WARMUP = 20
+#: Clip on a standardised residual in the sums (and beyond which it is not learned); s.d.
 DEFAULT_CLIP = 8.0
+#: Floor on a stream's sd, so that rounding on a noiseless stream does not alarm; relative residual.
 DEFAULT_MIN_SCALE = 1e-3
-"""Floor on a stream's sd (relative residual): a noiseless stream still gets a 0.1% allowance,
-or any rounding would alarm."""
+#: Ratio of a Gaussian's sd to its median absolute deviation; no unit.
 MAD_TO_SD = 1.4826
+#: Siegmund's correction of the threshold for a Gaussian sum's overshoot (b = h + 1.166); s.d.
 SIEGMUND_OFFSET = 1.166
-"""b = h + 1.166: Siegmund's correction of the threshold for the overshoot of a Gaussian sum."""
 
 
 def cusum_arl0(h: float, k: float = DEFAULT_K) -> float:
@@ -106,6 +70,7 @@ def cusum_threshold(arl0: float, k: float = DEFAULT_K) -> float:
     return hi
 
 
+#: CUSUM threshold h for DEFAULT_ARL0 (about 15); standard deviations.
 DEFAULT_H = cusum_threshold(DEFAULT_ARL0)
 
 
@@ -115,6 +80,14 @@ class CusumDetector:
     update(x) feeds one window's residual and returns True on an alarm; the sums then restart
     from zero and the baseline keeps learning (a stream that stays shifted alarms again some
     windows later). reset() forgets the baseline too: call it once the stream's plan changed.
+
+    Args:
+        k: allowance per window, in standard deviations of the stream.
+        h: alarm threshold of either sum, in standard deviations.
+        warmup: windows learned before an alarm is possible (at least 3).
+        clip: bound on a standardised residual in the sums, s.d.; a window beyond it is not
+            learned.
+        min_scale: floor on the stream's sd, in relative residual.
     """
 
     def __init__(
@@ -206,17 +179,15 @@ class DriftMonitor:
     update(values, expected) takes one window: the measured value of each stream that has one
     this window (a stream may sit a window out) and what the plan expects of it; it returns the
     names of the streams that changed, in the order the monitor was given them. After re-tuning
-    those, reset(names) re-learns their baselines (the others keep watching).
+    those, reset(names) re-learns their baselines (the others keep watching). With confirm > 0
+    an alarm is reported only when its stream alarms again within `confirm` windows (the
+    baseline learns nothing meanwhile); one that does not recur counts in `unconfirmed`. Why:
+    docs/design-tuner.md (confirmation).
 
-    confirm > 0: a stream's alarm is reported only when the stream alarms again within its next
-    `confirm` windows (its sums restart at the first alarm, its baseline is kept and learns
-    nothing meanwhile, so that a shift is not absorbed while it is being confirmed). A lasting
-    shift alarms again after as many windows as it took the first time; a burst of two or three
-    wild windows does not, and is counted in `unconfirmed` instead. Why: a stream can be
-    bimodal without any change, e.g. a group whose clock switch lands within the jitter of a
-    kernel boundary runs that kernel at one pair or the other (simulated 3080 Ti, batch 16: a
-    3% step in one 2-s window whenever the 1-s noise draw is >= +1.8%), and two such windows
-    close together alarm a plain CUSUM.
+    Args:
+        streams: the distinct stream names.
+        k, h, warmup, clip, min_scale: each stream's CusumDetector settings (see there).
+        confirm: windows within which an alarm must recur to be reported; 0: report at once.
     """
 
     def __init__(
@@ -288,6 +259,20 @@ class DriftMonitor:
             self._suspects.pop(name, None)
 
 
+def group_stream(index: int) -> str:
+    """The drift watch's stream name for the time of the schedule's group `index`."""
+    return f"g{index}"
+
+
+def stream_group(name: str) -> int | None:
+    """The group index of a group's stream name (group_stream), None for any other stream."""
+    return int(name[1:]) if name[:1] == "g" and name[1:].isdigit() else None
+
+
+Condition = Literal["power_limit", "temperature"]
+"""An input a plan was made under, as ConditionWatch reports it when it moved."""
+
+
 def limit_moved(old_w: float | None, new_w: float, tolerance_w: float = POWER_LIMIT_TOLERANCE_W) -> bool:
     """The enforced power limit changed (None: not read before; math.inf on both sides, a
     card or table without one, never changes)."""
@@ -300,6 +285,13 @@ class ConditionWatch:
     update(now_s, temp_c, power_limit_w) takes one reading and returns the inputs that moved
     ("power_limit", "temperature"); after an alarm it learns the new conditions afresh (the
     limit at once, the temperature once the card has settled again).
+
+    Args:
+        settle_s: span of readings that must be flat before their mean is the centre, s.
+        settled_drift_c: largest difference between the means of the span's halves, C.
+        margin_c: distance beyond half the settled readings' range that alarms, C.
+        track_s: time constant with which the centre follows the readings, s.
+        limit_tolerance_w: change of the power limit that alarms, W.
     """
 
     def __init__(
@@ -342,10 +334,10 @@ class ConditionWatch:
         self.centre_c = None
         self._readings.clear()
 
-    def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[str]:
+    def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[Condition]:
         if not math.isfinite(temp_c):
             raise KdvfsError(f"condition watch: temperature reading {temp_c} is not a finite number")
-        moved = []
+        moved: list[Condition] = []
         if limit_moved(self.limit_w, power_limit_w, self.limit_tolerance_w):
             moved.append("power_limit")
         self.limit_w = power_limit_w

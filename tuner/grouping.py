@@ -1,28 +1,14 @@
 """Switch-cost-aware grouping: consecutive kernels share one clock pair, switches cost time.
 
-The device model: a switch requested at the start of a group lands switch_latency_s later;
-until then the old clocks keep running (no stall), so the kernels that start within the
-latency of their group's start run at the pair in effect before. A request made while an
-earlier one is still pending replaces it: a group shorter than the latency never gets its
-pair (the same as merging it into the group before), and the planner only proposes groups
-that last at least the latency. The iteration repeats: the pair in effect when it starts is
-the last group's. The granularity is the kernel: a kernel (all its launches in the
-iteration) runs at the pair in effect when it starts.
+- group_kernels: the least-energy grouping within a time limit, and its gap to a lower bound;
+  two stages: a Lagrangian DP walking the (time, energy) hull (_walk_hull), then, when the
+  gap is worth closing, a DP over discretised slack (_Planner.within).
+- evaluate_grouping: a grouping's time and energy under the device model (switches land
+  switch_latency_s after their group starts; _iterate).
+- Group, Grouping: the result.
 
-`group_kernels` plans in two stages, both dynamic programs over (kernel position, pair in
-effect). (1) Exact for a Lagrangian cost energy + lambda * time, the pair in effect at the
-iteration boundary included (O(n * P^2) per lambda, vectorised); lambda walks the lower hull
-of (time, energy) to the time limit, and the best Lagrangian value bounds the energy of any
-plan within the limit from below: the reported gap. (2) When the hull plan may be more than
-_GAP_WORTH_CLOSING from that bound: an exact DP over discretised slack (as in solver.py,
-extra times rounded up so the plan is truly feasible) over the pairs the hull plans use, for
-the boundary pair(s) they end at, O(n * P' * resolution); the better plan wins. 111 kernels
-x 220 pairs take about a second at most. Every pair is a candidate for every group: pruning
-pairs per kernel to its Pareto front could drop the best plan (a group shares one pair, and
-a pair's speed also sets how many kernels the next switch's window covers). With no latency
-the kernels are independent and the plan is solver.solve_budget's. It does not plan a switch
-that would still be pending when the iteration ends (that could only change which pair a
-few kernels at the iteration boundary run at).
+Design (the device model, the two stages, why every pair is a candidate):
+docs/design-tuner.md#grouping-switch-cost-aware-plans
 """
 
 from __future__ import annotations
@@ -37,14 +23,12 @@ import numpy as np
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.solver import solve_budget
 
+#: A switch due within this of a kernel's start applies to it (as in ModelDevice); s.
 SWITCH_TOL_S = 1e-15
-"""A switch due within this of a kernel's start applies to it (as in ModelDevice)."""
-
+#: Extra times within this fraction of a slack unit above a whole number of units round down.
 _CEIL_TOL = 1e-9
-"""Extra times within this fraction of a slack unit above a whole number of units round down."""
-
+#: Relative gap of the hull plan to the bound above which the slack DP runs; a fraction.
 _GAP_WORTH_CLOSING = 1e-4
-"""Run the slack DP only when the hull plan may be this far (relative) from the optimum."""
 
 
 @dataclass(frozen=True)
@@ -135,16 +119,16 @@ def _walk_hull(
     planner: _Planner, low: Grouping, high: Grouping, dual_j: float, limit_s: float
 ) -> tuple[Grouping, Grouping, float, list[Grouping]]:
     """Walk the lower hull of (time, energy) between a plan over the limit (low) and one within
-    it (high): lam = the slope between them finds any plan below their chord; none means lam
+    it (high): exchange_rate_w = the slope between them finds any plan below their chord; none means it
     maximises the dual, and the chord at the limit is the bound. Returns the final low and
     high, the dual bound and every plan met."""
     seen = [low, high]
     for _ in range(200):
-        lam = (high.energy_j - low.energy_j) / (low.time_s - high.time_s)
-        plan, value = planner.lagrangian(1.0, lam)
+        exchange_rate_w = (high.energy_j - low.energy_j) / (low.time_s - high.time_s)
+        plan, value = planner.lagrangian(1.0, exchange_rate_w)
         seen.append(plan)
-        dual_j = max(dual_j, value - lam * limit_s)
-        chord = low.energy_j + lam * low.time_s
+        dual_j = max(dual_j, value - exchange_rate_w * limit_s)
+        chord = low.energy_j + exchange_rate_w * low.time_s
         known = {(low.time_s, low.energy_j), (high.time_s, high.energy_j)}
         if value >= chord - 1e-12 * abs(chord) or (plan.time_s, plan.energy_j) in known:
             break

@@ -1,21 +1,13 @@
 """What has been measured so far, per kernel and clock pair, and the plan it supports.
 
-The sweep fills every cell; a search strategy fills few. Either way the per-kernel plan is
-the exact least-energy choice under the iteration's time limit (solver.solve_budget), with
-"stock" (the card's auto mode, the reference) always an option, so a kernel not yet explored
-stays at stock.
+- Observations: the table of cells (time, energy, counts, paired ratios), the stock
+  references, and the per-kernel plan (kernel_level_choice: solver.solve_budget under
+  time_limit_s, stock always an option).
+- measure_cell: one cell measured in isolated replay, a throttled pair paired with a stock
+  measurement right after it.
 
-Two references, because temperature matters. The iteration's reference time comes from
-training iterations at stock after the card settled to its training temperature
-(measure.measure_reference_iterations: per-kernel times from launch timings); its noise sets
-the safety margin (SAFETY_Z standard deviations of plan and reference time). Each kernel's
-isolated stock measurement, taken when its search starts, is the energy reference and the
-baseline its search is judged against. Isolated replay runs cooler than training. A pair the
-card held has a time that does not depend on temperature, so its measured time is used as
-is. A pair at which the card throttled (its cap or temperature pulled the clocks below the
-lock) runs the card's cap controller, like stock, and looks faster when cool; it is
-measured with a paired stock measurement right after it (same temperature), and a plan
-uses its ratio to that measurement times the kernel's training reference (measure_cell).
+Design and findings (two references, because temperature matters):
+docs/design-tuner.md#observations-what-has-been-measured-and-the-plan-it-supports
 """
 
 from __future__ import annotations
@@ -29,13 +21,14 @@ from kdvfs.runtime.measure import IterationReference, measure_isolated
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.solver import solve_budget
 
+#: Safety margin of a plan's time limit: standard deviations of plan and reference time.
 SAFETY_Z = 2.0
 
 
 @dataclass
 class Observations:
     """Per-iteration (launches included) mean time and energy per (kernel, pair), NaN where
-    unmeasured, with the references (see the module docstring)."""
+    unmeasured, with the references (docs/design-tuner.md, two references)."""
 
     workload: Workload
     pairs: tuple[ClockPair, ...]

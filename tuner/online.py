@@ -1,69 +1,18 @@
 """Online tuning: clocks tuned while the training job runs, never slower than the budget.
 
-The session, iteration by iteration:
-1. Reference: the first iterations run at stock clocks (the card's auto mode); once the card
-   has settled to its training temperature their per-kernel times (launch timings) and
-   energy (counter) are the reference (measure.measure_reference_iterations).
-2. Exploration is paid from the budget, not borrowed: the account allows (1 + budget) x the
-   reference time of the iterations run so far; each iteration whose schedule is faster than
-   that adds the difference to the slack, and an exploration measurement is made only when
-   the slack covers its whole device time (isolated replay of one kernel at one clock pair,
-   observations.measure_cell: on a card whose clock switch takes tens of ms, no kernel can run
-   alone at a clock inside a training iteration, and the energy counter cannot see a kernel).
-   So the cumulative slowdown of the run, exploration and switches included, stays within the
-   budget at every reported point.
-3. Kernels are explored one at a time, longest first (most of the saving comes early), by the
-   search strategy (policies/, the objective of tuner/search.py).
-4. The training runs a grouped schedule: consecutive kernels share one clock pair, chosen by
-   the switch-cost-aware planner (grouping.group_kernels) from what has been measured, with
-   pessimistic fill-ins for pairs a kernel was not measured at (time scaled by the larger
-   clock ratio, power as at stock: no saving assumed), re-planned each time a kernel
-   converges. While exploring, the schedule may use half the budget (EXPLORE_PLAN_SHARE);
-   the rest pays for exploration.
-5. Completion: a group shares one pair, which most of its kernels were never measured at.
-   Once every kernel has converged, the COMPLETION_PAIRS pairs the per-kernel plan uses most
-   (time-weighted) and the pairs a group of mixed kernels can share (top memory clock, core
-   below its top) are measured for every kernel of at least SIGNIFICANT_SHARE of the
-   iteration, paid from the slack like exploration. The final schedule then uses the whole
-   budget, less the noise margin, planned from measured cells (pessimistic fill-ins elsewhere).
-6. A schedule whose measured slowdown overshoots is dropped for stock and re-planned with
-   less budget.
-7. Drift watch (issue 6), once settled. Inputs first: before each chunk (at most
-   WATCH_ITERATIONS iterations) the enforced power limit and the temperature are read
-   (drift.ConditionWatch): a new limit, or a temperature that steps off where the card had
-   settled, alarms at once. Then the outputs: every chunk adds to a window of the iteration
-   time (launch timings, total / n) and of each group's time; once a window spans CHUNK_S it
-   is judged; the energy counter, which advances only every 100 ms, gives the energy per
-   iteration over windows of >= ENERGY_WINDOW_S. A DriftMonitor (self-starting CUSUM)
-   watches them; a stream's alarm counts once it recurs within CONFIRM_WINDOWS. A card that
-   warmed (its temperature stepped up) while nothing throttles it keeps its plan and its
-   reference: warmer stock can only be slower, so the reference stays a strict bound; the
-   energy stream sits out while it warms, a throttle reason meanwhile is an alarm, and once
-   the temperature is flat the energy baseline is learned afresh (_hold_plan). On any other
-   alarm (a new power limit, a cooling step, a group's time or the energy moved) the card
-   runs at stock until its temperature is flat again, the stock reference is measured again
-   in training, the budget account allows (1 + budget) x the new stock time for the
-   iterations since the alarm, and the schedule is re-planned at once from the cells that
-   still hold (_on_drift): only the kernels of groups whose own time moved are explored
-   again. When none is, the pair the last refinement chose is tried against the new plan in
-   training (one trial) before the winner is refined. A new workload of the same kernels at
-   other sizes (change_workload) is handled the same way, its cells scaled, without the
-   settling.
-8. Plan reuse (plan_store): the store's plan for this GPU, grid and workload, if any, runs
-   from the first iteration, through the warm-up the reference needs anyway; the reference
-   is then measured, and the plan is kept as the settled schedule (no exploration, drift
-   watch on) if its measured slowdown over the warm-up is within the budget plus noise.
-   Else, or when it runs plainly slow in its first chunk, the session cold-starts. A plan the
-   store cannot vouch for (corrupt, or made for another GPU / workload under this key) is
-   refused, noted in state.store_note. With no plan for this card, the newest plan for this
-   workload from another GPU is carried to this card's clocks (transfer.py), noted, and run
-   from the end of a normal reference (plan_source "transferred"): it is dropped for a cold
-   start when training measures it over the budget, and refined in training otherwise.
-9. Refinement (refine.py): a settled schedule of one pair for the whole iteration (a card
-   whose switch is slow against its iteration) is refined in training once its judge window
-   passed: the core clock is bisected downwards on the slowdown each candidate measures in
-   training, and the lowest that keeps the limit is adopted if its measured energy is lower.
-   The drift watch waits until it is done.
+- OnlineTuner: one session on a device whose kernels we run (simulated or replayed); run()
+  advances it chunk by chunk. Its parts, in the class's order: the loop (_train,
+  _explore_one), the in-training refinement (refinement.py), the drift watch (_watch_chunk,
+  _hold_plan, _on_drift), plan reuse (_store_lookup, _warm_up_under, transfer.py),
+  exploration and completion, planning (candidate_matrices, _replan: grouping.py).
+- BudgetAccount: time allowed, (1 + budget) x reference, against time spent; the slack pays
+  for exploration.
+- TuneState: what the session learned and runs; Point: one reported point; Alarm: one drift
+  alarm; PlanSource: where the running schedule came from.
+- plan_schedule (a plan document as a schedule), schedule_figures (a schedule's noiseless
+  saving and slowdown).
+
+Design and findings: docs/design-tuner.md#online-the-tuning-session
 """
 
 from __future__ import annotations
@@ -71,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -80,55 +30,53 @@ from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import THROTTLES, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
-from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, limit_moved
+from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, limit_moved, stream_group
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
-from kdvfs.tuner.refine import ABORT_S, ENERGY_MARGIN, TRIAL_S, TRIAL_SLACK_S, Refined, Refinement, Trial
-from kdvfs.tuner.search import LAMBDA_SHARE, TASK_SLOWDOWN, kernel_features, search_space
+from kdvfs.tuner.refinement import (
+    ABORT_S,
+    ENERGY_MARGIN,
+    TRIAL_S,
+    TRIAL_SLACK_S,
+    RefinementResult,
+    RefinementSearch,
+    Trial,
+)
+from kdvfs.tuner.search import PRIOR_EXCHANGE_RATE_SHARE, TASK_SLOWDOWN, search_space, task_features
 from kdvfs.tuner.transfer import carry_schedule
 
+PlanSource = Literal["tuned", "store", "transferred"]
+"""Where the running schedule came from: tuned in this session, a stored plan for this card
+verified and kept, or another GPU's plan carried to this card's clocks (on trial)."""
+
+#: Share of the budget the schedule may use while exploring (the rest pays for it); a fraction.
 EXPLORE_PLAN_SHARE = 0.5
+#: Smallest share of the iteration's reference time of a kernel measured in completion; a fraction.
 SIGNIFICANT_SHARE = 0.005
+#: Number of the per-kernel plan's most used pairs (time-weighted) measured in completion.
 COMPLETION_PAIRS = 3
+#: Core clocks, as fractions of the top one, of the shared pairs (top memory clock) completion measures.
 SHARED_CORE_FRACTIONS = (0.9, 0.8, 0.7)
+#: Training between reported points while nothing else happens, and the drift watch's time window; s.
 CHUNK_S = 2.0
-"""Training seconds between reported points while nothing else happens."""
+#: Training under a schedule before its measured slowdown is held against it (its judge window); s.
 JUDGE_S = 20.0
-"""Training seconds under a schedule before its measured slowdown is held against it."""
+#: Longest training chunk while saving up for a measurement (a long one can run throttled); s.
 TRAIN_MAX_S = 10.0
-"""Longest training chunk while saving up for a measurement. A chunk repeats its first exact
-iteration (IterationRunner fast-forward), so a long one started while a card at its thermal
-limit throttles runs throttled throughout: measured on the simulated 3080 Ti after a +15 C
-ambient step, 60-s chunks at stock ran 15% slower than stock, 10-s chunks within 0.3%."""
+#: Shortest energy window of the drift watch (100 energy-counter periods); s.
 ENERGY_WINDOW_S = 10.0
-"""Shortest energy window of the drift watch: 100 counter periods, so the counter's 100 ms
-steps and read alignment stay below the noise."""
+#: Longest run at stock waiting for the card to settle after an alarm (ten ~30-s time constants); s.
 SETTLE_MAX_S = 300.0
-"""Longest run at stock waiting for the card to settle before the reference is measured again
-after an alarm (ten time constants of a card's ~30 s). After an alarm of the inputs or the
-drift watch the card's thermal state is moving: an ambient step heats it and under its
-thermal limit stock slows, a lowered cap cools it and stock speeds up. A reference taken
-before it settles would be off by as much as the change (on the simulated 3080 Ti after
-+15 C, a reference taken at once left the run at a cumulative 6.65% slowdown against it once
-stock had settled at its thermal limit). A new workload on the same card
-needs no settling (ordinary conditions, the card warm from its plan)."""
+#: Window of the reference measured again after an alarm; s.
 REMEASURE_WINDOW_S = 10.0
-"""Window of the reference measured again: ten of the card's 1-s noise periods and a hundred
-energy-counter steps."""
+#: Windows within which an output stream's alarm must recur before it re-tunes; windows.
 CONFIRM_WINDOWS = 30
-"""An output stream's alarm re-tunes only when the stream alarms again within its next 30
-windows (60 s of a time stream, 300 s of the energy stream): drift.DriftMonitor(confirm).
-Inputs (power limit, temperature, workload) need no confirmation: they are read, not
-inferred. The budget does not wait for it: a schedule measured over it is backed off anyway."""
+#: Longest training chunk under a settled plan (the inputs are read before each); iterations.
 WATCH_ITERATIONS = 25
-"""Longest training chunk under a settled plan: the inputs (power limit, temperature) are read
-before each chunk, so a change is seen within this many iterations."""
+#: Slowdown beyond the budget, against a first second at stock, that stops a stored plan's warm-up.
 WARM_ABORT_SLOWDOWN = 0.05
-"""A stored plan whose chunk of the warm-up runs this much over the budget against a first
-second at stock is plainly not for this card now: it is stopped there (the reference is
-measured and the session cold-starts). The margin covers a cool card's faster stock."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +95,14 @@ class Point:
 
 @dataclass
 class BudgetAccount:
-    """Time allowed vs time spent, from the tuner's own measurements."""
+    """Time allowed vs time spent, from the tuner's own measurements.
+
+    Args:
+        ref_time_s: the reference (stock) time of one iteration, s.
+        budget: the largest slowdown allowed against it, a fraction.
+        iterations, spent_s, ref_total_s: the account so far (iterations run, the seconds they
+            took, their reference seconds); zero for a new account.
+    """
 
     ref_time_s: float
     budget: float
@@ -207,8 +162,10 @@ class TuneState:
     reconverged_at: list[int] = field(default_factory=list)  # after each alarm's re-tuning
     watch_windows: int = 0  # time windows the drift watch judged
     unconfirmed_alarms: int = 0  # output alarms that did not recur within CONFIRM_WINDOWS (nothing re-tuned)
-    refinements: list[Refined] = field(default_factory=list)  # one-pair schedules refined in training
-    plan_source: str = "tuned"  # "store": a stored plan verified and kept; "transferred": another GPU's, on trial (until a drift alarm)
+    refinements: list[RefinementResult] = field(
+        default_factory=list
+    )  # one-pair schedules refined in training
+    plan_source: PlanSource = "tuned"  # "transferred" until a drift alarm or a drop
     store_note: str | None = (
         None  # what the plan store lookup found, unless a plan for this very card was kept
     )
@@ -221,7 +178,20 @@ class TuneState:
 
 
 class OnlineTuner:
-    """A tuning session on a device whose kernels we run (simulated or replayed)."""
+    """A tuning session on a device whose kernels we run (simulated or replayed).
+
+    Args:
+        device: the card the job trains on, whose kernels the tuner runs and measures.
+        workload: the kernels of one training iteration, in order.
+        strategy: the search strategy's name (kdvfs.policies.registry.POLICIES).
+        budget: the largest slowdown allowed against stock, a fraction (0.01: 1%).
+        seed: seed of the strategy's random draws.
+        window_s: length of one exploration measurement (isolated replay), s.
+        warmup_s: training at stock before the reference is measured, s.
+        drift_watch: watch a settled plan for drift and re-tune on an alarm.
+        plan_store: where to look first for this card's stored plan (or another GPU's, to
+            carry over); None: tune from scratch.
+    """
 
     def __init__(
         self,
@@ -265,16 +235,16 @@ class OnlineTuner:
         )
         self.state.store_note = store_note
         self._order = [int(k) for k in np.argsort(-ref.kernel_time_s)]
-        self._features = kernel_features(workload)
-        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        self._task_features = task_features(workload)
+        self._exchange_rate_w = PRIOR_EXCHANGE_RATE_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         self._measure_cost_s = 2.0 * (window_s + 0.3)  # a throttled pair needs a paired stock measurement
         self._task: Task | None = None
         self._since_plan = (0.0, 0, device.energy_j())  # training seconds, iterations, counter at its start
-        self._refine: Refinement | None = None
+        self._refinement_search: RefinementSearch | None = None
         self._incumbent: tuple[Schedule, float] | None = (
             None  # a schedule on trial against a one-pair challenger, its energy/iteration
         )
-        self._refined = False  # the settled one-pair schedule was refined in training
+        self._refinement_done = False  # the settled one-pair schedule was refined in training
         self._remembered: ClockPair | None = (
             None  # the pair training chose before a drift re-plan: tried first
         )
@@ -356,7 +326,7 @@ class OnlineTuner:
         run_s, runs, counter_j = self._since_plan
         run_s, runs = run_s + total_s, runs + n
         self._since_plan = (run_s, runs, counter_j)
-        if self.refining:
+        if self.refinement_running:
             self._trial_chunk()
             return
         if self.drift_watch and self._settled() and self._watch_chunk(times, total_s, n):
@@ -371,14 +341,14 @@ class OnlineTuner:
             if over:
                 self.state.plan_budget *= 0.5  # the schedule runs slower than planned: back off
                 self._replan()
-            elif self._settled() and not self._refined and self.account.slack_s() >= TRIAL_SLACK_S:
+            elif self._settled() and not self._refinement_done and self.account.slack_s() >= TRIAL_SLACK_S:
                 self._start_refinement(measured, (self.device.energy_j() - counter_j) / runs)
 
-    # --- in-training refinement of a one-pair schedule (refine.py) ------------------------
+    # --- in-training refinement of a one-pair schedule (refinement.py) ------------------------
     @property
-    def refining(self) -> bool:
+    def refinement_running(self) -> bool:
         """A trial of the in-training refinement is running."""
-        return self._refine is not None or self._incumbent is not None
+        return self._refinement_search is not None or self._incumbent is not None
 
     def _start_refinement(self, slowdown: float, energy_j: float) -> None:
         """A settled schedule passed its judge window (measured slowdown and energy per
@@ -396,12 +366,12 @@ class OnlineTuner:
             return
         if pair is not None:
             cores = [p.core_mhz for p in self.device.grid.pairs if p.mem_mhz == pair.mem_mhz]
-            self._refine = Refinement(Trial(pair, slowdown, energy_j, True), cores)
+            self._refinement_search = RefinementSearch(Trial(pair, slowdown, energy_j, True), cores)
             self._next_trial()
             return
         alternative = self._best_one_pair()
         if alternative is None:
-            self._refined = True
+            self._refinement_done = True
             return
         self._incumbent = (self.state.schedule, energy_j)
         self.state.schedule = Schedule(((0, alternative),))
@@ -449,7 +419,7 @@ class OnlineTuner:
             run_s >= TRIAL_S and slowdown <= limit,
         )
         if self._incumbent is None:
-            self._refine.tell(trial)
+            self._refinement_search.tell(trial)
             self._next_trial()
             return
         incumbent, incumbent_energy_j = self._incumbent
@@ -458,26 +428,26 @@ class OnlineTuner:
         if trial.feasible and trial.energy_j < (1.0 - ENERGY_MARGIN) * incumbent_energy_j:
             # the one-pair challenger wins in training: keep it, refine it after its own judge window
             self.state.refinements.append(
-                Refined(
+                RefinementResult(
                     self.account.iterations, incumbent_pair, trial.pair, 1, trial.slowdown, trial.energy_j
                 )
             )
         else:
             # back to the incumbent: a one-pair one is refined after its judge window, groups are final
-            self.state.schedule, self._refined = incumbent, incumbent_pair is None
+            self.state.schedule, self._refinement_done = incumbent, incumbent_pair is None
         self._start_window()
 
     def _next_trial(self) -> None:
         """Run the next candidate, or settle on the best when done (or when the slack could
         not pay for a trial that turns out too slow)."""
-        ref = self._refine
+        ref = self._refinement_search
         pair = ref.candidate()
         if pair is not None and self.account.slack_s() >= TRIAL_SLACK_S:
             self.state.schedule = Schedule(((0, pair),))
         else:
             best = ref.best()
             self.state.refinements.append(
-                Refined(
+                RefinementResult(
                     self.account.iterations,
                     ref.incumbent.pair,
                     best.pair,
@@ -487,7 +457,7 @@ class OnlineTuner:
                 )
             )
             self.state.schedule = Schedule(((0, best.pair),))
-            self._refine, self._refined = None, True
+            self._refinement_search, self._refinement_done = None, True
         self._start_window()
 
     def _settled(self) -> bool:
@@ -510,7 +480,7 @@ class OnlineTuner:
         ref_t = self.state.obs.ref_time_s
         spans = self._group_spans()
         if self._watch is None:
-            names = ["iteration", "energy"] + [f"g{i}" for i in range(len(spans))]
+            names = ["iteration", "energy"] + [group_stream(i) for i in range(len(spans))]
             self._watch = DriftMonitor(names, confirm=CONFIRM_WINDOWS)
             self._time_window = (0.0, 0)
             self._energy_window = (self.device.energy_j(), 0.0, 0)
@@ -521,7 +491,8 @@ class OnlineTuner:
         if win_s >= CHUNK_S:
             values["iteration"], expected["iteration"] = win_s / win_n, float(ref_t.sum())
             for i, (a, b) in enumerate(spans):
-                values[f"g{i}"], expected[f"g{i}"] = float(times[a:b].sum()), float(ref_t[a:b].sum())
+                stream = group_stream(i)
+                values[stream], expected[stream] = float(times[a:b].sum()), float(ref_t[a:b].sum())
             win_s, win_n = 0.0, 0
             self.state.watch_windows += 1
         self._time_window = (win_s, win_n)
@@ -553,30 +524,22 @@ class OnlineTuner:
         return bool(moved)
 
     def _hold_plan(self) -> None:
-        """The card warmed (its inlet air or cooling changed) and nothing throttles it: keep the
-        plan and the reference. A hotter card can only run stock slower (its boost clock falls
-        with temperature and leakage power), so the reference stays a strict bound for the
-        budget; a locked pair's time does not depend on the temperature until the card
-        throttles. Settling at stock and measuring the reference again (_on_drift) would
-        give up the saving for minutes and, in this direction, tell the budget nothing it
-        needs. While the card warms the energy stream sits out (leakage rises with it) and
-        is learned afresh once the temperature is flat; the time streams keep watching, and
-        a throttle reason while warming is an alarm like any other."""
+        """The card warmed and nothing throttles it: keep the plan and the reference (warmer
+        stock is only slower). The energy stream sits out until the temperature is flat
+        (_end_warming); a throttle reason meanwhile is an alarm. Why: docs/design-tuner.md
+        (drift handling in the session)."""
         self.state.alarms.append(Alarm(self.account.iterations, ("temperature",), (), held=True))
         self._warming_since_s = self.device.now_s()
 
     def _on_drift(self, streams: list[str], spans: list[tuple[int, int]]) -> None:
-        """Re-measure the stock reference and re-plan from what still holds. The kernels of the
-        groups whose time moved are re-opened (their cells forgotten, explored again); the
-        other cells are kept: a locked pair's time does not depend on the card's temperature or
-        cap, and its energy moves with the card's leakage much as stock's does. A lowered power
-        limit drops the cells that drew more than it (the card can no longer hold them) and the
-        paired cells (measured against the old cap). Everything is re-opened when the running
-        plan came from the store and has no cells."""
+        """Re-measure the stock reference and re-plan from what still holds: the kernels of the
+        groups whose time moved are re-opened (their cells forgotten, explored again), the other
+        cells kept (a new power limit: _limit_moved); everything is re-opened when the running
+        plan came from the store and has no cells. Why: docs/design-tuner.md."""
         st = self.state
         obs = st.obs
         self._warming_since_s = None
-        moved_groups = [int(name[1:]) for name in streams if name.startswith("g")]
+        moved_groups = [i for i in map(stream_group, streams) if i is not None]
         if not obs.counts.any():
             reopen = list(range(len(self.workload)))
         else:
@@ -598,7 +561,7 @@ class OnlineTuner:
         self.reference = ref
         obs.reference = ref
         obs.cost_s += ref.cost_s
-        self._lam = LAMBDA_SHARE * ref.iteration_energy_j / ref.iteration_time_s
+        self._exchange_rate_w = PRIOR_EXCHANGE_RATE_SHARE * ref.iteration_energy_j / ref.iteration_time_s
         kernel_ratio = ref.kernel_time_s / old.kernel_time_s
         obs.stock_time_s *= kernel_ratio  # isolated stock moves as stock in training did
         if "workload" in streams:
@@ -636,11 +599,7 @@ class OnlineTuner:
     def _end_warming(self) -> None:
         """The card settled under a held plan (or SETTLE_MAX_S passed): the energy stream
         learns its baseline afresh, with the warmer card's leakage in it. Stock is not measured
-        again: only the budget's slack would gain (warmer stock is slower), and a refinement
-        could not use it. Measured on the simulated H200 after +15 C, seeds 0-2: stock ran
-        0.27% slower, the next pair down then kept the budget and saved 0.9% more energy, and a
-        build that re-measured stock and refined again never adopted it (a 20-s trial tells
-        apart 1%), so its 10 s at stock bought nothing."""
+        again (docs/design-tuner.md says why)."""
         self._warming_since_s = None
         self._watch.reset(["energy"])
 
@@ -670,7 +629,7 @@ class OnlineTuner:
         self.workload = workload
         self.state.obs.workload = workload
         self.runner = IterationRunner(self.device, workload)
-        self._features = kernel_features(workload)
+        self._task_features = task_features(workload)
         self._on_drift(["workload"], spans)
 
     def _limit_moved(self, old_limit_w: float) -> None:
@@ -694,7 +653,7 @@ class OnlineTuner:
             )
 
     # --- plan reuse ------------------------------------------------------------------------
-    def _store_lookup(self, store: PlanStore) -> tuple[Schedule | None, str, str | None]:
+    def _store_lookup(self, store: PlanStore) -> tuple[Schedule | None, PlanSource, str | None]:
         """The store's plan for this GPU, grid and workload ("store"); else the newest plan for
         this workload from another GPU, carried to this card's clocks ("transferred",
         transfer.py); else none. With a note of what was found, where it matters."""
@@ -759,7 +718,7 @@ class OnlineTuner:
             return
         self._adopt(schedule, "store", from_iteration)
 
-    def _adopt(self, schedule: Schedule, source: str, from_iteration: int) -> None:
+    def _adopt(self, schedule: Schedule, source: PlanSource, from_iteration: int) -> None:
         """Run a schedule from the store as the settled one, nothing to explore. A transferred
         one is still on trial: _train drops it when training measures it over the budget."""
         st = self.state
@@ -811,9 +770,10 @@ class OnlineTuner:
             self._task = Task(
                 key=kernel.name,
                 ref_time_s=obs.stock_time_s[k] / kernel.launches,
-                ref_energy_j=(obs.stock_energy_j[k] + self._lam * obs.stock_time_s[k]) / kernel.launches,
+                ref_energy_j=(obs.stock_energy_j[k] + self._exchange_rate_w * obs.stock_time_s[k])
+                / kernel.launches,
                 budget=TASK_SLOWDOWN,
-                features=self._features[k],
+                features=self._task_features[k],
             )
         else:
             config = self.policy.ask(self._task)
@@ -827,7 +787,7 @@ class OnlineTuner:
             else:
                 measure_cell(self.device, obs, k, obs.pairs[config], self.window_s)
                 time_s, energy_j = obs.plannable()
-                cost = energy_j[k, config] + self._lam * time_s[k, config]
+                cost = energy_j[k, config] + self._exchange_rate_w * time_s[k, config]
                 self.policy.tell(
                     self._task, config, time_s[k, config] / kernel.launches, cost / kernel.launches
                 )
@@ -917,7 +877,7 @@ class OnlineTuner:
     def _replan(self) -> None:
         st = self.state
         self._start_window()
-        self._refine, self._incumbent, self._refined = None, None, False
+        self._refinement_search, self._incumbent, self._refinement_done = None, None, False
         limit_s = st.obs.time_limit_s(st.plan_budget)
         if limit_s < float(st.obs.ref_time_s.sum()):
             st.schedule, st.grouping = Schedule.stock(), None

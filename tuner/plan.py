@@ -21,7 +21,9 @@ from typing import Any, get_args
 
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source, Workload
 
+#: The "schema" field every plan file carries.
 SCHEMA = "kdvfs-plan"
+#: The plan file format's version this code reads and writes.
 SCHEMA_VERSION = 1
 
 GroupSpan = tuple[int, int, ClockPair, float, float]

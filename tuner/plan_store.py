@@ -21,6 +21,7 @@ from pathlib import Path
 from kdvfs.runtime.types import ClockGrid, KdvfsError
 from kdvfs.tuner.plan import Plan, check_compatible, load_plan, save_plan
 
+#: Environment variable naming the default plan store directory.
 PLAN_DIR_ENV = "KDVFS_PLAN_DIR"
 
 
@@ -49,7 +50,11 @@ class StoredPlan:
 
 
 class PlanStore:
-    """A directory of plans, one per (GPU name, clock grid, workload signature)."""
+    """A directory of plans, one per (GPU name, clock grid, workload signature).
+
+    Args:
+        root: the directory; None: default_plan_dir() ($KDVFS_PLAN_DIR, else the user's cache).
+    """
 
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = default_plan_dir() if root is None else Path(root).expanduser()

@@ -6,7 +6,12 @@ import sys
 
 
 class Progress:
-    """Context manager; update(done, total, **postfix) moves the bar."""
+    """Context manager; update(done, total, **postfix) moves the bar.
+
+    Args:
+        desc: the bar's label.
+        unit: the name of what is counted (tqdm's unit).
+    """
 
     def __init__(self, desc: str, unit: str = "it") -> None:
         self._desc, self._unit, self._bar = desc, unit, None

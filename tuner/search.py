@@ -1,40 +1,15 @@
 """The tuning loop of a search strategy: policy x measurements until every kernel converges.
 
-Kernels are tuned one after another, longest first (they set the exchange rate below, and a
-cross-kernel strategy learns from those before). Each kernel's reference (stock) is measured
-first; then the policy asks for a clock pair, the pair is measured as the sweep measures it
-(>= window_s of isolated replay, a paired stock measurement when the card throttles: Bench),
-and the policy is told the result, until it answers None (converged) or the cap is hit. The
-plan is solved from what was measured, against the iteration-level budget measured in
-training conditions (observations.py), by the sweep's solver, then verified.
+- run_search: tunes every kernel with one strategy (longest first, at an estimated exchange
+  rate), solves the plan and verifies it; returns a SearchResult. What `kdvfs compare` runs.
+- The exchange rate: estimate_exchange_rate_w (the multiplier of the tuned kernels' plan),
+  exchange_rates_around (the rates a policy looks at), task_tol (when a policy stops).
+- Bench: measures cells, pairing a throttled pair with the adjacent stock measurement.
+- verified_plan (with _judge, _pooled): the plan judged by fresh measurements of its cells.
+- task_features, search_space: what a strategy is given of the kernels and the clock grid.
 
-What a policy looks for per kernel is the least energy + lambda x time, not the least energy
-under the iteration's budget: the iteration-level solver trades slack between kernels (a GEMM
-locked below the cap can run faster than stock and pay for another's slower, thriftier pair),
-and its optimum is, per kernel, the least energy + lambda x time for one exchange rate lambda
-(J/s) shared by all kernels: the knapsack's Lagrange multiplier. The loop estimates it before
-each kernel from the kernels tuned so far (exchange_rate_w: the multiplier of their plan
-within their share of the limit; LAMBDA_SHARE x the iteration's mean power before any), and
-the policy looks at RATE_SPREAD below and above it (at 0 alone when the limit does not bind).
-Once every kernel is tuned, each is asked again at the final estimate: a kernel tuned early,
-under a rate far from it, may still have pairs the plan would use. The task's time limit
-(TASK_SLOWDOWN) only keeps policies away from pairs no plan would use. A measurement is worth
-as much as the energy it can save: a policy stops on a kernel once the improvement it expects
-is below ITERATION_TOL of the iteration's energy (task_tol).
-
-Verification (the winner's curse): among many noisy cells the solver favours those measured
-optimistically, so the plan's measured time is biased low. After solving, the plan's cells are
-measured again, independently, longest first, until the kernels left unverified could bias the
-plan's time by at most VERIFY_TOLERANCE of the budget's slack (SAFETY_Z s.d. of the reference's
-noise); the reference is measured again too (training iterations at stock) and pooled with the
-first. The plan is judged by the fresh measurements only (unbiased: the choice did not see
-them), the unverified rest at its measured time plus that allowance, against (1 + budget) x the
-pooled reference less SAFETY_Z s.d. of the judgement's error: the fresh cells' noise and the
-pooled reference's (from its sub-window noise or, when larger, from how far apart the two
-references came out: that also sees noise correlated over many seconds, such as thermal
-drift). If the judged time is over, the plan is solved again with its measured time lowered by
-the excess, and judged again (VERIFY_ROUNDS at most; then all stock: the reference itself).
-Every verification measurement counts, and so does its device time.
+Design and findings (the exchange rate, the winner's curse):
+docs/design-tuner.md#search-the-tuning-loop-of-a-search-strategy
 """
 
 from __future__ import annotations
@@ -61,13 +36,21 @@ from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.sweep import evaluate
 
-LAMBDA_SHARE = 0.5
-RATE_SPREAD = 1.5
+#: Exchange rate before any kernel is tuned, as a fraction of the iteration's mean power.
+PRIOR_EXCHANGE_RATE_SHARE = 0.5
+#: Factor below and above the estimated exchange rate that a policy also looks at; no unit.
+EXCHANGE_RATE_SPREAD = 1.5
+#: A task's own slowdown limit, keeping policies off pairs no plan would use; a fraction.
 TASK_SLOWDOWN = 0.15
+#: Smallest relative improvement a policy stops below on a kernel; a fraction.
 TASK_TOL = 0.002
+#: Improvement, as a fraction of the iteration's energy, below which a policy stops on a kernel.
 ITERATION_TOL = 1e-4
+#: Largest relative improvement a policy stops below on a kernel; a fraction.
 MAX_TASK_TOL = 0.5
+#: Bias the unverified cells may put on the plan's time, as a fraction of the budget's slack.
 VERIFY_TOLERANCE = 0.05
+#: Most times a plan judged over its limit is solved again before falling back to stock.
 VERIFY_ROUNDS = 8
 
 
@@ -89,8 +72,10 @@ class SearchResult:
     verify_measurements: int
 
 
-def kernel_features(workload: Workload) -> list[tuple[float, ...]]:
-    """Each kernel's numeric features in one fixed order (the union of names, zero-filled)."""
+def task_features(workload: Workload) -> list[tuple[float, ...]]:
+    """What a search strategy sees of each kernel (Task.features): its numeric features in one
+    fixed order (the union of names, zero-filled). The Gymnasium observation's features are
+    another thing (envs.kernel_env.observation_features: names, float32, log10 flops/bytes)."""
     names = sorted({name for k in workload.kernels for name, _ in k.features})
     return [tuple(float(k.feature_dict().get(n, 0.0)) for n in names) for k in workload.kernels]
 
@@ -106,7 +91,12 @@ class Bench:
     """Measures cells as observations.measure_cell does, but pairs a throttled pair with the
     adjacent stock measurement of the same kernel: the one taken just before it when there is
     one (the kernel's reference, or the pair of the cell before), else a new one right after it
-    (which then also pairs the next cell). Same temperature either way, half the stock runs."""
+    (which then also pairs the next cell). Same temperature either way, half the stock runs.
+
+    Args:
+        device: the card the cells are measured on.
+        window_s: length of one measurement (isolated replay), s.
+    """
 
     def __init__(self, device: RunnableDevice, window_s: float) -> None:
         self.device = device
@@ -145,7 +135,7 @@ def solve_within(obs: Observations, limit_s: float) -> np.ndarray:
     return np.array(solve_budget(list(times), list(energies), limit_s).choice)
 
 
-def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> float:
+def estimate_exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> float:
     """The Lagrange multiplier (J/s) of the plan over the tuned kernels (a boolean mask) within
     their share of the time limit: 0 when their least-energy options fit."""
     times, energies = _options(obs)
@@ -154,8 +144,10 @@ def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> floa
     rows = np.arange(len(times))
     costs_ok = ~np.isnan(times)
 
-    def plan_time_s(lam: float) -> float:
-        pick = np.argmin(np.where(costs_ok, energies + lam * np.nan_to_num(times), np.inf), axis=1)
+    def plan_time_s(exchange_rate_w: float) -> float:
+        pick = np.argmin(
+            np.where(costs_ok, energies + exchange_rate_w * np.nan_to_num(times), np.inf), axis=1
+        )
         return float(times[rows, pick].sum())
 
     if plan_time_s(0.0) <= limit_s:
@@ -171,9 +163,13 @@ def exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray) -> floa
     return hi
 
 
-def rates_around(lam_w: float) -> tuple[float, ...]:
-    """The exchange rates a policy looks at: RATE_SPREAD either side of the estimate, or 0."""
-    return (0.0,) if lam_w == 0.0 else (lam_w / RATE_SPREAD, lam_w, lam_w * RATE_SPREAD)
+def exchange_rates_around(exchange_rate_w: float) -> tuple[float, ...]:
+    """The exchange rates a policy looks at: EXCHANGE_RATE_SPREAD either side of the estimate, or 0."""
+    return (
+        (0.0,)
+        if exchange_rate_w == 0.0
+        else (exchange_rate_w / EXCHANGE_RATE_SPREAD, exchange_rate_w, exchange_rate_w * EXCHANGE_RATE_SPREAD)
+    )
 
 
 def task_tol(obs: Observations, k: int) -> float:
@@ -198,7 +194,7 @@ def run_search(
     space = search_space(device)
     policy = make_policy(strategy, space, seed=seed) if isinstance(strategy, str) else strategy
     obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
-    features = kernel_features(workload)
+    features = task_features(workload)
     curve: list[tuple[int, float]] = [(0, 0.0)]
     cpu_s = 0.0
     tuned = np.zeros(len(workload), dtype=bool)
@@ -225,7 +221,9 @@ def run_search(
             policy.tell(tasks[k], config, time_s[k, config] / launches, energy_j[k, config] / launches)
             cpu_s += time.process_time() - t0
 
-    prior_w = LAMBDA_SHARE * obs.reference.iteration_energy_j / obs.reference.iteration_time_s
+    prior_exchange_rate_w = (
+        PRIOR_EXCHANGE_RATE_SHARE * obs.reference.iteration_energy_j / obs.reference.iteration_time_s
+    )
     for done, k in enumerate(np.argsort(-obs.ref_time_s, kind="stable")):
         kernel = workload.kernels[k]
         bench.stock(obs, k)
@@ -236,7 +234,9 @@ def run_search(
             budget=TASK_SLOWDOWN,
             features=features[k],
         )
-        policy.rates_w = rates_around(exchange_rate_w(obs, budget, tuned) if tuned.any() else prior_w)
+        policy.exchange_rates_w = exchange_rates_around(
+            estimate_exchange_rate_w(obs, budget, tuned) if tuned.any() else prior_exchange_rate_w
+        )
         tune(k)
         tuned[k] = True
         curve.append(
@@ -244,7 +244,7 @@ def run_search(
         )
         if progress is not None:
             progress(done + 1, len(workload), obs.measurements)
-    policy.rates_w = rates_around(exchange_rate_w(obs, budget, tuned))
+    policy.exchange_rates_w = exchange_rates_around(estimate_exchange_rate_w(obs, budget, tuned))
     for k in tasks:
         tune(k)
     before = obs.measurements
@@ -270,8 +270,9 @@ def run_search(
 
 def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, ClockPair | None]:
     """The plan of least measured energy whose time, judged by fresh measurements of its cells
-    and of the reference (module docstring), is within the budget by SAFETY_Z s.d. of the
-    judgement's error. Fresh measurements, and their device time, are counted in obs."""
+    and of the reference, is within the budget by SAFETY_Z s.d. of the judgement's error (the
+    rule: docs/design-tuner.md, verification). Fresh measurements, and their device time, are
+    counted in obs."""
     again = measure_reference_iterations(bench.device, obs.workload.kernels)
     reference, reference_sd_s = _pooled(obs.reference, again)
     fresh = Observations(obs.workload, obs.pairs, reference)

@@ -19,9 +19,9 @@ import numpy as np
 
 from kdvfs.runtime.types import KdvfsError
 
+#: Extra times within this fraction of a slack unit above a whole number of units round down
+#: (float noise on an exact multiple must not cost a whole unit).
 _CEIL_TOL = 1e-9
-"""Extra times within this fraction of a slack unit above a whole number of units round down:
-float noise on an exact multiple must not cost a whole unit."""
 
 
 @dataclass(frozen=True)
@@ -182,10 +182,12 @@ def _dual(items: list[_Item], time_limit_s: float) -> tuple[float, list[int]]:
         e[k, : len(item.index)] = item.energy_j
     rows = np.arange(len(items))
 
-    def relax(lam: float) -> tuple[float, float, np.ndarray]:
-        cost = e + lam * t
+    def relax(exchange_rate_w: float) -> tuple[float, float, np.ndarray]:
+        cost = e + exchange_rate_w * t
         pick = np.argmin(cost, axis=1)
-        penalty_j = lam * time_limit_s if lam else 0.0  # 0 * inf is no penalty, not NaN
+        penalty_j = (
+            exchange_rate_w * time_limit_s if exchange_rate_w else 0.0
+        )  # 0 * inf is no penalty, not NaN
         return float(cost[rows, pick].sum() - penalty_j), float(t[rows, pick].sum()), pick
 
     value, time_s, pick = relax(0.0)
@@ -194,19 +196,22 @@ def _dual(items: list[_Item], time_limit_s: float) -> tuple[float, list[int]]:
     steps_s = np.diff(np.unique(np.concatenate([item.time_s for item in items])))
     energies_j = np.concatenate([item.energy_j for item in items])
     # Above the steepest energy-per-second slope of any front, every item takes its fastest.
-    lam_lo, lam_hi = 0.0, float(np.ptp(energies_j)) / max(float(steps_s.min(initial=np.inf)), 1e-30) + 1.0
+    rate_lo_w, rate_hi_w = (
+        0.0,
+        float(np.ptp(energies_j)) / max(float(steps_s.min(initial=np.inf)), 1e-30) + 1.0,
+    )
     best_value = value
     best_pick = np.zeros(len(items), dtype=np.int64)
     for _ in range(200):
-        if lam_hi - lam_lo <= 1e-12 * lam_hi:
+        if rate_hi_w - rate_lo_w <= 1e-12 * rate_hi_w:
             break
-        mid = 0.5 * (lam_lo + lam_hi)
+        mid = 0.5 * (rate_lo_w + rate_hi_w)
         value, time_s, pick = relax(mid)
         best_value = max(best_value, value)
         if time_s <= time_limit_s:
-            lam_hi, best_pick = mid, pick
+            rate_hi_w, best_pick = mid, pick
         else:
-            lam_lo = mid
+            rate_lo_w = mid
     return best_value, best_pick.tolist()
 
 

@@ -1,22 +1,13 @@
 """MLflow logging that never stops training.
 
-`Tracker` and `RunHandle` wrap mlflow's `MlflowClient` (not the fluent global-run API), so
-several runs and nested runs can be open at once without global state. Every logging call
-returns normally whatever the tracking store does: when it is unreachable, one warning is
-logged (once per tracker) and the items go to a local JSONL spool,
-`<spool_dir>/<local_id>.jsonl` (files it needs under `<local_id>.files/`), so that nothing is
-lost even if the process dies. The spool is uploaded when the store answers again (tried on
-later calls after a back-off of 1 s doubling to 30 s), at `end()`, or later with
-`Tracker(uri).replay_spool(path)`.
+- Tracker: opens runs (and nested runs) on one tracking store through MlflowClient, keeps the
+  store's health (back-off, one warning) and uploads spooled runs (replay_spool).
+- RunHandle: one run; params, metrics, dicts, files and figures are delivered in order, and
+  what the store did not take waits in a local JSONL spool (<spool_dir>/<local_id>.jsonl).
+- _never_raises: every logging call returns normally whatever the store does.
 
-Tracking URI: the explicit argument, else MLFLOW_TRACKING_URI, else MLflow's own default
-(`mlflow.get_tracking_uri()`; with mlflow 3.x that is `sqlite:///<cwd>/mlflow.db`, or the
-legacy `file://<cwd>/mlruns` store when one already exists there). New experiments in a local
-sqlite store keep their artifacts next to the database (`<db dir>/mlruns`), not in the cwd.
-
-For http(s) URIs the tracker sets MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 and
-MLFLOW_HTTP_REQUEST_TIMEOUT=3 in os.environ (process-wide) unless the user already set them:
-MLflow's defaults (7 retries, 120 s timeout) would stall every call for minutes on a dead server.
+Design (the spool, the tracking URI, the HTTP settings):
+docs/design-tuner.md#tracking-mlflow-logging-that-never-stops-training
 """
 
 from __future__ import annotations
@@ -48,9 +39,13 @@ END_STATUSES: tuple[RunEndStatus, ...] = get_args(RunEndStatus)
 LOCAL_ID_TAG = "kdvfs.local_run_id"
 """Tag naming the spool id of a run, so a replay finds a run that an earlier attempt created."""
 
+#: Where runs the store did not take wait, relative to the working directory.
 DEFAULT_SPOOL_DIR = Path("kdvfs-spool")
+#: MLflow HTTP settings set for http(s) stores unless the user set them: no retries, 3-s timeout.
 HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"}
+#: First wait before an unreachable store is tried again (doubling up to MAX_BACKOFF_S); s.
 FIRST_BACKOFF_S = 1.0
+#: Longest wait before an unreachable store is tried again; s.
 MAX_BACKOFF_S = 30.0
 
 _log = logging.getLogger(__name__)
@@ -104,7 +99,13 @@ def _never_raises(method: Callable[_P, _R]) -> Callable[_P, _R | None]:
 
 
 class Tracker:
-    """Opens MLflow runs on one tracking store and keeps the store's health (back-off, warning)."""
+    """Opens MLflow runs on one tracking store and keeps the store's health (back-off, warning).
+
+    Args:
+        tracking_uri: the MLflow tracking URI; None: MLFLOW_TRACKING_URI, else MLflow's default.
+        experiment: the MLflow experiment runs are opened in.
+        spool_dir: directory of the local spool for items the store did not take.
+    """
 
     def __init__(
         self,
@@ -128,7 +129,7 @@ class Tracker:
 
     @property
     def uri(self) -> str:
-        """The effective tracking URI (see the module docstring for how it is resolved)."""
+        """The effective tracking URI (docs/design-tuner.md, tracking URI)."""
         return self._uri
 
     @property
@@ -236,7 +237,14 @@ class RunHandle:
     """One MLflow run. Items are delivered in order; what the store did not take waits in the spool.
 
     Spool file: a header line (the run: name, tags, parent, run id once created) then one JSON
-    line per pending item (params, metrics, dict, file, end).
+    line per pending item (params, metrics, dict, file, end). Opened by Tracker.start_run.
+
+    Args:
+        tracker: the tracker whose store the run goes to.
+        header: the run's spool header (name, tags, parent, run id once created).
+        pending: items not yet delivered, in order.
+        spool_path: the run's spool file.
+        parent: the enclosing run of a nested run; None for a top-level run.
     """
 
     def __init__(

@@ -1,19 +1,11 @@
 """A plan made on another GPU for the same workload, carried to this card's clocks.
 
-A job that restarts on a card its plan store has no plan for would cold-start: on the
-simulated 3080 Ti and H200 that is 0.9 M and 10.7 M iterations (15 and 20 hours of training)
-before the per-kernel plan settles. But which kernels want a low core clock, and how far below
-its top the whole iteration can run, carry over between cards of one kind more than the clocks
-themselves do. So each pair of the other card's plan is carried to the nearest pair of this
-card at the same relative position: memory clock as a share of the other card's top memory
-clock, core clock as a share of its top core clock. Stock stays stock.
+carry_schedule maps each pair of the other card's schedule to the nearest pair of this card
+at the same relative position (memory and core clock as shares of each card's top ones);
+stock stays stock. OnlineTuner runs the result after its reference, noted and on trial
+(plan_source "transferred"), and drops or refines it there.
 
-The result is never applied silently (issue 6): the tuner notes where it came from
-(state.store_note, plan_source "transferred") and runs it only after the normal reference,
-its chunks never spending more than the slack at its worst-case slowdown. It is dropped for a
-cold start when plainly slow after ABORT_S, over the budget after its judge window, or when
-the slack is spent (OnlineTuner._train); kept, it is refined in training like any one-pair
-schedule (refine.py).
+Design and findings: docs/design-tuner.md#transfer-another-gpus-plan-carried-to-this-card
 """
 
 from __future__ import annotations

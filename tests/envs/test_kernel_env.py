@@ -13,7 +13,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from kdvfs.envs import kernel_env
-from kdvfs.envs.kernel_env import KernelDVFSEnv, kernel_features
+from kdvfs.envs.kernel_env import KernelDVFSEnv, observation_features
 from kdvfs.envs.reward import compute_waste_reward
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
@@ -134,7 +134,7 @@ def test_start_kernel_by_name() -> None:
 
 def test_features_are_the_union_zero_filled_with_log_flops_and_bytes() -> None:
     workload = Workload("w", (Kernel("a", features=(("x", 2.0),)), Kernel("b", flops=1e6, bytes_moved=1e3)))
-    names, matrix = kernel_features(workload)
+    names, matrix = observation_features(workload)
     assert names == ("log10_bytes", "log10_flops", "x")
     assert matrix.tolist() == [[0.0, 0.0, 2.0], [3.0, 6.0, 0.0]]
 

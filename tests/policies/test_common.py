@@ -86,7 +86,7 @@ def test_steps_since_improvement_counts_from_the_last_real_gain():
     log.order.clear()  # a seeded reference
     for config, energy in [(1, 9.0), (2, 8.999), (3, 12.0)]:
         log.add(config, 1.0, energy)
-    assert steps_since_improvement(log, TASK, tol=0.002, mus=np.zeros(1)) == 2
+    assert steps_since_improvement(log, TASK, tol=0.002, relative_rates=np.zeros(1)) == 2
 
 
 def test_sweep_goes_in_order_and_stops_after_every_config():

@@ -61,7 +61,7 @@ def test_finds_the_least_cost_at_each_exchange_rate(name):
     optima = [least_cost(time_s, energy_j, task, r) for r in rates]
     assert optima[0] != optima[-1]
     policy = make_policy(name, SPACE, seed=0)
-    policy.rates_w = rates
+    policy.exchange_rates_w = rates
     run(policy, task, time_s, energy_j)
     assert policy.best(task) == optima[1]
     assert all(policy.log(task).measured[o] for o in optima)
@@ -75,11 +75,11 @@ def test_a_change_of_rates_reopens_a_converged_task(name):
     time_s, energy_j = table(KINDS["gemm"], SPACE)
     task = task_for("gemm", KINDS["gemm"], SPACE, budget=0.15)
     policy = make_policy(name, SPACE, seed=0)
-    policy.rates_w = (2.0 * task.ref_energy_j / task.ref_time_s,)
+    policy.exchange_rates_w = (2.0 * task.ref_energy_j / task.ref_time_s,)
     run(policy, task, time_s, energy_j)
     assert policy.ask(task) is None
     assert policy.best(task) != optimum(time_s, energy_j, task)
-    policy.rates_w = (0.0,)
+    policy.exchange_rates_w = (0.0,)
     run(policy, task, time_s, energy_j)
     assert policy.best(task) == optimum(time_s, energy_j, task)
     assert policy.ask(task) is None

@@ -10,6 +10,7 @@ from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.adaptation import SavingTrace, Session, run_scenario, settle, store_plan
 from kdvfs.tuner.cli import main
+from kdvfs.tuner.drift import group_stream
 from kdvfs.tuner.online import OnlineTuner, schedule_figures
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
@@ -136,7 +137,7 @@ def test_a_group_whose_time_moved_is_re_explored_and_the_others_keep_their_cells
     spans = tuner._group_spans()
     assert len(spans) > 1
     kept = tuner.state.obs.counts.copy()
-    tuner._on_drift(["g0"], spans)
+    tuner._on_drift([group_stream(0)], spans)
     (a, b) = spans[0]
     assert tuner.state.alarms[-1].reopened == tuple(range(a, b))
     assert (tuner.state.obs.counts[a:b] == 0).all() and (tuner.state.obs.counts[b:] == kept[b:]).all()

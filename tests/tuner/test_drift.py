@@ -19,6 +19,8 @@ from kdvfs.tuner.drift import (
     DriftMonitor,
     cusum_arl0,
     cusum_threshold,
+    group_stream,
+    stream_group,
 )
 
 
@@ -271,3 +273,8 @@ def test_condition_watch_waits_for_a_warming_card_to_settle_and_ignores_an_absen
     assert all(watch.update(300.0 + i, 80.0, math.inf) == [] for i in range(100))
     with pytest.raises(KdvfsError, match="not a finite number"):
         watch.update(401.0, math.nan, math.inf)
+
+
+def test_a_group_stream_name_parses_back_to_its_group_and_no_other_stream_does():
+    assert [stream_group(group_stream(i)) for i in (0, 7, 12)] == [0, 7, 12]
+    assert [stream_group(name) for name in ("iteration", "energy", "power_limit", "g", "gx")] == [None] * 5

@@ -52,8 +52,8 @@ def test_budgeted_plan_matches_brute_force_at_hull_points_and_is_bracketed_elsew
     n = 3 + seed % 4
     t, e = instance(seed, n)
     plans = brute_force(t, e, latency_s)
-    for lam in (0.0, 0.4, 1.0, 3.0):
-        vertex = plans[np.argmin(plans[:, 0] + lam * plans[:, 1])]
+    for exchange_rate_w in (0.0, 0.4, 1.0, 3.0):
+        vertex = plans[np.argmin(plans[:, 0] + exchange_rate_w * plans[:, 1])]
         limit_s = vertex[1] * (1 + 1e-12)
         got = group_kernels(t, e, latency_s, limit_s, 0.0)
         assert got.feasible and got.time_s <= limit_s

@@ -15,7 +15,7 @@ from kdvfs.runtime.tables import load_table
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.cli import main
 from kdvfs.tuner.observations import Observations
-from kdvfs.tuner.search import Bench, exchange_rate_w, run_search, verified_plan
+from kdvfs.tuner.search import Bench, estimate_exchange_rate_w, run_search, verified_plan
 from kdvfs.tuner.sweep import evaluate, run_sweep
 
 STRATEGIES = ["sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel"]
@@ -101,14 +101,14 @@ def test_exchange_rate_is_the_multiplier_of_the_tuned_kernels_plan(table_sweep):
     times = np.column_stack([time_s, sweep.ref_time_s])[tuned]
     energies = np.column_stack([energy_j, sweep.stock_energy_j])[tuned]
 
-    def plan_time_s(lam):
-        pick = np.nanargmin(energies + lam * times, axis=1)
+    def plan_time_s(exchange_rate_w):
+        pick = np.nanargmin(energies + exchange_rate_w * times, axis=1)
         return times[np.arange(len(times)), pick].sum()
 
     limit_s = sweep.time_limit_s(0.0) * sweep.ref_time_s[tuned].sum() / sweep.ref_time_s.sum()
-    lam = exchange_rate_w(sweep, 0.0, tuned)
-    assert plan_time_s(lam) <= limit_s < plan_time_s(0.9 * lam)
-    assert exchange_rate_w(sweep, 10.0, tuned) == 0.0
+    exchange_rate_w = estimate_exchange_rate_w(sweep, 0.0, tuned)
+    assert plan_time_s(exchange_rate_w) <= limit_s < plan_time_s(0.9 * exchange_rate_w)
+    assert estimate_exchange_rate_w(sweep, 10.0, tuned) == 0.0
 
 
 def test_bench_pairs_throttled_pairs_with_the_adjacent_stock_measurement():

@@ -88,6 +88,16 @@ def _wait_for_run(uri: str, experiment: str, timeout_s: float = 60.0):
     raise AssertionError("the tune run never appeared in MLflow")
 
 
+def _wait_for_metric(uri: str, run_id: str, key: str, timeout_s: float = 60.0) -> None:
+    client = MlflowClient(uri)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if client.get_metric_history(run_id, key):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the tune run never logged {key}")
+
+
 def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(tmp_path, live_mlflow_server):
     proc = _spawn(
         tmp_path, "--iterations", "1500000", "--mlflow-uri", live_mlflow_server.uri, "--json", "t.json"
@@ -122,8 +132,8 @@ def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
         "--json",
         "t.json",
     )
-    _wait_for_run(uri, "kdvfs-tune")
-    time.sleep(2.0)
+    run = _wait_for_run(uri, "kdvfs-tune")
+    _wait_for_metric(uri, run.info.run_id, "measurements")  # the tuner runs: its first point is logged
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -20,6 +20,7 @@ from typing import Any
 
 from kdvfs.runtime.types import KdvfsError
 
+#: How long the energy counter is polled to find its update period; s.
 ENERGY_POLL_S = 0.5
 
 

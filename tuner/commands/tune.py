@@ -15,6 +15,7 @@ from kdvfs.tuner.commands._common import (
     write_json,
 )
 
+#: About how many points of a run are logged as MLflow metrics (one per iterations / this).
 METRIC_POINTS = 500
 """At most this many points of a run go to MLflow (the run itself may report tens of thousands)."""
 

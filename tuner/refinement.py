@@ -1,26 +1,12 @@
 """In-training refinement of a one-pair schedule: the lowest core clock that keeps the budget,
 found by running it.
 
-Where a clock switch takes longer than a good part of an iteration (30 ms on the 3080 Ti
-against 63-ms iterations, 10 ms on the H200 against 6.7 ms) the plan is one pair for the whole
-iteration. The planner's figure for it sums isolated cells where they were measured and
-pessimistic fill-ins for the kernels too small to be worth a measurement, so it leaves budget
-unused: on the simulated H200 the settled pair was planned at -0.4% and ran at -1.3% in
-training, against a 1% budget. A one-pair schedule needs no per-kernel figures: training
-itself measures its time (launch timings) and its energy (the counter), and a trial within
-the budget costs nothing. So the tuner bisects the core clock, the memory clock fixed,
-between the plan's pair and REFINE_FLOOR of its core clock. Each candidate runs TRIAL_S of
-training and is feasible when its measured slowdown is within the plan's time limit; one
-plainly too slow (6 s.d. over) is stopped after ABORT_S. The lowest feasible candidate
-replaces the plan only when its energy per iteration is lower by more than ENERGY_MARGIN:
-two windows of TRIAL_S each carry the counter's 100-ms steps (<= 0.5% at 20 s) and the
-card's 2% noise per second (0.45%); and a candidate measured while the card cools from the
-last one carries some of its heat, which counts against it, never for it.
+- RefinementSearch: bisection of the core clock (memory clock fixed) between the running
+  pair and REFINEMENT_FLOOR of it; candidate() proposes, tell() takes a Trial, best() answers.
+- Trial: one candidate as training measured it; RefinementResult: a finished refinement.
+- The knobs below; OnlineTuner runs the trials (its refinement section).
 
-A settled schedule of several groups is first tried against the best one-pair schedule the
-planner's matrices allow (one trial, the same rules): on the 30-ms 3080 Ti the planner,
-working from noisy isolated cells, sometimes prefers two groups worth 1.6% to the one pair
-worth 3.4%, which training tells apart in 20 s. The pair that wins is then refined as above.
+Design and findings: docs/design-tuner.md#refinement-a-one-pair-schedule-tuned-in-training
 """
 
 from __future__ import annotations
@@ -30,20 +16,28 @@ from dataclasses import dataclass
 
 from kdvfs.runtime.types import ClockPair, KdvfsError
 
+#: Training under one candidate before it is judged; s.
 TRIAL_S = 20.0
+#: Training after which a candidate plainly too slow (6 s.d. over the limit) is stopped; s.
 ABORT_S = 2.0
-REFINE_FLOOR = 0.7
+#: Lowest core clock tried, as a fraction of the running pair's.
+REFINEMENT_FLOOR = 0.7
+#: Slack the budget account must hold before a trial (a candidate at the floor costs <= 0.8 s); s.
 TRIAL_SLACK_S = 1.0
-"""Slack the budget account must hold before a trial: a candidate REFINE_FLOOR below the plan
-runs at most ~40% slower for ABORT_S (0.8 s), and one just over the limit for TRIAL_S costs
-far less; a refinement waits until the run has saved that much."""
+#: Energy per iteration a candidate must save on the incumbent to replace it; a fraction.
 ENERGY_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One candidate as training measured it: slowdown against the reference, energy per
-    iteration, and whether it kept the limit for a whole trial."""
+    """One candidate as training measured it.
+
+    Args:
+        pair: the clock pair the whole iteration ran at.
+        slowdown: its measured slowdown against the reference, a fraction.
+        energy_j: its measured energy per iteration, J.
+        feasible: it kept the plan's limit for a whole trial.
+    """
 
     pair: ClockPair
     slowdown: float
@@ -52,7 +46,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Refined:
+class RefinementResult:
     """A finished refinement: after how many iterations, from which pair (None: a grouped
     schedule that one pair beat in training) to which, in how many trials, and the chosen
     pair as training measured it (slowdown against the reference, energy per iteration)."""
@@ -65,11 +59,16 @@ class Refined:
     energy_j: float
 
 
-class Refinement:
+class RefinementSearch:
     """Bisection for the lowest core clock of a one-pair schedule whose measured slowdown
-    stays within the plan's limit (the module docstring; the tuner judges each trial). The
+    stays within the plan's limit (docs/design-tuner.md; the tuner judges each trial). The
     incumbent is feasible by its own measurement; candidate() proposes the next core clock,
-    tell() takes its trial."""
+    tell() takes its trial.
+
+    Args:
+        incumbent: the running pair's own trial; must be feasible.
+        core_levels_mhz: the core clocks the grid has at the incumbent's memory clock, MHz.
+    """
 
     def __init__(self, incumbent: Trial, core_levels_mhz: Sequence[int]) -> None:
         if not incumbent.feasible:
@@ -77,7 +76,7 @@ class Refinement:
                 f"refinement needs a feasible incumbent, got {incumbent.pair} at {incumbent.slowdown:+.4f}"
             )
         top = incumbent.pair.core_mhz
-        self.levels_mhz = sorted(c for c in core_levels_mhz if REFINE_FLOOR * top <= c <= top)
+        self.levels_mhz = sorted(c for c in core_levels_mhz if REFINEMENT_FLOOR * top <= c <= top)
         self.incumbent = incumbent
         self.trials: list[Trial] = []
         self._lo, self._hi = 0, len(self.levels_mhz) - 1  # levels_mhz[_hi] is the lowest known feasible

@@ -8,13 +8,13 @@ from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.adaptation import settle
 from kdvfs.tuner.online import OnlineTuner, schedule_figures
-from kdvfs.tuner.refine import ENERGY_MARGIN, REFINE_FLOOR, Refinement, Trial
+from kdvfs.tuner.refinement import ENERGY_MARGIN, REFINEMENT_FLOOR, RefinementSearch, Trial
 
 LEVELS = list(range(1000, 2001, 50))
 LIMIT = 0.007
 
 
-def _run(ref: Refinement, slowdown_at, energy_at) -> list[int]:
+def _run(ref: RefinementSearch, slowdown_at, energy_at) -> list[int]:
     tried = []
     while (pair := ref.candidate()) is not None:
         tried.append(pair.core_mhz)
@@ -25,26 +25,26 @@ def _run(ref: Refinement, slowdown_at, energy_at) -> list[int]:
 
 def test_bisection_finds_the_lowest_feasible_core_clock_in_log2_trials():
     incumbent = Trial(ClockPair(2000, 3201), -0.02, 100.0, True)
-    ref = Refinement(incumbent, LEVELS)
-    assert min(ref.levels_mhz) >= REFINE_FLOOR * 2000
+    ref = RefinementSearch(incumbent, LEVELS)
+    assert min(ref.levels_mhz) >= REFINEMENT_FLOOR * 2000
     tried = _run(ref, lambda c: (2000 / c - 1.0) * 0.15 - 0.02, lambda c: c / 20.0)  # feasible down to 1700
     assert len(tried) <= 4 and ref.best().pair == ClockPair(1700, 3201)
 
 
 def test_a_lower_clock_that_saves_less_than_the_margin_is_not_adopted():
     incumbent = Trial(ClockPair(2000, 3201), -0.02, 100.0, True)
-    ref = Refinement(incumbent, LEVELS)
+    ref = RefinementSearch(incumbent, LEVELS)
     _run(ref, lambda c: 0.0, lambda c: 100.0 * (1.0 - ENERGY_MARGIN / 2))
     assert ref.best() == incumbent
-    nothing = Refinement(incumbent, LEVELS)
+    nothing = RefinementSearch(incumbent, LEVELS)
     _run(nothing, lambda c: 0.05, lambda c: 50.0)  # every candidate too slow
     assert nothing.best() == incumbent and all(not t.feasible for t in nothing.trials)
 
 
 def test_refinement_rejects_an_infeasible_incumbent_and_a_trial_of_another_clock():
     with pytest.raises(KdvfsError, match="feasible incumbent"):
-        Refinement(Trial(ClockPair(2000, 3201), 0.05, 100.0, False), LEVELS)
-    ref = Refinement(Trial(ClockPair(2000, 3201), 0.0, 100.0, True), LEVELS)
+        RefinementSearch(Trial(ClockPair(2000, 3201), 0.05, 100.0, False), LEVELS)
+    ref = RefinementSearch(Trial(ClockPair(2000, 3201), 0.0, 100.0, True), LEVELS)
     with pytest.raises(KdvfsError, match="the candidate was"):
         ref.tell(Trial(ClockPair(1450, 3201), 0.0, 90.0, True))
 
@@ -68,13 +68,13 @@ def test_a_grouped_schedule_is_tried_against_one_pair_in_training_and_the_better
     workload = Workload("six", gpt3_xl_layer().kernels[8:14])
     tuner = OnlineTuner(device, workload, strategy="ucb", budget=0.01, seed=0, warmup_s=30.0)
     trials = []
-    settle(tuner, lambda p: trials.append(tuner.refining))
+    settle(tuner, lambda p: trials.append(tuner.refinement_running))
     grouped = tuner.state.schedule
     assert len(grouped.groups) > 1 and any(trials)  # tried against one pair, kept: it saves more
     assert tuner.state.refinements == []
     # a poor grouped schedule (two stock groups) loses to the one pair at its next judge window
     tuner.state.schedule = Schedule(((0, None), (3, None)))
-    tuner._refined = False
+    tuner._refinement_done = False
     tuner._start_window()
     tuner.run(tuner.account.iterations + 300_000)
     first, *rest = tuner.state.refinements
