@@ -4,7 +4,7 @@ isolated measurement of that kernel at that pair.
 - `KernelDVFSEnv`: the environment (its class docstring documents it as Gymnasium documents
   its own); `step` measures with runtime.measure.measure_isolated, `_measure_reference`
   measures a kernel's reference when the episode first reaches it;
-- `kernel_features`: the observation's feature matrix of a workload.
+- `observation_features`: the observation's feature matrix of a workload.
 
 Why it measures as it does: docs/design-envs.md.
 """

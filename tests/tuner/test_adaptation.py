@@ -124,7 +124,15 @@ def test_after_a_cooling_step_stock_is_measured_again_and_the_pair_training_chos
     assert span[0] == alarm.iteration and span[1] == tuner.state.reconverged_at[0]
     assert (alarm.iteration, 0.0, 0.0, False) in trace.points  # the settling at stock saved nothing
     replanned = tuner.state.refinements[1]
-    assert replanned.from_pair not in (None, chosen) and replanned.to_pair == chosen and replanned.trials == 1
+    # The re-plan tries training's old choice first. On the ladder-calibrated card the cooled
+    # stock runs faster, so the old 1425 MHz now measures 0.56% slow (noiseless) against 0.23%
+    # before: in training it can fall just beyond the noise-margined limit, and the bisection
+    # from the re-planned pair then settles one grid step above it (seed 0: 1440 MHz).
+    assert replanned.from_pair not in (None, chosen)
+    assert (
+        replanned.to_pair.mem_mhz == chosen.mem_mhz
+        and 0 <= replanned.to_pair.core_mhz - chosen.core_mhz <= 15
+    )
     assert trace.holds_from(0.0, 0.01, after=at) == at
     assert (
         trace.holds_from(trace.points[0][1], 0.01, after=at) != at

@@ -65,7 +65,10 @@ def test_the_tuner_refines_its_one_pair_schedule_in_training_within_the_budget()
 
 def test_a_grouped_schedule_is_tried_against_one_pair_in_training_and_the_better_one_kept():
     device = SimulatedDevice("rtx3080ti-fastswitch", seed=0)
-    workload = Workload("six", gpt3_xl_layer().kernels[8:14])
+    # the first six kernels: one pair saves 7.7% on them (noiseless); on kernels 8-13, once
+    # the model's power cap holds their GEMMs at stock too, the planner's best pair saves 0.4%,
+    # under what a judge window resolves
+    workload = Workload("six", gpt3_xl_layer().kernels[:6])
     tuner = OnlineTuner(device, workload, strategy="ucb", budget=0.01, seed=0, warmup_s=30.0)
     trials = []
     settle(tuner, lambda p: trials.append(tuner.refinement_running))
