@@ -7,7 +7,8 @@ nvmlClocksEventReason*/nvmlClocksThrottleReason*), so code that catches
 In-process: `monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)` after `configure()`.
 In a subprocess: PYTHONPATH holding this folder and KDVFS_NVML_MODULE=fake_pynvml; the
 environment variables below configure it, and every Set/Reset call is appended as one JSON
-line to the file named by KDVFS_FAKE_NVML_CALLS.
+line (with the time.monotonic() of the call, comparable across processes) to the file named
+by KDVFS_FAKE_NVML_CALLS.
 """
 
 from __future__ import annotations
@@ -88,7 +89,13 @@ def _change(fn_name: str, handle: Handle, args: tuple[int, ...]) -> None:
     STATE.calls.append((fn_name, args))
     if STATE.calls_file:
         with open(STATE.calls_file, "a") as f:
-            f.write(json.dumps({"fn": fn_name, "index": handle.index, "args": list(args)}) + "\n")
+            record = {
+                "fn": fn_name,
+                "index": handle.index,
+                "args": list(args),
+                "monotonic_s": time.monotonic(),
+            }
+            f.write(json.dumps(record) + "\n")
     _check(fn_name)
     if STATE.no_permission:
         raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)
