@@ -44,7 +44,7 @@ SOCKET_MODE = 0o660  # the socket's permission bits: owner and group may connect
 HOLDER_CHECK_PERIOD_S = 0.05  # how often the holders' pids are checked for life, s
 MAX_CONNECTIONS = 64  # connections served at once; more are answered an error and closed
 DRY_RUN_CALLS_KEPT = 100_000  # recorded dry-run calls kept in memory (oldest dropped)
-SHUTDOWN_POLL_S = 0.2  # how often the accept loop looks for a shutdown request, s
+SHUTDOWN_POLL_S = 0.05  # how often the accept loop looks for a shutdown request, s
 
 
 class AgentError(Exception):

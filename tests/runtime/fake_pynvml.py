@@ -27,6 +27,7 @@ for _name in dir(_real):
 CALLS_ENV = "KDVFS_FAKE_NVML_CALLS"
 NO_PERMISSION_ENV = "KDVFS_FAKE_NVML_NO_PERMISSION"
 NOT_SUPPORTED_ENV = "KDVFS_FAKE_NVML_NOT_SUPPORTED"
+GPU_COUNT_ENV = "KDVFS_FAKE_NVML_GPU_COUNT"
 
 MEM_CLOCKS_MHZ = (3201, 2201)
 GRAPHICS_CLOCKS_MHZ = (1980, 1755, 1410, 990, 345)
@@ -64,6 +65,7 @@ def configure(**changes: object) -> FakeState:
 
 def _configure_from_env() -> None:
     configure(
+        gpu_count=int(os.environ.get(GPU_COUNT_ENV, "1")),
         no_permission=os.environ.get(NO_PERMISSION_ENV) == "1",
         not_supported=frozenset(filter(None, os.environ.get(NOT_SUPPORTED_ENV, "").split(","))),
         calls_file=os.environ.get(CALLS_ENV),
