@@ -10,7 +10,7 @@ Parts: the limits, the request models and `parse_request`, the reply models, `en
 
 from __future__ import annotations
 
-import json
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -151,8 +151,11 @@ def encode(reply: Reply) -> bytes:
 
 
 def decode_reply(line: bytes, model: type[_Reply]) -> Any:
-    """A reply line as `model`, or as ErrorReply when the agent answered an error."""
-    raw = json.loads(line)
-    if isinstance(raw, dict) and raw.get("ok") is False:
-        return ErrorReply.model_validate(raw)
-    return model.model_validate(raw)
+    """A reply line as `model`, or as ErrorReply when the agent answered an error
+    (pydantic's ValidationError, a ValueError, for anything else)."""
+    return _reply_adapter(model).validate_json(line)
+
+
+@functools.cache
+def _reply_adapter(model: type[_Reply]) -> TypeAdapter:
+    return TypeAdapter(ErrorReply | model)  # "ok" (false or true) tells them apart

@@ -102,8 +102,8 @@ def _lock(args: argparse.Namespace) -> int:
     with AgentClient(args.socket) as client:
         pair = ClockPair(args.core, args.mem)
         client.lock(args.gpu, pair)
-        print(f"GPU {args.gpu} locked at {pair}; interrupt to release", flush=True)
-        try:
+        try:  # an interrupt right after the lock is a release too
+            print(f"GPU {args.gpu} locked at {pair}; interrupt to release", flush=True)
             signal.pause()
         except KeyboardInterrupt:
             client.reset(args.gpu)
