@@ -414,12 +414,13 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         """Create the socket owner-only, then give it its group and mode: no moment in which
         anyone else may connect."""
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_shared_folder(self.socket_path.parent)
         old_umask = os.umask(0o177)
         try:
             super().server_bind()
         finally:
             os.umask(old_umask)
-        os.chown(self.socket_path, -1, self._gid)
+        os.chown(self.socket_path, -1, self._gid, follow_symlinks=False)
         os.chmod(self.socket_path, SOCKET_MODE)
 
     def serve_forever(self, poll_interval: float = SHUTDOWN_POLL_S) -> None:
@@ -464,6 +465,17 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.server_close()
         self.agent.close()
         self.socket_path.unlink(missing_ok=True)
+
+
+def _refuse_shared_folder(folder: Path) -> None:
+    """The socket's folder must be writable by its owner (root, or this agent's user) only:
+    where others may write, they could swap the socket for a link before its chown/chmod."""
+    stat = folder.stat()
+    if stat.st_uid not in (0, os.geteuid()) or stat.st_mode & 0o022:
+        raise KdvfsError(
+            f"the socket's folder {folder} may be written by others (mode {stat.st_mode & 0o7777:o}, "
+            f"owner uid {stat.st_uid}): use a folder only root may write, such as /run/kdvfs"
+        )
 
 
 def _refuse_live_socket(path: Path) -> None:

@@ -542,3 +542,19 @@ def test_a_training_process_that_dies_through_the_agent_gets_its_clocks_reset(ag
     assert [c["fn"] for c in agent.wait_for_calls(4)] == LOCK_CALLS + RESET_CALLS
     with agent.client() as client:
         assert client.status().resets == 1
+
+
+def test_a_socket_in_a_folder_others_may_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    result = subprocess.run(
+        [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "--socket", str(shared / "agent.sock")],
+        env=fake_nvml_env(tmp_path / "calls.jsonl"), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"kdvfs agent: error: the socket's folder {shared} may be written by others (mode 1777, owner uid "
+        f"{os.getuid()}): use a folder only root may write, such as /run/kdvfs"
+    )
+    assert not (shared / "agent.sock").exists()
