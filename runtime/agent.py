@@ -221,7 +221,10 @@ class ClockAgent:
             time.time(),
         )
         if not self.dry_run:
-            self._leases.write(lease)
+            try:
+                self._leases.write(lease)
+            except KdvfsError as exc:  # no lease on disk, no lock: a crash could not reset it
+                raise AgentError("lease_file", str(exc)) from None
         try:
             self._set_clocks(slot, pair)
         except AgentError:

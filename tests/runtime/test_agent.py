@@ -558,3 +558,17 @@ def test_a_socket_in_a_folder_others_may_write_is_refused(tmp_path):
         f"{os.getuid()}): use a folder only root may write, such as /run/kdvfs"
     )
     assert not (shared / "agent.sock").exists()
+
+
+def test_a_lease_that_cannot_be_written_locks_nothing(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    process = AgentProcess(tmp_path, "--lease-dir", str(blocker / "leases"))
+    try:
+        with process.client() as client:
+            with pytest.raises(KdvfsError, match=r"cannot write clock lease in .*a-file/leases"):
+                client.lock(0, ClockPair(1410, 3201))
+            assert not client.status().gpus[0].leased
+        assert process.calls() == []
+    finally:
+        process.stop()
