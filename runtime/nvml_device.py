@@ -166,6 +166,9 @@ class NvmlDevice:
             on shared GPUs).
         lease_dir: where the clock leases live; None: clock_lease.default_lease_dir().
         power_sample_period_s: power sampling period on a card without an energy counter, s.
+        agent_socket: lock clocks through the clock agent at this socket (docs/agent.md);
+            None: $KDVFS_AGENT_SOCKET, else the default socket when this process may not lock
+            clocks itself and it exists, else NVML directly (agent_client.socket_for).
     """
 
     source: Source = "measured"
@@ -177,9 +180,7 @@ class NvmlDevice:
         dry_run: bool = False,
         lease_dir: Path | str | None = None,
         power_sample_period_s: float = 0.02,
-        agent_socket: Path
-        | str
-        | None = None,  # lock through the clock agent there (agent_client.socket_for)
+        agent_socket: Path | str | None = None,
     ) -> None:
         self._nvml = load_nvml()
         self.index = index
