@@ -7,7 +7,8 @@ and prints JSON (every figure labelled simulated, replayed or measured on a real
 - `cusum_delay`: detection delay of the drift watch (synthetic, no device);
 - `h200_inputs`: the drift watch's inputs on a real GPU (read-only);
 - `h200_validation`: the PyTorch integration on a real GPU (dry-run: no clock change);
-- `record_step_trace`: a small GPT's whole training step under torch.profiler, as a trace.
+- `record_step_trace`: a small GPT's whole training step under torch.profiler, as a trace;
+- `agent_bench`: the clock agent's round trip and resets (fake NVML, or a real card in dry-run).
 
 The modules are public by name (`kdvfs.experiments.online_tuning`, loaded on first use), each
 with its `main()`. Their findings: docs/benchmarks.md and docs/gpu-validation.md.
@@ -19,6 +20,7 @@ import importlib
 from types import ModuleType
 
 __all__ = [
+    "agent_bench",
     "compare_strategies",
     "cusum_delay",
     "drift_scenarios",

@@ -7,7 +7,8 @@ Public names (loaded on first use, so that importing this package stays quick):
 - workloads: `gpt3_xl_layer`, `load_trace`, `discover_workload`, `load_table`;
 - measurement: `measure_isolated`, `measure_reference_iterations`, `Schedule`, `IterationRunner`;
 - drift on the simulated card: `Scenario`, `get_scenario`;
-- training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`, `shared_decision`.
+- training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`, `shared_decision`;
+- the clock agent (locks clocks for jobs that are not root): `ClockAgent`, `AgentClient`.
 
 Where each part lives and why it is built so: docs/design-runtime.md.
 """
@@ -45,6 +46,8 @@ _PUBLIC: dict[str, str] = {
     "lightning_callback": "torch_integration",
     "hf_callback": "torch_integration",
     "shared_decision": "distributed",
+    "ClockAgent": "agent",
+    "AgentClient": "agent_client",
 }
 
 __all__ = list(_PUBLIC)

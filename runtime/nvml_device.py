@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kdvfs.runtime import clock_lease
+from kdvfs.runtime import agent_client, clock_lease
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,9 @@ class NvmlDevice:
             on shared GPUs).
         lease_dir: where the clock leases live; None: clock_lease.default_lease_dir().
         power_sample_period_s: power sampling period on a card without an energy counter, s.
+        agent_socket: lock clocks through the clock agent at this socket (docs/agent.md);
+            None: $KDVFS_AGENT_SOCKET, else the default socket when this process may not lock
+            clocks itself and it exists, else NVML directly (agent_client.socket_for).
     """
 
     source: Source = "measured"
@@ -177,6 +180,7 @@ class NvmlDevice:
         dry_run: bool = False,
         lease_dir: Path | str | None = None,
         power_sample_period_s: float = 0.02,
+        agent_socket: Path | str | None = None,
     ) -> None:
         self._nvml = load_nvml()
         self.index = index
@@ -185,6 +189,8 @@ class NvmlDevice:
         self._leases = clock_lease.LeaseDir(lease_dir)
         self._holding = False
         self._denied_reason: str | None = None
+        self._agent_socket = agent_client.socket_for(agent_socket, lambda: admin_privilege()[0])
+        self._agent: agent_client.AgentClient | None = None
         self._power_integrator: PowerIntegrator | None = None
         try:
             self._open(index)
@@ -232,6 +238,9 @@ class NvmlDevice:
         memory lock (there is nothing to choose).
         """
         pair = self._supported(pair, snap)
+        if self._agent_socket is not None and not self.dry_run:
+            self._lock_through_agent(pair)
+            return
         if not self.dry_run:
             self._take_lease()
         self._change("nvmlDeviceSetGpuLockedClocks", (pair.core_mhz, pair.core_mhz))
@@ -240,6 +249,9 @@ class NvmlDevice:
 
     def reset_clocks(self) -> None:
         """Release the graphics and memory locks (stock clocks) and drop the lease."""
+        if self._agent_socket is not None and not self.dry_run:
+            self._reset_through_agent()
+            return
         self._reset_locks(self._lock_kinds)
         self._drop_lease()
 
@@ -247,6 +259,8 @@ class NvmlDevice:
         """Whether this process may lock clocks, and why (dry-run or not)."""
         if self._denied_reason is not None:
             return False, self._denied_reason
+        if self._agent_socket is not None:
+            return self._agent_permission()
         return admin_privilege()
 
     def nearest_pairs(self, pair: ClockPair, count: int = 2) -> list[ClockPair]:
@@ -303,6 +317,8 @@ class NvmlDevice:
             return
         if self._holding:
             self.reset_clocks()
+        if self._agent is not None:
+            self._agent.close()
         if self._power_integrator is not None:
             self._power_integrator.stop()
         self._nvml.nvmlShutdown()
@@ -346,6 +362,39 @@ class NvmlDevice:
         self._leases.write(clock_lease.new_lease(self.uuid, self.index, self._lock_kinds))
         self._holding = True
         clock_lease.hold(self, self.reset_clocks)
+
+    def _lock_through_agent(self, pair: ClockPair) -> None:
+        """The agent holds the lease for this connection; the hold resets on exit/signals."""
+        if self._agent is None:
+            self._agent = agent_client.AgentClient(self._agent_socket)
+        self._agent.lock(self.index, pair, uuid=self.uuid)
+        if not self._holding:
+            self._holding = True
+            clock_lease.hold(self, self.reset_clocks)
+
+    def _reset_through_agent(self) -> None:
+        if self._holding and self._agent is not None:
+            try:
+                self._agent.reset(self.index)
+            finally:
+                clock_lease.let_go(self)
+                self._holding = False
+
+    def _agent_permission(self) -> tuple[bool, str]:
+        where = f"the clock agent at {self._agent_socket}"
+        try:
+            with agent_client.AgentClient(self._agent_socket) as client:
+                hello = client.hello()
+        except KdvfsError as exc:
+            return False, str(exc)
+        ranges = [r for r in hello.may_lock if r.gpu == self.index]
+        if not ranges:
+            return False, f"{where} lets uid {hello.uid} lock no clocks on GPU {self.index}"
+        text = "; ".join(
+            f"core {r.core_mhz[0]}-{r.core_mhz[1]} MHz, memory {r.mem_mhz[0]}-{r.mem_mhz[1]} MHz"
+            for r in ranges
+        )
+        return True, f"through {where} ({text})"
 
     def _drop_lease(self) -> None:
         if self._holding:

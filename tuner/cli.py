@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "plan": "show, diff or validate a plan file",
     "doctor": "what this machine's GPUs allow (read-only)",
     "probe": "read-only stock-clock measurements of reference kernels on a real GPU",
+    "agent": "the root clock agent that locks clocks for unprivileged jobs, and its clients",
 }
 
 

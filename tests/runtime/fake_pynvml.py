@@ -7,7 +7,8 @@ nvmlClocksEventReason*/nvmlClocksThrottleReason*), so code that catches
 In-process: `monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)` after `configure()`.
 In a subprocess: PYTHONPATH holding this folder and KDVFS_NVML_MODULE=fake_pynvml; the
 environment variables below configure it, and every Set/Reset call is appended as one JSON
-line to the file named by KDVFS_FAKE_NVML_CALLS.
+line (with the time.monotonic() of the call, comparable across processes) to the file named
+by KDVFS_FAKE_NVML_CALLS.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ for _name in dir(_real):
 CALLS_ENV = "KDVFS_FAKE_NVML_CALLS"
 NO_PERMISSION_ENV = "KDVFS_FAKE_NVML_NO_PERMISSION"
 NOT_SUPPORTED_ENV = "KDVFS_FAKE_NVML_NOT_SUPPORTED"
+GPU_COUNT_ENV = "KDVFS_FAKE_NVML_GPU_COUNT"
 
 MEM_CLOCKS_MHZ = (3201, 2201)
 GRAPHICS_CLOCKS_MHZ = (1980, 1755, 1410, 990, 345)
@@ -63,6 +65,7 @@ def configure(**changes: object) -> FakeState:
 
 def _configure_from_env() -> None:
     configure(
+        gpu_count=int(os.environ.get(GPU_COUNT_ENV, "1")),
         no_permission=os.environ.get(NO_PERMISSION_ENV) == "1",
         not_supported=frozenset(filter(None, os.environ.get(NOT_SUPPORTED_ENV, "").split(","))),
         calls_file=os.environ.get(CALLS_ENV),
@@ -88,7 +91,13 @@ def _change(fn_name: str, handle: Handle, args: tuple[int, ...]) -> None:
     STATE.calls.append((fn_name, args))
     if STATE.calls_file:
         with open(STATE.calls_file, "a") as f:
-            f.write(json.dumps({"fn": fn_name, "index": handle.index, "args": list(args)}) + "\n")
+            record = {
+                "fn": fn_name,
+                "index": handle.index,
+                "args": list(args),
+                "monotonic_s": time.monotonic(),
+            }
+            f.write(json.dumps(record) + "\n")
     _check(fn_name)
     if STATE.no_permission:
         raise _real.NVMLError(_real.NVML_ERROR_NO_PERMISSION)

@@ -2,7 +2,8 @@
 
 Name, driver, supported clocks, the energy counter and how often it updates (polled for
 ~0.5 s), permission to lock clocks, power limit, current clocks, temperature, throttle
-reasons, and any clock lease left on the GPU. Every figure is measured on this machine; the
+reasons, and any clock lease left on the GPU; then whether a clock agent answers and what
+this user may lock through it (docs/agent.md). Every figure is measured on this machine; the
 GPU is opened in dry-run, so nothing is changed.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -39,8 +41,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for report in reports:
         print(format_report(report))
+    agent = agent_report()
+    print(format_agent(agent))
     if args.json:
-        args.json.write_text(json.dumps({"source": "measured", "gpus": reports}, indent=1) + "\n")
+        payload = {"source": "measured", "gpus": reports, "agent": agent}
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0
 
@@ -111,6 +116,39 @@ def gpu_report(index: int, energy_poll_s: float = ENERGY_POLL_S) -> dict[str, An
             },
             "lease": None if lease is None else {"pid": lease.pid, "owner_alive": lease.owner_alive()},
         }
+
+
+def agent_report() -> dict[str, Any]:
+    """Whether a clock agent answers ($KDVFS_AGENT_SOCKET, else the default socket), who it
+    takes this process for, and what it may lock through it."""
+    from kdvfs.runtime.agent_client import AGENT_SOCKET_ENV, DEFAULT_SOCKET, AgentClient
+
+    path = Path(os.environ.get(AGENT_SOCKET_ENV) or DEFAULT_SOCKET)
+    report: dict[str, Any] = {"socket": str(path), "answers": False, "reason": None}
+    if not path.exists():
+        return report | {"reason": "no socket there"}
+    try:
+        with AgentClient(path, timeout_s=2.0) as client:
+            hello = client.hello()
+    except KdvfsError as exc:
+        return report | {"reason": str(exc)}
+    return report | {
+        "answers": True,
+        "uid": hello.uid,
+        "dry_run": hello.dry_run,
+        "may_lock": [r.model_dump() for r in hello.may_lock],
+    }
+
+
+def format_agent(a: dict[str, Any]) -> str:
+    if not a["answers"]:
+        return f"clock agent: none at {a['socket']} ({a['reason']})"
+    may = "; ".join(
+        f"GPU {r['gpu']}: core {r['core_mhz'][0]}-{r['core_mhz'][1]} MHz, memory {r['mem_mhz'][0]}-{r['mem_mhz'][1]} MHz"
+        for r in a["may_lock"]
+    )
+    dry = " (dry-run: it records clock changes, makes none)" if a["dry_run"] else ""
+    return f"clock agent: {a['socket']} answers{dry}; uid {a['uid']} may lock {may or 'nothing'}"
 
 
 def energy_update_period_s(read_energy_j: Callable[[], float], poll_s: float) -> tuple[float | None, int]:

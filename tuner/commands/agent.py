@@ -1,0 +1,111 @@
+"""`kdvfs agent`: the privileged clock agent, and two clients of it (docs/agent.md).
+
+    kdvfs agent [serve] --socket PATH [--policy FILE] [--group G] [--lease-dir DIR] [--dry-run]
+    kdvfs agent status --socket PATH [--json [PATH]]
+    kdvfs agent lock --socket PATH --gpu N --core MHZ --mem MHZ
+
+`serve` (the default) runs the agent as root until SIGTERM/SIGINT; `status` prints every
+GPU's lease; `lock` holds a lease until it is interrupted (an operator's tool, and a test
+client). The runtime modules are imported inside run(), so `kdvfs --help` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+DEFAULT_SOCKET = "/run/kdvfs/agent.sock"  # kept equal to agent_client.DEFAULT_SOCKET (tested)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action", nargs="?", choices=("serve", "status", "lock"), default="serve", help="default: serve"
+    )
+    parser.add_argument("--socket", type=Path, default=Path(DEFAULT_SOCKET), help="default %(default)s")
+    parser.add_argument(
+        "--policy", type=Path, help="serve: TOML or JSON policy (default: root and the socket's group)"
+    )
+    parser.add_argument("--group", help="serve: the socket's group, a name or gid (default: the agent's)")
+    parser.add_argument(
+        "--lease-dir", type=Path, help="serve: lease directory (default: SOCKET's folder/leases)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="serve: record NVML Set/Reset calls, make none"
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="status: print JSON (to PATH if given, else stdout)",
+    )
+    parser.add_argument("--gpu", type=int, metavar="N", help="lock: NVML index")
+    parser.add_argument("--core", type=int, metavar="MHZ", help="lock: graphics clock")
+    parser.add_argument("--mem", type=int, metavar="MHZ", help="lock: memory clock")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "status":
+        return _status(args)
+    if args.action == "lock":
+        return _lock(args)
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from kdvfs.runtime import agent
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    agent.serve(
+        args.socket, policy_path=args.policy, group=args.group, lease_dir=args.lease_dir, dry_run=args.dry_run
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from kdvfs.runtime.agent_client import AgentClient
+
+    with AgentClient(args.socket) as client:
+        status = client.status()
+    payload = {
+        "gpus": [
+            {k: gpu.model_dump()[k] for k in ("index", "leased", "holder_pid", "core_mhz", "mem_mhz")}
+            for gpu in status.gpus
+        ],
+        "resets": status.resets,
+    }
+    if args.json == "-":
+        print(json.dumps(payload))
+        return 0
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+    for gpu in status.gpus:
+        held = f"leased by pid {gpu.holder_pid} at {gpu.core_mhz}/{gpu.mem_mhz} MHz" if gpu.leased else "free"
+        print(f"GPU {gpu.index} ({gpu.uuid}): {held}")
+    print(f"resets since the agent started: {status.resets}{' (dry-run)' if status.dry_run else ''}")
+    return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from kdvfs.runtime.agent_client import AgentClient
+    from kdvfs.runtime.types import ClockPair, KdvfsError
+
+    missing = [f"--{name}" for name in ("gpu", "core", "mem") if getattr(args, name) is None]
+    if missing:
+        raise KdvfsError(f"agent lock needs {', '.join(missing)}")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM releases like Ctrl-C
+    with AgentClient(args.socket) as client:
+        pair = ClockPair(args.core, args.mem)
+        client.lock(args.gpu, pair)
+        try:  # an interrupt right after the lock is a release too
+            print(f"GPU {args.gpu} locked at {pair}; interrupt to release", flush=True)
+            signal.pause()
+        except KeyboardInterrupt:
+            client.reset(args.gpu)
+    print(f"GPU {args.gpu} released", flush=True)
+    return 0
