@@ -1,8 +1,14 @@
 """Named constants of the simulated GPUs, one preset per card, each with its source.
 
+- `Preset`: everything a simulated card needs (clocks, rates, power parts, thermal, control,
+  memory and link); `KindModel` and `LADDER_KINDS`: per-kind rates, floors and streaming
+  activity, fitted to the H200 size ladder (experiments/fit_kinds.py);
+- the presets `H200`, `RTX3080TI`, `A100`, `H100` (`PRESETS`), each with its sources;
+- `get_preset`: a preset by name, NAME-fastswitch for a fast clock switch.
 The model they feed is in simulator.py. Rates are whole-GPU figures at the stated clock;
 power figures are the model's parts (static, dynamic core, memory) and were set so that the
-whole card matches the cited totals, not fitted kernel by kernel.
+whole card matches the cited totals, not fitted kernel by kernel; the per-kind constants are
+fitted by kind, never by kernel.
 """
 
 from __future__ import annotations
@@ -258,6 +264,7 @@ H100 = replace(
 PRESETS: dict[str, Preset] = {"h200": H200, "rtx3080ti": RTX3080TI, "a100": A100, "h100": H100}
 
 FAST_SWITCH_SUFFIX = "-fastswitch"
+"""Appended to a preset's name: the same card with a fast clock switch."""
 FAST_SWITCH_LATENCY_S = 50e-6
 """What newer parts promise for a clock change (on-die regulators, per-kernel DVFS): tens of µs."""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kdvfs.runtime.types import KdvfsError
 
+#: The six kernels of h200-probe/kernels_stock.csv: what `kdvfs probe` runs by default.
 DEFAULT_PROBE_KERNELS = (
     "gemm_bf16_8192",
     "gemm_bf16_2048",
@@ -27,6 +28,7 @@ DEFAULT_PROBE_KERNELS = (
     "copy_256MiB",
     "sdpa_causal_b8_h16_t1024",
 )
+#: `kdvfs probe --ladder`: 8 kinds x 6 sizes, ~1 us to ~8 ms a call at stock on an H200.
 SIZE_LADDER = (
     *(f"gemm_bf16_{n}" for n in (256, 512, 1024, 2048, 4096, 8192)),
     *(f"layernorm_{r}_x_2048" for r in ("256", "1k", "4k", "16k", "64k", "256k")),
@@ -38,11 +40,12 @@ SIZE_LADDER = (
     *(f"adamw_{n}" for n in ("256k", "4M", "16M", "64M", "256M", "1B")),
 )
 SDPA_HEAD_DIM = 128  # GPT-3-XL: d_model 2048 / 16 heads
-BF16_BYTES = 2
-FP32_BYTES = 4
+BF16_BYTES = 2  # bytes per bf16 element
+FP32_BYTES = 4  # bytes per fp32 element
 ADAMW_FLOP_PER_PARAM = 12.0  # moments, bias corrections, decay and the update
 ADAMW_BYTES_PER_PARAM = 7 * FP32_BYTES  # reads param, grad, m, v; writes param, m, v
 
+#: Multipliers of the units a size is written in: bytes (binary and decimal), counts, rows.
 BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 COUNT_UNITS = {"": 1, "k": 10**3, "M": 10**6, "B": 10**9}
 ROW_UNITS = {"": 1, "k": 1 << 10}  # rows: 8k = 8192, as the probe names them

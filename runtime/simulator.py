@@ -1,24 +1,15 @@
 """The simulated GPU: a small physical model of kernel time and board power.
 
-Time of a launch (per clock pair):
-    t = latency + max(t_comp, t_mem) + (1 - overlap) * min(t_comp, t_mem)
-    t_comp = flops / (FLOP per cycle * core clock)
-    t_mem  = bytes / min(DRAM bandwidth * mem/mem_max, core-side bytes per cycle * core clock)
-so compute-bound, memory-bound, latency-bound and mixed kernels follow from flops and bytes.
-
-Power:
-    P = static * v * (1 + leak * (T - T_ref))               leakage, rising with temperature
-      + core_dyn * v^2 * f/f_max * activity                 V^2 f, activity from utilisation
-      + mem_w * mem/mem_max * (base + (1 - base) * u_mem)   memory clock and traffic
-with a voltage flat below a knee: below it, lower clocks stop saving dynamic energy while
-static energy keeps growing with time, so energy against core clock is U-shaped.
-
-Stock ("auto") mode boosts to the highest clock the power cap allows, memory at its maximum.
-Under the cap the card hunts between clocks (just over the cap: between the ceiling and a
-swing below it; further over: +/- auto_hunt_rel around a lower centre); power being convex in
-clock, hunting costs more energy than holding the mean clock. A locked pair whose
-power exceeds the cap is pulled down the same way. Above t_limit_c the cap shrinks (thermal
-slowdown). Temperature is a first-order state driven by power.
+- `operating_point`: one launch at a locked pair or at stock (auto mode under the power cap),
+  from `_time_parts` (launch, per-kind rates and floors, link waits) and `_power_w`
+  (leakage, V^2 f x activity, memory traffic); `voltage_rel`, `effective_cap_w`,
+  `idle_power_w`; `_mix` and `_hunting` for the cap controller's clock swing.
+- `SimulatedDevice`: a ModelDevice (source "simulated") over a preset: noiseless figures at
+  the iteration's own steady temperature (`expected`, `expected_iteration`), timed launches
+  with a first-order thermal state, operator changes (`set_ambient_c`, `set_power_cap_w`) and
+  the sensors NVML would give (temperature, power limit, SM clock, throttle reasons).
+The constants and their sources: presets.py. The model's equations and reasoning:
+docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy.
 """
 
 from __future__ import annotations
@@ -148,7 +139,7 @@ def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> f
 
 
 THERMAL_BISECTION_STEPS = 12
-"""Bisection steps for the steady temperature: the bracket shrinks to ~0.03 C."""
+"""Bisection steps for the steady temperature (count): the bracket shrinks to ~0.03 C."""
 
 
 class SimulatedDevice(ModelDevice):
