@@ -59,7 +59,7 @@ def _settled_h200():
     tuner = _tuner(device)
     at = settle(tuner)
     (refined,) = tuner.state.refinements
-    chosen = tuner._one_pair()
+    chosen = tuner._one_pair()  # inside: OnlineTuner has no public 'running pair' (issue 14's phases will)
     assert chosen == refined.to_pair != refined.from_pair
     return tuner, device, at, chosen
 
@@ -75,7 +75,9 @@ def test_a_card_that_warms_without_throttling_keeps_its_plan_and_reference_and_r
     tuner, device, at, chosen = _settled_h200()
     old_ref_s = tuner.account.ref_time_s
     trace = SavingTrace(tuner)
-    trace(tuner._point())
+    trace(
+        tuner._point()
+    )  # inside: the first point before the change; the tuner reports points only as it runs
     get_scenario("ambient-step", at).apply(device, SIX)
     tuner.run(at + 2_000, trace)
     (alarm,) = tuner.state.alarms
@@ -84,6 +86,7 @@ def test_a_card_that_warms_without_throttling_keeps_its_plan_and_reference_and_r
     alarm_s = device.now_s()
     while device.now_s() - alarm_s < 200.0:  # ten time constants: settled
         tuner.run(tuner.account.iterations + 20_000, trace)
+    # inside: the held plan's warming state and the watch's detectors are not public on OnlineTuner
     assert tuner._warming_since_s is None and len(tuner.state.alarms) == 1
     energy, iteration = tuner._watch.detectors["energy"], tuner._watch.detectors["iteration"]
     assert (
@@ -115,7 +118,9 @@ def test_a_held_plan_is_re_tuned_once_the_warming_card_throttles():
 def test_after_a_cooling_step_stock_is_measured_again_and_the_pair_training_chose_is_tried_again():
     tuner, device, at, chosen = _settled_h200()
     trace = SavingTrace(tuner)
-    trace(tuner._point())
+    trace(
+        tuner._point()
+    )  # inside: the first point before the change; the tuner reports points only as it runs
     device.set_ambient_c(device.ambient_c - 15.0)  # stock may run faster now: the reference must be measured
     _run_until_refined_again(tuner, at, trace)
     alarm = tuner.state.alarms[0]
@@ -142,7 +147,7 @@ def test_after_a_cooling_step_stock_is_measured_again_and_the_pair_training_chos
 def test_a_group_whose_time_moved_is_re_explored_and_the_others_keep_their_cells():
     tuner = _tuner(SimulatedDevice(FAST, seed=0))
     settle(tuner)
-    spans = tuner._group_spans()
+    spans = tuner._group_spans()  # inside: drive a drift by hand, as the watch would on these spans
     assert len(spans) > 1
     kept = tuner.state.obs.counts.copy()
     tuner._on_drift([group_stream(0)], spans)

@@ -77,6 +77,7 @@ def test_a_grouped_schedule_is_tried_against_one_pair_in_training_and_the_better
     assert tuner.state.refinements == []
     # a poor grouped schedule (two stock groups) loses to the one pair at its next judge window
     tuner.state.schedule = Schedule(((0, None), (3, None)))
+    # inside: force a judge window on a hand-made schedule (OnlineTuner has no public way)
     tuner._refinement_done = False
     tuner._start_window()
     tuner.run(tuner.account.iterations + 300_000)
