@@ -12,10 +12,9 @@ docs/design-envs.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 import gymnasium
+
+from kdvfs._lazy import lazy_names
 
 gymnasium.register(
     id="kdvfs/KernelDVFS-v0",
@@ -39,14 +38,4 @@ _PUBLIC: dict[str, str] = {
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

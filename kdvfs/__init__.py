@@ -17,8 +17,7 @@ The layers themselves are `kdvfs.runtime` (the machine), `kdvfs.envs` (Gymnasium
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kdvfs._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -49,14 +48,4 @@ _PUBLIC: dict[str, str] = {
 __all__ = ["__version__", *_PUBLIC]
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kdvfs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -12,8 +12,7 @@ How each strategy searches and why: docs/design-policies.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
     "Policy": "base",
@@ -38,14 +37,4 @@ _PUBLIC: dict[str, str] = {
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

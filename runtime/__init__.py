@@ -15,8 +15,7 @@ Where each part lives and why it is built so: docs/design-runtime.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
     "ClockPair": "types",
@@ -53,14 +52,4 @@ _PUBLIC: dict[str, str] = {
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -7,8 +7,7 @@ with its commands in tuner/commands/; the design is docs/design-tuner.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
     # the online session
@@ -48,14 +47,4 @@ _PUBLIC: dict[str, str] = {
 __all__ = list(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kdvfs.tuner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
