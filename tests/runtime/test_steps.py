@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kdvfs.runtime.iteration import Schedule
@@ -32,7 +34,7 @@ def test_counter_updates_are_reported_only_when_the_counter_changed_at_period_mu
     assert len({j for _, j in readings}) == len(readings)
     for time_s, _ in readings:
         assert time_s / period_s == pytest.approx(round(time_s / period_s))
-    assert all(b[0] > a[0] and b[1] > a[1] for a, b in zip(readings, readings[1:]))
+    assert all(b[0] > a[0] and b[1] > a[1] for a, b in itertools.pairwise(readings))
 
 
 def test_dry_run_records_requests_but_runs_stock_clocks():

@@ -74,7 +74,7 @@ def test_the_adopted_schedule_saves_energy_on_the_card(tuning):
 
 
 def test_null_test_in_dry_run_adopts_nothing_and_saves_nothing():
-    tuner, recording, _, measured_saving = tuned(4, dry_run=True)
+    tuner, _recording, _, measured_saving = tuned(4, dry_run=True)
     assert "Verifying" in tuner.phases or "Settled" in tuner.phases
     assert tuner.adoptions == []
     assert tuner.running_saving() == 0.0
