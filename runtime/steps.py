@@ -1,0 +1,162 @@
+"""Training steps as the training loop reports them, and a simulated job that produces them.
+
+- `StepReport`: what one step told the controller: its time and each group's time (CUDA
+  events on a real card), the energy-counter updates observed since the last report (each as
+  the host time of the update and the counter's joules), temperature, throttle reasons and
+  the enforced power limit. It crosses from runtime/ to tuner/.
+- `StepController`: the Protocol of whoever answers a report with the next steps' Schedule
+  (tuner/step_tuner.py's StepTuner).
+- `SimulatedJob`: steps of a Workload on a ModelDevice through IterationRunner under the
+  schedule it is given, one StepReport per step; `run()` is the training loop (clocks back to
+  stock when it ends, by an exception too). It decides nothing. `dry_run` records the clock
+  requests and applies none, as a real card in dry run does (the null test).
+
+The counter is read after every step, as a poller would, and an update is reported only when
+its value changed, at the simulated time of the change. Design: docs/design-step-tuner.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from kdvfs.runtime.iteration import IterationRunner, Schedule
+from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.types import KdvfsError, Workload
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One training step as the loop measured it.
+
+    Attributes:
+        step: the step's index, from 0.
+        end_s: host time at the step's end, s.
+        step_time_s: the step's time, s.
+        group_times_s: each group's time under the schedule the step ran, s (in its order).
+        counter_readings: energy-counter updates observed since the last report, as
+            (host time of the update in s, counter in J), oldest first.
+        temperature_c: the card's temperature at the step's end, C.
+        throttle_reasons: the card's throttle reasons at the step's end.
+        power_limit_w: the enforced power limit, W.
+    """
+
+    step: int
+    end_s: float
+    step_time_s: float
+    group_times_s: tuple[float, ...]
+    counter_readings: tuple[tuple[float, float], ...]
+    temperature_c: float
+    throttle_reasons: frozenset[str]
+    power_limit_w: float
+
+
+class StepController(Protocol):
+    """Answers each step's report with the schedule of the next steps."""
+
+    def on_step_end(self, report: StepReport) -> Schedule: ...
+
+
+class SimulatedJob:
+    """A training job on a simulated or replayed device, step by step.
+
+    Args:
+        device: runs the kernels (a SimulatedDevice or ReplayDevice).
+        workload: the kernels of one training step, in order.
+        dry_run: record the clock requests (`requests`) but never apply them: every step runs
+            at stock clocks.
+    """
+
+    def __init__(self, device: ModelDevice, workload: Workload, *, dry_run: bool = False) -> None:
+        self.device = device
+        self.workload = workload
+        self.dry_run = dry_run
+        self.runner = IterationRunner(device, workload)
+        self.requests: list[tuple[int, Schedule]] = []
+        """(step index, schedule) of every change of the requested schedule, applied or not."""
+        self.steps = 0
+        self._schedule = Schedule.stock()
+        self._counter_j = device.energy_j()
+
+    @property
+    def seconds(self) -> float:
+        """Device seconds so far."""
+        return self.device.now_s()
+
+    def step(self, schedule: Schedule) -> StepReport:
+        """Run one step under the schedule (stock in dry run) and report it."""
+        if schedule != self._schedule or not self.requests:
+            self.requests.append((self.steps, schedule))
+            self._schedule = schedule
+        applied = Schedule.stock() if self.dry_run else schedule
+        kernel_times_s, step_s = self.runner.run(applied, 1)
+        report = StepReport(
+            step=self.steps,
+            end_s=self.device.now_s(),
+            step_time_s=step_s,
+            group_times_s=_group_times(schedule, kernel_times_s, step_s),
+            counter_readings=self._read_counter(),
+            temperature_c=_sensor(self.device, "temperature_c", math.nan),
+            throttle_reasons=frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
+            power_limit_w=_sensor(self.device, "power_limit_w", math.nan),
+        )
+        self.steps += 1
+        return report
+
+    def run(
+        self,
+        controller: StepController,
+        *,
+        seconds: float,
+        on_report: Callable[[StepReport], None] | None = None,
+    ) -> None:
+        """Train for `seconds` of device time, each step's report answered by the controller.
+        The clocks go back to stock when it ends, normally or by an exception."""
+        if not seconds > 0.0:
+            raise KdvfsError(f"seconds of training must be > 0, got {seconds}")
+        end_s = self.device.now_s() + seconds
+        schedule = Schedule.stock()
+        try:
+            while self.device.now_s() < end_s:
+                report = self.step(schedule)
+                if on_report is not None:
+                    on_report(report)
+                schedule = controller.on_step_end(report)
+        finally:
+            self.reset()
+
+    def reset(self) -> None:
+        """Stock clocks requested now (a real job's clocks back to the card's default)."""
+        self.device.reset_clocks()
+        self.runner.forget_requests()
+        if self._schedule != Schedule.stock():
+            self.requests.append((self.steps, Schedule.stock()))
+        self._schedule = Schedule.stock()
+
+    def _read_counter(self) -> tuple[tuple[float, float], ...]:
+        """The counter's update since the last read, if its value changed: the simulated
+        counter advances at multiples of its period, so the update came at the last one."""
+        value_j = self.device.energy_j()
+        if value_j == self._counter_j:
+            return ()
+        self._counter_j = value_j
+        period_s = self.device.energy_update_period_s
+        return ((math.floor(self.device.now_s() / period_s + 1e-9) * period_s, value_j),)
+
+
+def _group_times(schedule: Schedule, kernel_times_s: np.ndarray, step_s: float) -> tuple[float, ...]:
+    """Each group's share of the step: its kernels' launch times, scaled to the step's time."""
+    starts = [s for s, _ in schedule.groups]
+    sums = [float(kernel_times_s[a:b].sum()) for a, b in zip(starts, [*starts[1:], len(kernel_times_s)])]
+    total = sum(sums)
+    return tuple(s * step_s / total for s in sums) if total > 0 else tuple(sums)
+
+
+def _sensor(device: ModelDevice, name: str, default):
+    """A sensor the device may not have (a replayed table has no temperature)."""
+    read = getattr(device, name, None)
+    return read() if callable(read) else default

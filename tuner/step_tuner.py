@@ -1,0 +1,586 @@
+"""The step-driven tuner (issue 14, core): fed each training step's report, it answers with the
+clocks of the next steps. It never runs kernels itself.
+
+- `StepTuner.on_step_end(report) -> Schedule`: the one entry point; `phase` is the phase object
+  now (Zeus's power_limit.py shape): `Reference` -> `Exploring` -> `Verifying` -> ... ->
+  `Settled`, each a small dataclass holding its own data; `phases` lists those passed.
+- `Window`: whole steps under one schedule, figures from the steps that began after its
+  switch settled, energy between two observed counter updates.
+- `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
+- `StepAccount`: the cumulative budget against stock measured in training.
+- `switchable_groups`: the groups a card can switch between, from segment times and latency.
+
+Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdvfs.policies.base import SearchSpace, Task
+from kdvfs.policies.registry import make_policy
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.steps import StepReport
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+
+#: Training at stock measured as the reference; s.
+REFERENCE_S = 20.0
+#: Length of one trial window before it closes at the next observed counter update; s.
+TRIAL_WINDOW_S = 2.0
+#: A-B-B-A blocks of one trial; blocks.
+TRIAL_BLOCKS = 4
+#: Length of one verification window; s.
+VERIFY_WINDOW_S = 4.0
+#: A-B-B-A blocks of a verification run; blocks.
+VERIFY_BLOCKS = 4
+#: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
+ADOPT_Z = 3.0
+#: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
+ABANDON_Z = 3.0
+#: Candidate time measured before it may be abandoned on time (the guard acts at once); s.
+ABANDON_MIN_S = 0.3
+#: Slack kept back in the budget account at all times, as seconds per step of the worst case.
+GUARD_STEPS = 2
+#: Share of the measured stock step time taken off it in the account (the reference's noise); a fraction.
+REFERENCE_MARGIN = 0.002
+#: Most trials of one group before its best is verified; trials.
+MAX_TRIALS_PER_GROUP = 20
+#: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
+MIN_GROUP_LATENCIES = 4.0
+#: The search strategy by default (policies/registry.py); why: docs/design-step-tuner.md.
+DEFAULT_STRATEGY = "botorch"
+#: The strategy's stopping tolerance (relative expected improvement); BoTorch's own 0.002 stops
+#: after 5 noisy trials on the 3080 Ti layer, short of the best pair; a fraction.
+POLICY_TOL = 1e-4
+
+
+# --- groups ----------------------------------------------------------------------------------
+def pass_boundaries(workload: Workload) -> list[int]:
+    """Where a job can switch clocks: the step's start and each pass's first kernel."""
+    kernels = workload.kernels
+    return [0] + [i for i in range(1, len(kernels)) if kernels[i].pass_name != kernels[i - 1].pass_name]
+
+
+def switchable_groups(starts: list[int], segment_times_s: list[float], latency_s: float) -> list[int]:
+    """The group starts kept from segment starts: the shortest group shorter than
+    MIN_GROUP_LATENCIES switch latencies merges into its shorter neighbour until none is (a
+    group that short runs mostly at the clocks before it). One group never switches."""
+    starts, times = list(starts), list(segment_times_s)
+    while len(starts) > 1:
+        i = int(np.argmin(times))
+        if times[i] >= MIN_GROUP_LATENCIES * latency_s:
+            break
+        if i == 0:
+            j = 1
+        elif i == len(times) - 1:
+            j = i - 1
+        else:
+            j = i - 1 if times[i - 1] <= times[i + 1] else i + 1
+        a, b = min(i, j), max(i, j)
+        times[a] += times[b]
+        del times[b], starts[b]
+    return starts
+
+
+# --- measuring ------------------------------------------------------------------------------
+@dataclass
+class Window:
+    """Whole steps under one schedule. Steps that began before settle_s (the switch and one
+    counter period after the window opened) are not counted; energy is taken between the
+    first and last counter updates observed after settle_s."""
+
+    schedule: Schedule
+    length_s: float
+    settle_s: float
+    step_times_s: list[float] = field(default_factory=list)
+    group_sums_s: np.ndarray | None = None
+    first: tuple[float, float] | None = None
+    last: tuple[float, float] | None = None
+
+    def add(self, report: StepReport) -> bool:
+        """Count a step; True when the window is closed (long enough, at an observed update)."""
+        if report.end_s - report.step_time_s >= self.settle_s:
+            self.step_times_s.append(report.step_time_s)
+            g = np.asarray(report.group_times_s)
+            self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
+        for reading in report.counter_readings:
+            if reading[0] >= self.settle_s:
+                self.first = self.first or reading
+                self.last = reading
+        return bool(report.counter_readings) and self.span_s >= self.length_s and len(self.step_times_s) > 0
+
+    @property
+    def span_s(self) -> float:
+        return 0.0 if self.first is None or self.last is None else self.last[0] - self.first[0]
+
+    @property
+    def settled_s(self) -> float:
+        return float(sum(self.step_times_s))
+
+    @property
+    def step_s(self) -> float:
+        return float(np.mean(self.step_times_s))
+
+    @property
+    def group_times_s(self) -> np.ndarray:
+        return self.group_sums_s / len(self.step_times_s)
+
+    @property
+    def power_w(self) -> float:
+        return (self.last[1] - self.first[1]) / self.span_s if self.span_s > 0 else math.nan
+
+    @property
+    def energy_per_step_j(self) -> float:
+        """Mean power over the counter span x mean step time (in-training-trials.md)."""
+        return self.power_w * self.step_s
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A trial's result: B against A as relative differences (fractions of A), the standard
+    error of the energy difference over the blocks, B's figures."""
+
+    energy_diff: float
+    energy_se: float
+    time_diff: float
+    time_se: float
+    b_step_s: float
+    b_group_times_s: np.ndarray
+    blocks: int
+    abandoned: bool
+
+
+@dataclass
+class Trial:
+    """A candidate (B) against the incumbent (A) in A-B-B-A blocks of windows."""
+
+    incumbent: Schedule
+    candidate: Schedule
+    blocks: int
+    window_s: float
+    settle_s: float
+    closed: list[Window] = field(default_factory=list)
+    current: Window | None = None
+    abandoned: bool = False
+
+    @property
+    def arm(self) -> str:
+        """'A' or 'B': whose window is open (or opens next)."""
+        return "ABBA"[len(self.closed) % 4]
+
+    @property
+    def done(self) -> bool:
+        return self.abandoned or len(self.closed) >= 4 * self.blocks
+
+    def schedule(self) -> Schedule:
+        return self.candidate if self.arm == "B" else self.incumbent
+
+    def open(self, now_s: float) -> None:
+        self.current = Window(self.schedule(), self.window_s, now_s + self.settle_s)
+
+    def add(self, report: StepReport) -> None:
+        if self.current.add(report):
+            self.closed.append(self.current)
+            self.current = None
+
+    def b_windows(self) -> list[Window]:
+        arms = ["ABBA"[i % 4] for i in range(len(self.closed))]
+        done = [w for w, a in zip(self.closed, arms) if a == "B"]
+        return done + ([self.current] if self.current and self.arm == "B" else [])
+
+    def outcome(self) -> Outcome:
+        blocks = len(self.closed) // 4
+        e_diff, t_diff = [], []
+        for k in range(blocks):
+            a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
+            e_a = 0.5 * (a1.energy_per_step_j + a2.energy_per_step_j)
+            t_a = 0.5 * (a1.step_s + a2.step_s)
+            e_diff.append(0.5 * (b1.energy_per_step_j + b2.energy_per_step_j) / e_a - 1.0)
+            t_diff.append(0.5 * (b1.step_s + b2.step_s) / t_a - 1.0)
+        b = [w for w in self.b_windows() if w.step_times_s]
+        b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
+        b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])
+        return Outcome(
+            energy_diff=float(np.mean(e_diff)) if e_diff else math.nan,
+            energy_se=_se(e_diff),
+            time_diff=float(np.mean(t_diff)) if t_diff else math.nan,
+            time_se=_se(t_diff),
+            b_step_s=b_step,
+            b_group_times_s=b_groups,
+            blocks=blocks,
+            abandoned=self.abandoned,
+        )
+
+
+def _se(values: list[float]) -> float:
+    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.inf
+
+
+# --- budget -----------------------------------------------------------------------------------
+@dataclass
+class StepAccount:
+    """Time allowed, (1 + budget) x stock x steps, against the steps' measured time.
+
+    Args:
+        budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
+    """
+
+    budget: float
+    stock_step_s: float = math.nan
+    steps: int = 0
+    spent_s: float = 0.0
+
+    def charge(self, step_s: float) -> None:
+        self.steps += 1
+        self.spent_s += step_s
+
+    def slack_s(self) -> float:
+        """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
+        if math.isnan(self.stock_step_s):
+            return math.inf
+        return (1.0 + self.budget) * self.stock_step_s * self.steps - self.spent_s
+
+    def slowdown(self) -> float:
+        return self.spent_s / (self.stock_step_s * self.steps) - 1.0
+
+
+# --- phases -----------------------------------------------------------------------------------
+@dataclass
+class Reference:
+    """Stock measured in training: windows of whole steps at stock, every segment its own group."""
+
+    schedule: Schedule
+    windows: list[Window] = field(default_factory=list)
+    current: Window | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Exploring:
+    """Trials of one group's candidates through the policy's Task of that group."""
+
+    group: int
+    task: Task
+    trial: Trial | None = None
+    config: int | None = None
+    trials: int = 0
+    waiting_steps: int = 0  # steps run at the incumbent waiting for slack
+
+
+@dataclass
+class Verifying:
+    """The group's best candidate against the incumbent over a longer run."""
+
+    group: int
+    trial: Trial
+    adopted: bool | None = None
+
+
+@dataclass
+class Settled:
+    """The incumbent runs; nothing is tried (the drift watch is issue 14's next part)."""
+
+    since_step: int
+
+
+Phase = Reference | Exploring | Verifying | Settled
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """A candidate adopted after verification: when, which schedule, its measured figures."""
+
+    step: int
+    end_s: float
+    schedule: Schedule
+    saving: float  # of the incumbent's step energy, a fraction
+    saving_se: float
+    slowdown: float  # against stock, as measured
+
+
+class StepTuner:
+    """Tunes a training job's clocks from its step reports.
+
+    Args:
+        workload: the kernels of one step (for where the job can switch: its passes).
+        pairs: the card's supported clock pairs (the search grid), in its order.
+        switch_latency_s: the card's clock-switch latency, s.
+        energy_update_period_s: how often the card's energy counter advances, s.
+        budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
+        strategy: the search strategy (kdvfs.policies.registry.POLICIES).
+        seed: seeds the strategy.
+        boundaries: kernel indices where the job can switch clocks (default: the step and each pass).
+        policy_options: passed to the strategy's constructor (e.g. tol).
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        pairs: list[ClockPair],
+        *,
+        switch_latency_s: float,
+        energy_update_period_s: float,
+        budget: float = 0.01,
+        strategy: str = DEFAULT_STRATEGY,
+        seed: int = 0,
+        boundaries: list[int] | None = None,
+        policy_options: dict[str, float] | None = None,
+    ) -> None:
+        if not budget >= 0.0:
+            raise KdvfsError(f"budget must be >= 0, got {budget}")
+        self.workload = workload
+        self.pairs = list(pairs)
+        self.switch_latency_s = switch_latency_s
+        self.settle_s = switch_latency_s + energy_update_period_s
+        self.budget = budget
+        self.account = StepAccount(budget)
+        space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
+        self.policy = make_policy(
+            strategy,
+            space,
+            seed=seed,
+            max_per_task=MAX_TRIALS_PER_GROUP,
+            **({"tol": POLICY_TOL} | (policy_options or {})),
+        )
+        segments = boundaries if boundaries is not None else pass_boundaries(workload)
+        self.segments = sorted(set(segments) | {0})
+        self.incumbent = Schedule(tuple((s, None) for s in self.segments))
+        """The schedule adopted so far (the plan): stock until something is adopted."""
+        self.stock_energy_j = math.nan  # per step, measured in the reference
+        self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
+        self.incumbent_step_s = math.nan
+        self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
+        self.time_sd_per_root_s = 0.005  # relative s.d. of a step time mean over 1 s (measured)
+        self.adoptions: list[Adoption] = []
+        self.phase: Phase = Reference(self.incumbent)
+        self.phases: list[str] = ["Reference"]
+        self.group_times_s: list[float] = []  # each group's stock time per step, s
+        self._order: list[int] = []
+        self._now_s = 0.0
+
+    # --- the entry point ---------------------------------------------------------------------
+    def on_step_end(self, report: StepReport) -> Schedule:
+        """Take one step's report; the schedule for the next steps."""
+        self.account.charge(report.step_time_s)
+        self._now_s = report.end_s
+        phase = self.phase
+        if isinstance(phase, Reference):
+            return self._reference(phase, report)
+        if isinstance(phase, Exploring):
+            return self._exploring(phase, report)
+        if isinstance(phase, Verifying):
+            return self._verifying(phase, report)
+        return self._settled(report)
+
+    @property
+    def stock_step_s(self) -> float:
+        return self.account.stock_step_s
+
+    def running_saving(self) -> float:
+        """The incumbent's saving against stock, as measured (a fraction of stock's step energy)."""
+        return 1.0 - self.incumbent_energy_j / self.stock_energy_j if self.adoptions else 0.0
+
+    # --- phases ------------------------------------------------------------------------------
+    def _enter(self, phase: Phase) -> None:
+        self.phase = phase
+        name = type(phase).__name__
+        if self.phases[-1] != name:
+            self.phases.append(name)
+
+    def _reference(self, ref: Reference, report: StepReport) -> Schedule:
+        if ref.current is None:
+            ref.current = Window(ref.schedule, TRIAL_WINDOW_S, report.end_s)
+        ref.seconds += report.step_time_s
+        if ref.current.add(report):
+            ref.windows.append(ref.current)
+            ref.current = None
+        if ref.seconds < REFERENCE_S or len(ref.windows) < 3:
+            return ref.schedule
+        self._finish_reference(ref.windows)
+        return self._start_group(0)
+
+    def _finish_reference(self, windows: list[Window]) -> None:
+        steps = np.array([w.step_s for w in windows])
+        energy = np.array([w.energy_per_step_j for w in windows])
+        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
+        stock_s = float(np.average(steps, weights=weights))
+        self.account.stock_step_s = stock_s * (1.0 - REFERENCE_MARGIN)
+        self.stock_energy_j = self.incumbent_energy_j = float(np.mean(energy))
+        self.incumbent_step_s = stock_s
+        self.window_sd = float(np.std(energy / np.mean(energy), ddof=1))
+        mean_window_s = float(np.mean([w.settled_s for w in windows]))
+        self.time_sd_per_root_s = max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4)
+        segment_times = np.average([w.group_times_s for w in windows], axis=0, weights=weights)
+        starts = switchable_groups(self.segments, list(segment_times), self.switch_latency_s)
+        self.incumbent = Schedule(tuple((s, None) for s in starts))
+        ends = [*starts[1:], len(self.workload)]
+        times = [
+            float(sum(t for s, t in zip(self.segments, segment_times) if a <= s < b))
+            for a, b in zip(starts, ends)
+        ]
+        self.group_times_s = times
+        self._order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
+
+    def _start_group(self, position: int) -> Schedule:
+        if position >= len(self._order):
+            self._enter(Settled(self.account.steps))
+            return self.incumbent
+        g = self._order[position]
+        group_s = self.group_times_s[g]
+        extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
+        task = Task(
+            key=f"group{g}@{self.incumbent.groups[g][0]}",
+            ref_time_s=group_s,
+            ref_energy_j=self.incumbent_energy_j,
+            budget=max(extra_s / group_s, 0.0),
+        )
+        self._enter(Exploring(g, task))
+        return self._exploring(self.phase, None)
+
+    def _exploring(self, ex: Exploring, report: StepReport | None) -> Schedule:
+        if ex.trial is not None and report is not None:
+            ex.trial.add(report)
+            self._maybe_abandon(ex.trial)
+            if ex.trial.done:
+                self._tell(ex, ex.trial.outcome())
+                ex.trial = None
+        if ex.trial is None:
+            if ex.config is None:
+                ex.config = self.policy.ask(ex.task) if ex.trials < MAX_TRIALS_PER_GROUP else None
+                if ex.config is None:
+                    return self._verify_best(ex)
+            candidate = self._with_pair(ex.group, self.pairs[ex.config])
+            if self.account.slack_s() < self._worst_case_s(candidate):
+                ex.waiting_steps += 1
+                return self.incumbent
+            ex.trial = Trial(self.incumbent, candidate, TRIAL_BLOCKS, TRIAL_WINDOW_S, self.settle_s)
+            ex.trials += 1
+        if ex.trial.current is None:
+            ex.trial.open(self._now_s)
+        return ex.trial.schedule()
+
+    def _tell(self, ex: Exploring, outcome: Outcome) -> None:
+        """The group's time under B and the step's energy at B (the incumbent's, moved by the
+        measured difference; an abandoned B: its power so far, or stock power, x its time)."""
+        if outcome.blocks > 0 and not outcome.abandoned:
+            energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
+        else:
+            b = [w for w in ex.trial.b_windows() if w.step_times_s]
+            power_w = b[-1].power_w if b and not math.isnan(b[-1].power_w) else math.nan
+            if math.isnan(power_w):
+                power_w = self.incumbent_energy_j / self.incumbent_step_s
+            energy_j = power_w * outcome.b_step_s
+        group_s = float(outcome.b_group_times_s[ex.group]) if outcome.b_group_times_s.size else math.nan
+        if math.isnan(group_s) or math.isnan(energy_j):
+            group_s, energy_j = (
+                ex.task.ref_time_s * 10.0,
+                ex.task.ref_energy_j * 10.0,
+            )  # nothing measured: too slow
+        self.policy.tell(ex.task, ex.config, group_s, energy_j)
+        ex.config = None
+
+    def _maybe_abandon(self, trial: Trial) -> None:
+        """Stop the candidate when the account's guard is reached, or when its measured time
+        already shows it over the budget."""
+        if trial.arm != "B" or trial.done:
+            return
+        if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self._worst_slowdown(
+            trial.candidate
+        ):
+            trial.abandoned = True
+            return
+        times = [t for w in trial.b_windows() for t in w.step_times_s]
+        ran_s = float(sum(times))
+        if ran_s < ABANDON_MIN_S:
+            return
+        slowdown = float(np.mean(times)) / self.stock_step_s - 1.0
+        if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:
+            trial.abandoned = True
+
+    def _verify_best(self, ex: Exploring) -> Schedule:
+        best = self.policy.best(ex.task)
+        current = self.incumbent.groups[ex.group][1]
+        if best is None or self.pairs[best] == current:
+            return self._start_group(self._order.index(ex.group) + 1)
+        candidate = self._with_pair(ex.group, self.pairs[best])
+        trial = Trial(self.incumbent, candidate, VERIFY_BLOCKS, VERIFY_WINDOW_S, self.settle_s)
+        self._enter(Verifying(ex.group, trial))
+        return self._verifying(self.phase, None)
+
+    def _verifying(self, ver: Verifying, report: StepReport | None) -> Schedule:
+        trial = ver.trial
+        if report is not None and trial.current is not None:
+            trial.add(report)
+            self._maybe_abandon(trial)
+        if trial.done:
+            self._judge(ver, trial.outcome())
+            return self._start_group(self._order.index(ver.group) + 1)
+        if trial.current is None:
+            if trial.arm == "B" and self.account.slack_s() < self._worst_case_s(trial.candidate):
+                return self.incumbent  # wait for the slack; the window opens when it covers B
+            trial.open(self._now_s)
+        return trial.schedule()
+
+    def _judge(self, ver: Verifying, outcome: Outcome) -> None:
+        """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
+        no less than the reference's window noise predicts) and the candidate's slowdown, ADOPT_Z
+        time errors added, is within the budget."""
+        if outcome.abandoned or outcome.blocks < 2:
+            ver.adopted = False
+            return
+        predicted_se = (
+            self.window_sd * math.sqrt(TRIAL_WINDOW_S / VERIFY_WINDOW_S) / math.sqrt(outcome.blocks)
+        )
+        se = max(outcome.energy_se, predicted_se)
+        saving = -outcome.energy_diff
+        slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
+        ver.adopted = saving > ADOPT_Z * se and slowdown + ADOPT_Z * outcome.time_se <= self.budget
+        if ver.adopted:
+            self.incumbent = ver.trial.candidate
+            self.incumbent_energy_j *= 1.0 - saving
+            self.incumbent_step_s *= 1.0 + outcome.time_diff
+            self.adoptions.append(
+                Adoption(
+                    self.account.steps,
+                    self._now_s,
+                    self.incumbent,
+                    1.0 - self.incumbent_energy_j / self.stock_energy_j,
+                    se,
+                    slowdown,
+                )
+            )
+
+    def _settled(self, report: StepReport) -> Schedule:
+        if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self.budget:
+            self.incumbent = Schedule(
+                tuple((s, None) for s, _ in self.incumbent.groups)
+            )  # over: back to stock
+        return self.incumbent
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _with_pair(self, group: int, pair: ClockPair) -> Schedule:
+        groups = list(self.incumbent.groups)
+        groups[group] = (groups[group][0], pair)
+        return Schedule(tuple(groups))
+
+    def _worst_slowdown(self, schedule: Schedule) -> float:
+        """Bound on a schedule's slowdown: no kernel slower than its largest clock ratio."""
+        top_core = max(p.core_mhz for p in self.pairs)
+        top_mem = max(p.mem_mhz for p in self.pairs)
+        return max(
+            (
+                max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0
+                for _, p in schedule.groups
+                if p is not None
+            ),
+            default=0.0,
+        )
+
+    def _worst_case_s(self, candidate: Schedule) -> float:
+        """What a trial of the candidate can overspend before it is abandoned: its worst
+        slowdown until the time check may act (ABANDON_MIN_S plus a step), the guard kept."""
+        worst = self._worst_slowdown(candidate)
+        return worst * (ABANDON_MIN_S + (1 + GUARD_STEPS) * self.incumbent_step_s)
