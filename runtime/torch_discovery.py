@@ -253,7 +253,7 @@ class _Trace:
         if cuda:
             self.kernels = _owned_kernels(cpu, [e for e in events if e.device_type == DeviceType.CUDA])
         else:
-            self.kernels = [(e, e) for e in cpu if _is_outermost_compute_op(e)]
+            self.kernels = [(e, e) for e in cpu if is_outermost_compute_op(e)]
 
     def steps(self) -> list[_Step]:
         out = []
@@ -344,19 +344,19 @@ def _op(op) -> str:
     return aten[-1] if aten else op.name
 
 
-def _is_view(aten_name: str) -> bool:
+def is_view(aten_name: str) -> bool:
     packet = getattr(torch.ops.aten, aten_name.removeprefix("aten::"), None)
     if packet is None:
         return False
     return all(getattr(packet, overload).is_view for overload in packet.overloads())
 
 
-def _is_outermost_compute_op(event) -> bool:
+def is_outermost_compute_op(event) -> bool:
     """An aten op that is not a view and runs inside no other such op."""
-    if not event.name.startswith("aten::") or _is_view(event.name):
+    if not event.name.startswith("aten::") or is_view(event.name):
         return False
     parent = event.cpu_parent
-    return not any(e.name.startswith("aten::") and not _is_view(e.name) for e in _chain(parent))
+    return not any(e.name.startswith("aten::") and not is_view(e.name) for e in _chain(parent))
 
 
 def _short(found: _Found, cuda: bool) -> KernelClass:
