@@ -12,6 +12,8 @@ from kdvfs.tuner.commands._common import (
     add_device_workload,
     add_json,
     pct,
+    positive_float,
+    positive_int,
     write_json,
 )
 
@@ -25,11 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default="botorch", help="search strategy (default %(default)s)")
     add_budget(parser)
     parser.add_argument(
-        "--iterations", type=int, default=1_500_000, help="training iterations to run (default %(default)s)"
+        "--iterations",
+        type=positive_int,
+        default=1_500_000,
+        help="training iterations to run (default %(default)s)",
     )
     parser.add_argument(
         "--window-s",
-        type=float,
+        type=positive_float,
         default=0.5,
         help="seconds of one exploration measurement (default %(default)s)",
     )
