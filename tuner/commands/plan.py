@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kdvfs.tuner.commands._common import SOURCE_LABEL, pct
+from kdvfs.tuner.commands._common import SOURCE_LABEL, pct, slowdown_text
 
 if TYPE_CHECKING:
     from kdvfs.tuner.plan import Plan
@@ -84,8 +84,9 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     import numpy as np
 
     from kdvfs.runtime.device import RunnableDevice
+    from kdvfs.runtime.iteration import Schedule
     from kdvfs.runtime.registry import open_device, open_workload
-    from kdvfs.tuner.grouping import evaluate_grouping
+    from kdvfs.tuner.online import schedule_figures
     from kdvfs.tuner.plan import check_compatible
 
     device = open_device(args.device, seed=0, full_grid=args.full_grid)
@@ -97,35 +98,18 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     if not isinstance(device, RunnableDevice):
         print("  no re-evaluation: a real GPU has no noiseless model; measure the plan with `kdvfs tune`")
         return True
-    pairs = list(dict.fromkeys(g.pair for g in plan.groups))
-    column = {p: c for c, p in enumerate(pairs)}
-    time_s = np.empty((len(workload), len(pairs)))
-    energy_j = np.empty_like(time_s)
-    ref_time_s = ref_energy_j = 0.0
-    for k, kernel in enumerate(workload.kernels):
-        for pair in pairs:
-            t, e = device.expected(kernel, pair)
-            time_s[k, column[pair]], energy_j[k, column[pair]] = t * kernel.launches, e * kernel.launches
-        t, e = device.expected(kernel, None)
-        ref_time_s += t * kernel.launches
-        ref_energy_j += e * kernel.launches
     starts = np.cumsum([0] + [len(g.kernels) for g in plan.groups[:-1]])
-    result = evaluate_grouping(
-        time_s,
-        energy_j,
-        [(int(s), column[g.pair]) for s, g in zip(starts, plan.groups)],
-        device.switch_latency_s,
-    )
+    schedule = Schedule(tuple((int(s), g.pair) for s, g in zip(starts, plan.groups)))
+    saving, slowdown = schedule_figures(device, workload, schedule)
     label = SOURCE_LABEL[device.source]
     print(
-        f"  re-evaluated [{label}, noiseless, switch latency {device.switch_latency_s * 1e3:g} ms included, "
-        f"{result.switches} switches per iteration]: energy saving {pct(1 - result.energy_j / ref_energy_j)}, "
-        f"slowdown {pct(result.time_s / ref_time_s - 1)}"
+        f"  re-evaluated [{label}, noiseless, switch latency {device.switch_latency_s * 1e3:g} ms included]: "
+        f"energy saving {pct(saving)}, {slowdown_text(slowdown)}"
     )
     print(
-        f"  the plan expected [{SOURCE_LABEL[plan.source]}]: energy saving {pct(plan.energy_saving)}, slowdown {pct(plan.slowdown)}"
+        f"  the plan expected [{SOURCE_LABEL[plan.source]}]: energy saving {pct(plan.energy_saving)}, {slowdown_text(plan.slowdown)}"
     )
-    if result.time_s > (1 + plan.budget) * ref_time_s:
+    if slowdown > plan.budget:
         print(f"  over budget: the plan allows {pct(plan.budget)} slowdown")
         return False
     return True
