@@ -67,8 +67,8 @@ class TuneReport:
         )
         ended = " (interrupted)" if d.get("partial") else ""
         return (
-            f"This run saved {_pct(run['energy_saving'])} energy at {slowdown_text(run['slowdown'])} over "
-            f"{d['iterations']} iterations{ended}; {state} saves {_pct(d['energy_saving'])} from now on, "
+            f"This run {_saved(run['energy_saving'])} at {slowdown_text(run['slowdown'])} over "
+            f"{d['iterations']} iterations{ended}; {state} {_saves(d['energy_saving'])} from now on, "
             f"at {slowdown_text(d['slowdown'])}."
         )
 
@@ -258,6 +258,14 @@ def tune_report(tuner: OnlineTuner, budget: float) -> TuneReport:
         ],
     }
     return TuneReport(tuner, doc)
+
+
+def _saved(x: float) -> str:
+    return f"saved {100 * x:.2f}% energy" if x >= 0 else f"used {-100 * x:.2f}% more energy than stock"
+
+
+def _saves(x: float) -> str:
+    return f"saves {100 * x:.2f}% energy" if x >= 0 else f"uses {-100 * x:.2f}% more energy than stock"
 
 
 def _pct(x: float) -> str:

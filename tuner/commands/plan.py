@@ -16,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="print a plan: groups, clocks, expected figures")
     show.add_argument("plan", type=Path, metavar="PLAN")
+    show.add_argument("--json", action="store_true", help="print the plan document as JSON instead")
     diff = sub.add_parser("diff", help="what differs between two plans")
     diff.add_argument("first", type=Path, metavar="A")
     diff.add_argument("second", type=Path, metavar="B")
@@ -38,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from kdvfs.tuner.plan import diff_plans, load_plan
 
     if args.plan_command == "show":
-        show(args.plan, load_plan(args.plan))
+        plan = load_plan(args.plan)
+        if args.json:
+            import json
+
+            print(json.dumps(plan.to_dict(), indent=2))
+        else:
+            show(args.plan, plan)
         return 0
     if args.plan_command == "diff":
         lines = diff_plans(load_plan(args.first), load_plan(args.second))
