@@ -16,7 +16,7 @@ from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device
 from kdvfs.runtime.types import Workload
-from kdvfs.tuner.commands._common import slowdown_text
+from kdvfs.tuner.commands._common import pct, slowdown_text
 from kdvfs.tuner.online import OnlineTuner, schedule_figures, schedule_items
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
@@ -67,9 +67,9 @@ class TuneReport:
         )
         ended = " (interrupted)" if d.get("partial") else ""
         return (
-            f"This run {_saved(run['energy_saving'])} at {slowdown_text(run['slowdown'])} over "
+            f"This run {_saved(run['energy_saving'])} at {_at(run['slowdown'])} over "
             f"{d['iterations']} iterations{ended}; {state} {_saves(d['energy_saving'])} from now on, "
-            f"at {slowdown_text(d['slowdown'])}."
+            f"at {_at(d['slowdown'])}."
         )
 
     def print(self, label: str) -> None:
@@ -195,7 +195,8 @@ class TuneReport:
         ax2.axvline(1 + self.tuner.budget, color="k", ls=":", lw=1)
         ax2.set_xlabel("time / stock")
         ax2.set_ylabel("energy / stock")
-        ax2.legend(fontsize=7)
+        if ax2.get_legend_handles_labels()[0]:  # no kernel measured yet: no legend (and no warning)
+            ax2.legend(fontsize=7)
         fig2.tight_layout()
         return [("plots/convergence.png", fig), ("plots/time_energy_points.png", fig2)]
 
@@ -260,13 +261,19 @@ def tune_report(tuner: OnlineTuner, budget: float) -> TuneReport:
     return TuneReport(tuner, doc)
 
 
+def _at(slowdown: float) -> str:
+    text = slowdown_text(slowdown)  # "slowdown +0.42%" or "slowdown -0.10% (faster than stock)"
+    value, _, note = text.removeprefix("slowdown ").partition(" ")
+    return f"{value} slowdown" + (f" {note}" if note else "")
+
+
 def _saved(x: float) -> str:
-    return f"saved {100 * x:.2f}% energy" if x >= 0 else f"used {-100 * x:.2f}% more energy than stock"
+    return f"saved {max(100 * x, 0.0):.2f}% energy" if x > -5e-5 else f"used {-100 * x:.2f}% more energy than stock"
 
 
 def _saves(x: float) -> str:
-    return f"saves {100 * x:.2f}% energy" if x >= 0 else f"uses {-100 * x:.2f}% more energy than stock"
+    return f"saves {max(100 * x, 0.0):.2f}% energy" if x > -5e-5 else f"uses {-100 * x:.2f}% more energy than stock"
 
 
 def _pct(x: float) -> str:
-    return f"{100.0 * x:+.2f}%"
+    return pct(x)

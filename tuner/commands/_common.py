@@ -224,12 +224,13 @@ def deferred_interrupts() -> Iterator[None]:
 
 
 def pct(x: float) -> str:
-    return f"{100.0 * x:+.2f}%"
+    """`+1.23%`; a value that rounds to zero prints as +0.00%, never -0.00%."""
+    return f"{100.0 * x if abs(x) >= 5e-5 else 0.0:+.2f}%"
 
 
 def slowdown_text(x: float) -> str:
     """`slowdown +0.42%`, or `slowdown -0.10% (faster than stock)` for a negative one."""
-    return f"slowdown {pct(x)}" + (" (faster than stock)" if x < 0 else "")
+    return f"slowdown {pct(x)}" + (" (faster than stock)" if x <= -5e-5 else "")
 
 
 def plan_json(choice) -> dict[str, Any]:
