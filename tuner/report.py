@@ -268,11 +268,19 @@ def _at(slowdown: float) -> str:
 
 
 def _saved(x: float) -> str:
-    return f"saved {max(100 * x, 0.0):.2f}% energy" if x > -5e-5 else f"used {-100 * x:.2f}% more energy than stock"
+    return (
+        f"saved {max(100 * x, 0.0):.2f}% energy"
+        if x > -5e-5
+        else f"used {-100 * x:.2f}% more energy than stock"
+    )
 
 
 def _saves(x: float) -> str:
-    return f"saves {max(100 * x, 0.0):.2f}% energy" if x > -5e-5 else f"uses {-100 * x:.2f}% more energy than stock"
+    return (
+        f"saves {max(100 * x, 0.0):.2f}% energy"
+        if x > -5e-5
+        else f"uses {-100 * x:.2f}% more energy than stock"
+    )
 
 
 def _pct(x: float) -> str:

@@ -10,6 +10,8 @@ from kdvfs.tuner.commands._common import (
     SOURCE_LABEL,
     add_budget,
     add_json,
+    check_dir_output,
+    check_file_output,
     nonnegative_float,
     nonnegative_int,
     pct,
@@ -109,6 +111,8 @@ def _strategies(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_file_output(args.json, "--json")
+    check_dir_output(args.plan_store, "--plan-store")
     if args.scenario is not None:
         return _run_scenario(args)
     from kdvfs.tuner.compare import compare_strategies
