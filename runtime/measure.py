@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.types import ClockPair, Kernel, Measurement
+from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Measurement
 
 THROTTLES = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 """Clock-event reasons that mean the card ran below the asked clocks (NVML's names)."""
@@ -28,6 +28,9 @@ SUB_WINDOW_S = 1.0
 
 CHUNK_S = 0.01
 """Kernel time between counter reads (the NVML energy read itself takes ~4 ms on an H200)."""
+
+COUNTER_WAIT_S = 60.0
+"""Longest device time to wait for the energy counter to update before giving up; s."""
 
 
 @dataclass(frozen=True)
@@ -54,18 +57,15 @@ def measure_isolated(
     launches = max(1, int(CHUNK_S / first_s))
     # warm up past the switch latency, then wait for a counter update to open the window
     _run_for(device, kernel, launches, device.switch_latency_s + 2 * CHUNK_S)
-    energy_a = device.energy_j()
-    while device.energy_j() == energy_a:
-        device.run(kernel, launches)
+    _await_counter(device, lambda: device.run(kernel, launches))
     energy_a, t_a = device.energy_j(), device.now_s()
     busy_s, count = 0.0, 0
     while device.now_s() - t_a < window_s:
-        busy_s += device.run(kernel, launches)
+        busy_s += _step(device, lambda: device.run(kernel, launches))
         count += launches
-    energy_b = device.energy_j()
-    while device.energy_j() == energy_b:
-        busy_s += device.run(kernel, launches)
-        count += launches
+    extra_s, extra_runs = _await_counter(device, lambda: device.run(kernel, launches))
+    busy_s += extra_s
+    count += extra_runs * launches
     energy_b, t_b = device.energy_j(), device.now_s()
     time_s = busy_s / count
     power_w = (energy_b - energy_a) / (t_b - t_a)
@@ -78,7 +78,32 @@ def measure_isolated(
 def _run_for(device: RunnableDevice, kernel: Kernel, launches: int, duration_s: float) -> None:
     end_s = device.now_s() + duration_s
     while device.now_s() < end_s:
-        device.run(kernel, launches)
+        _step(device, lambda: device.run(kernel, launches))
+
+
+def _step(device: RunnableDevice, work):
+    """Do `work` (which runs kernels); KdvfsError when the device's clock did not advance, as
+    with absurd recorded times, so that no loop waits on a time that cannot come."""
+    before_s = device.now_s()
+    result = work()
+    if not device.now_s() > before_s:
+        raise KdvfsError(
+            f"device time stopped advancing at {before_s:g} s (recorded kernel times too large or too small?)"
+        )
+    return result
+
+
+def _await_counter(device: RunnableDevice, work) -> tuple[float, int]:
+    """Do `work` until the energy counter updates (at most COUNTER_WAIT_S of device time);
+    the summed float results of `work` and how many times it ran."""
+    energy_s, start_s = device.energy_j(), device.now_s()
+    total, runs = 0.0, 0
+    while device.energy_j() == energy_s:
+        if device.now_s() - start_s > COUNTER_WAIT_S:
+            raise KdvfsError(f"the energy counter did not update in {COUNTER_WAIT_S:g} s of device time")
+        total += float(np.sum(_step(device, work)))
+        runs += 1
+    return total, runs
 
 
 @dataclass(frozen=True)
@@ -107,18 +132,17 @@ def measure_reference_iterations(
     device.reset_clocks()
     warmup = 0
     while device.now_s() - start_s < warmup_s or warmup == 0:
-        _iteration(device, kernels)
+        _step(device, lambda: _iteration(device, kernels))
         warmup += 1
-    energy_a = device.energy_j()
-    while device.energy_j() == energy_a:
-        _iteration(device, kernels)
-        warmup += 1
+    warmup += _await_counter(device, lambda: _iteration(device, kernels))[1]
     energy_a, t_a = device.energy_j(), device.now_s()
     totals = np.zeros(len(kernels))
     sub_means: list[float] = []
     sub_t, sub_n, iterations = 0.0, 0, 0
     while device.now_s() - t_a < window_s or device.energy_j() == energy_a:
-        times = _iteration(device, kernels)
+        if device.now_s() - t_a > window_s + COUNTER_WAIT_S:
+            raise KdvfsError(f"the energy counter did not update in {COUNTER_WAIT_S:g} s of device time")
+        times = _step(device, lambda: _iteration(device, kernels))
         totals += times
         iterations += 1
         sub_t += times.sum()

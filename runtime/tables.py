@@ -5,7 +5,8 @@ Two CSV layouts load into the same `MeasurementTable`:
   an optional `pass` column, and any extra numeric columns as kernel features;
 - NV-DVFS raw (../shared/data/dvfs-real, Wang & Chu, ICPADS 2018): `appName, kernel, coreF,
   memF, time/ms, power/W` plus nvprof counters, recognised by those columns.
-Every bad cell raises a one-line KdvfsError naming the file, the row and the column.
+Every bad cell raises a one-line KdvfsError naming the file, the row and the column; so does a
+value beyond physical plausibility (MAX_LAUNCH_TIME_S, MAX_POWER_W, MAX_CLOCK_MHZ).
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ CANONICAL_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s")
 """Required columns of the canonical layout (with energy_j or power_w)."""
 NVDVFS_COLUMNS = ("appName", "kernel", "coreF", "memF", "time/ms", "power/W")
 """The columns that identify the NV-DVFS raw layout."""
+MAX_LAUNCH_TIME_S = 60.0
+"""Longest plausible time of one kernel launch; s (a longer one is a unit or typing error)."""
+MIN_LAUNCH_TIME_S = 1e-9
+"""Shortest plausible time of one kernel launch; s."""
+MAX_POWER_W = 3000.0
+"""Highest plausible average power of one GPU; W."""
+MAX_CLOCK_MHZ = 100_000
+"""Highest plausible clock value (memory clocks are given in effective MHz); MHz."""
 _NVDVFS_NOT_FEATURES = frozenset(NVDVFS_COLUMNS) | {"argNo"}
 _CANONICAL_NOT_FEATURES = frozenset(CANONICAL_COLUMNS) | {"energy_j", "power_w", "pass"}
 
@@ -108,8 +117,36 @@ def positive(path: Path, row: CsvRow, column: str) -> float:
     return value
 
 
-def _clock_mhz(path: Path, row: CsvRow, column: str) -> int:
+def within(path: Path, row: CsvRow, column: str, value: float, low: float, high: float, unit: str) -> float:
+    """`value` (read from `column`), or a KdvfsError when it lies outside [low, high]."""
+    if not low <= value <= high:
+        raise KdvfsError(
+            f"{path}: row {row.row} (line {row.line}), column {column!r}: {value:g} {unit} is not plausible "
+            f"(expected {low:g} to {high:g} {unit})"
+        )
+    return value
+
+
+def _time_s(path: Path, row: CsvRow, column: str, scale: float) -> float:
+    """A launch time from `column` (in seconds times `scale`), within the plausible range."""
     value = positive(path, row, column)
+    unit = "s" if scale == 1.0 else "ms"
+    within(path, row, column, value, MIN_LAUNCH_TIME_S * scale, MAX_LAUNCH_TIME_S * scale, unit)
+    return value / scale
+
+
+def _energy_j(path: Path, row: CsvRow, time_s: float, energy_column: str | None, power_column: str) -> float:
+    """Energy of one launch from an energy or a power column; its mean power must be plausible."""
+    if energy_column is not None:
+        energy_j = positive(path, row, energy_column)
+        within(path, row, energy_column, energy_j / time_s, 0.0, MAX_POWER_W, "W (energy / time)")
+        return energy_j
+    power_w = within(path, row, power_column, positive(path, row, power_column), 0.0, MAX_POWER_W, "W")
+    return time_s * power_w
+
+
+def _clock_mhz(path: Path, row: CsvRow, column: str) -> int:
+    value = within(path, row, column, positive(path, row, column), 1, MAX_CLOCK_MHZ, "MHz")
     if value != int(value):
         raise KdvfsError(
             f"{path}: row {row.row} (line {row.line}), column {column!r}: {value:g} is not a whole MHz"
@@ -181,7 +218,8 @@ def load_table(path: str | Path) -> MeasurementTable:
     header, rows = read_csv(path)
     if not rows:
         raise KdvfsError(f"{path}: no data rows")
-    if all(c in header for c in NVDVFS_COLUMNS):
+    if sum(c in header for c in NVDVFS_COLUMNS) >= 3 and not all(c in header for c in CANONICAL_COLUMNS):
+        require_columns(path, header, NVDVFS_COLUMNS)  # an NV-DVFS table lacking some of its columns
         records = _nvdvfs_records(path, header, rows)
     else:
         records = _canonical_records(path, header, rows)
@@ -227,10 +265,8 @@ def _canonical_records(path: Path, header: tuple[str, ...], rows: list[CsvRow]) 
             raise KdvfsError(
                 f"{path}: row {r.row} (line {r.line}), column 'pass': {pass_name!r} is not one of {', '.join(PASSES)}"
             )
-        time_s = positive(path, r, "time_s")
-        energy_j = (
-            positive(path, r, "energy_j") if "energy_j" in header else time_s * positive(path, r, "power_w")
-        )
+        time_s = _time_s(path, r, "time_s", 1.0)
+        energy_j = _energy_j(path, r, time_s, "energy_j" if "energy_j" in header else None, "power_w")
         pair = ClockPair(_clock_mhz(path, r, "core_mhz"), _clock_mhz(path, r, "mem_mhz"))
         records.append(_Record(kernel, pair, time_s, energy_j, pass_name, _features(r, feature_columns), r))
     return records
@@ -253,8 +289,8 @@ def _nvdvfs_records(path: Path, header: tuple[str, ...], rows: list[CsvRow]) -> 
         kernel = f"{app}:{name}"
         if len(inputs[(app, name)]) > 1:
             kernel += f"[{r.cells.get('argNo', '')}]"
-        time_s = positive(path, r, "time/ms") / 1000.0
-        energy_j = time_s * positive(path, r, "power/W")
+        time_s = _time_s(path, r, "time/ms", 1000.0)
+        energy_j = _energy_j(path, r, time_s, None, "power/W")
         pair = ClockPair(_clock_mhz(path, r, "coreF"), _clock_mhz(path, r, "memF"))
         records.append(_Record(kernel, pair, time_s, energy_j, "forward", _features(r, feature_columns), r))
     return records

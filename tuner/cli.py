@@ -4,12 +4,19 @@ Each subcommand lives in tuner/commands/<name>.py with `add_arguments(parser)` a
 `run(args) -> int`. Those modules import only the standard library at top level, so that
 `kdvfs --help` and usage errors answer at once; torch, BoTorch and MLflow are imported inside
 run() of the commands that need them.
+
+main() is the one error path: a usage error or a KdvfsError is one stderr line and exit 2,
+Ctrl-C and SIGTERM are KeyboardInterrupt (the command keeps what it has, exit 130), a closed
+stdout pipe ends quietly, and anything else is one "internal error" line (KDVFS_DEBUG=1
+shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from kdvfs.runtime.types import KdvfsError
@@ -26,12 +33,27 @@ COMMANDS: dict[str, str] = {
     "agent": "the root clock agent that locks clocks for unprivileged jobs, and its clients",
 }
 
+#: Environment variable that makes an internal error print its traceback.
+DEBUG_ENV = "KDVFS_DEBUG"
+#: Exit status after a closed stdout pipe (as a shell reports SIGPIPE: 128 + 13).
+BROKEN_PIPE_EXIT = 141
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error: `kdvfs CMD: error: ... (see kdvfs CMD --help)`."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from kdvfs import __version__
+
+    parser = _Parser(
         prog="kdvfs",
         description="Per-kernel GPU clock tuning: least energy within a slowdown budget.",
     )
+    parser.add_argument("--version", action="version", version=f"kdvfs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         module = _command_module(name)
@@ -44,12 +66,17 @@ def _command_module(name: str):
     return importlib.import_module(f"kdvfs.tuner.commands.{name}")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(_command_module(args.command).run(args) or 0)
     except KdvfsError as exc:
@@ -58,6 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kdvfs {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout left (`kdvfs plan show PLAN | head`): say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(
+            f"kdvfs {args.command}: internal error: {type(exc).__name__}: {exc} "
+            f"(a bug: {DEBUG_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import THROTTLES, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
-from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, limit_moved, stream_group
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
@@ -919,6 +919,15 @@ def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule
     the iteration's own steady temperature: each kernel at the pair in effect when it starts
     (a switch lands switch_latency_s after its group's first kernel starts, as on the card)."""
     ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    t, e = device.expected_iteration(schedule_items(device, workload, schedule))
+    return 1.0 - e / ref_e, t / ref_t - 1.0
+
+
+def schedule_items(
+    device: ModelDevice, workload: Workload, schedule: Schedule
+) -> list[tuple[Kernel, ClockPair | None, int]]:
+    """(kernel, pair in effect, launches) of one steady-state iteration of a schedule (see
+    schedule_figures)."""
     requested = schedule.pair_per_kernel(len(workload))
     starts = {s for s, _ in schedule.groups}
     in_effect, pending, clock_s = requested[-1], None, 0.0
@@ -934,5 +943,4 @@ def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule
                     in_effect, pending = requested[k], None
             items.append((kernel, in_effect, kernel.launches))
             clock_s += device.expected(kernel, in_effect)[0] * kernel.launches
-    t, e = device.expected_iteration(items)
-    return 1.0 - e / ref_e, t / ref_t - 1.0
+    return items

@@ -25,6 +25,8 @@ from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source, Worklo
 SCHEMA = "kdvfs-plan"
 #: The plan file format's version this code reads and writes.
 SCHEMA_VERSION = 1
+#: Most per-kernel clock changes diff_plans lists one by one (the rest are counted).
+DIFF_KERNEL_LINES = 10
 
 GroupSpan = tuple[int, int, ClockPair, float, float]
 """(start, end, pair, expected_time_s, expected_energy_j): kernels [start, end) of a workload."""
@@ -204,10 +206,17 @@ def save_plan(plan: Plan, path: Path) -> None:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plan is as readable as any file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def load_plan(path: Path) -> Plan:
@@ -291,11 +300,13 @@ def diff_plans(a: Plan, b: Plan) -> list[str]:
     ]
     pairs_a, pairs_b = a.kernel_pairs(), b.kernel_pairs()
     clock_changes = [
-        f"kernel {name}: {pairs_a[name]} -> {pairs_b[name]}"
+        f"kernel {name}: {_clocks(pairs_a[name])} -> {_clocks(pairs_b[name])}"
         for name in a.kernels
         if name in pairs_b and pairs_a[name] != pairs_b[name]
     ]
-    lines += clock_changes
+    lines += clock_changes[:DIFF_KERNEL_LINES]
+    if len(clock_changes) > DIFF_KERNEL_LINES:
+        lines.append(f"... and {len(clock_changes) - DIFF_KERNEL_LINES} more kernels at other clocks")
     for label, plan, other in (
         ("only in the first plan", a, pairs_b),
         ("only in the second plan", b, pairs_a),
@@ -309,6 +320,10 @@ def diff_plans(a: Plan, b: Plan) -> list[str]:
     if same_kernels and not clock_changes and [g.kernels for g in a.groups] != [g.kernels for g in b.groups]:
         lines.append("group boundaries differ (same clocks per kernel)")
     return lines
+
+
+def _clocks(pair: ClockPair | None) -> str:
+    return "stock" if pair is None else f"{pair.core_mhz}/{pair.mem_mhz} MHz"
 
 
 def _pct(x: float) -> str:

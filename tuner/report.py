@@ -6,15 +6,20 @@ of the run are the tuner's own measurements (launch timings and the energy count
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kdvfs.runtime.device import RunnableDevice
+from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device
-from kdvfs.tuner.online import OnlineTuner, schedule_figures
+from kdvfs.runtime.types import Workload
+from kdvfs.tuner.commands._common import pct, slowdown_text
+from kdvfs.tuner.online import OnlineTuner, schedule_figures, schedule_items
 from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.sweep import evaluate, run_sweep
+from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
 
 
 @dataclass
@@ -23,29 +28,19 @@ class TuneReport:
     doc: dict[str, Any]
 
     def plan(self, strategy: str) -> Plan:
-        """The running schedule as a plan document (expected figures from the measurements)."""
+        """The running schedule as a plan document. Its expected figures are the device's
+        noiseless evaluation of the schedule as the card runs it (schedule_figures, switches
+        included): the figure `plan show` and `plan validate` print and MLflow's
+        final_energy_saving holds."""
         t = self.tuner
         st = t.state
         n = len(t.workload)
         ends = [s for s, _ in st.schedule.groups[1:]] + [n]
-        refined = st.refinements[-1] if st.refinements else None
-        if refined is not None and st.schedule.groups == ((0, refined.to_pair),):
-            # a pair refined in training: its figures are the training run's, not isolated cells
-            spans = [
-                (
-                    0,
-                    n,
-                    refined.to_pair,
-                    (1.0 + refined.slowdown) * float(st.obs.ref_time_s.sum()),
-                    refined.energy_j,
-                )
-            ]
-        else:
-            per_kernel_t, per_kernel_e = _schedule_cells(t)
-            spans = [
-                (start, end, pair, float(per_kernel_t[start:end].sum()), float(per_kernel_e[start:end].sum()))
-                for (start, pair), end in zip(st.schedule.groups, ends)
-            ]
+        group_t, group_e, ref_t, ref_e = schedule_group_figures(t.device, t.workload, st.schedule)
+        spans = [
+            (start, end, pair, gt, ge)
+            for ((start, pair), end), gt, ge in zip(zip(st.schedule.groups, ends), group_t, group_e)
+        ]
         ideal = list(st.obs.kernel_level_choice(t.budget).values())
         return Plan.from_groups(
             gpu_name=t.device.name,
@@ -53,37 +48,62 @@ class TuneReport:
             workload=t.workload,
             budget=t.budget,
             groups=spans,
-            reference_time_s=float(st.obs.ref_time_s.sum()),
-            reference_energy_j=t.reference.iteration_energy_j,
+            reference_time_s=ref_t,
+            reference_energy_j=ref_e,
             source=t.device.source,
             strategy=strategy,
             measurements=st.obs.measurements,
             per_kernel=None if any(p is None for p in ideal) else ideal,
         )
 
+    def headline(self) -> str:
+        """One sentence: what this run saved at what slowdown, what its plan saves from now on."""
+        d = self.doc
+        run = d["run"]
+        state = (
+            "the plan it converged to"
+            if d["converged_at_iteration"] is not None
+            else "the plan it has so far (not converged yet)"
+        )
+        ended = " (interrupted)" if d.get("partial") else ""
+        return (
+            f"This run {_saved(run['energy_saving'])} at {_at(run['slowdown'])} over "
+            f"{d['iterations']} iterations{ended}; {state} {_saves(d['energy_saving'])} from now on, "
+            f"at {_at(d['slowdown'])}."
+        )
+
     def print(self, label: str) -> None:
         d = self.doc
         t = self.tuner
+        print(self.headline())
         print(
-            f"tuned {t.workload.name} on {t.device.name}: {d['iterations']} iterations, {d['measurements']} measurements"
-            f" [{label}]"
+            f"  tuned {t.workload.name} on {t.device.name}: {d['iterations']} iterations, "
+            f"{d['measurements']} measurements [{label}]"
         )
         conv = d["converged_at_iteration"]
         print(
-            f"  converged: {'after ' + str(conv) + ' iterations (' + format(d['converged_at_seconds'], '.0f') + ' s of training)' if conv else 'not yet'}"
+            "  converged: "
+            + (
+                f"after {conv} iterations ({d['converged_at_seconds']:.0f} s of training)"
+                if conv is not None
+                else "not yet"
+            )
         )
         print(
-            f"  run so far (measured by the tuner): energy saving {_pct(d['run']['energy_saving'])}, slowdown "
-            f"{_pct(d['run']['slowdown'])}, largest cumulative slowdown at any point {_pct(d['max_cumulative_slowdown'])}"
+            f"  this run (measured by the tuner): energy saving {_pct(d['run']['energy_saving'])}, "
+            f"{slowdown_text(d['run']['slowdown'])}; largest cumulative slowdown "
+            f"{_pct(d['max_cumulative_slowdown'])}"
+        )
+        groups = d["grouped"]["groups"]
+        print(
+            f"  the plan from now on ({groups} group{'s' if groups != 1 else ''}, switch latency "
+            f"{t.device.switch_latency_s * 1e3:g} ms): energy saving {_pct(d['energy_saving'])}, "
+            f"{slowdown_text(d['slowdown'])} [{label}, noiseless]"
         )
         print(
-            f"  ideal per-kernel plan (switch cost ignored):  saving {_pct(d['ideal_per_kernel']['energy_saving'])}, "
-            f"slowdown {_pct(d['ideal_per_kernel']['slowdown'])} [{label}, noiseless]"
-        )
-        print(
-            f"  running grouped plan ({d['grouped']['groups']} groups, switch latency "
-            f"{t.device.switch_latency_s * 1e3:g} ms): saving {_pct(d['grouped']['energy_saving'])}, slowdown "
-            f"{_pct(d['grouped']['slowdown'])} [{label}, noiseless]"
+            f"  ideal per-kernel plan (switch cost ignored): energy saving "
+            f"{_pct(d['ideal_per_kernel']['energy_saving'])}, "
+            f"{slowdown_text(d['ideal_per_kernel']['slowdown'])} [{label}, noiseless]"
         )
         for r in d["refinements"]:
             what = (
@@ -93,14 +113,20 @@ class TuneReport:
             )
             trials = f"{r['trials']} trial" + ("s" if r["trials"] != 1 else "")
             print(
-                f"  {what}: {r['to']} MHz after {r['iteration']} iterations, {trials} (measured slowdown "
-                f"{_pct(r['slowdown'])}) [{label}]"
+                f"  {what}: {r['to']} MHz after {r['iteration']} iterations, {trials}, measured "
+                f"{slowdown_text(r['slowdown'])} [{label}]"
             )
         if "sweep" in d:
             s = d["sweep"]
             print(
-                f"  full sweep for comparison: per-kernel saving {_pct(s['energy_saving'])} after {s['measurements']}"
-                f" measurements ({s['explore_seconds']:.0f} s of pure measurement) [{label}]"
+                f"  full sweep (ideal per-kernel, for comparison): energy saving {_pct(s['energy_saving'])}; "
+                f"it took {s['measurements']} measurements, {s['explore_seconds']:.0f} s of pure measurement [{label}]"
+            )
+            r = s["realisable"]
+            print(
+                f"  realisable oracle (the sweep's best plan with switches, {r['groups']} "
+                f"group{'s' if r['groups'] != 1 else ''}): energy saving {_pct(r['energy_saving'])}, "
+                f"{slowdown_text(r['slowdown'])} [{label}, noiseless]"
             )
         print(f"  {'#':>3s} {'kernels':>7s}  {'first .. last':36s} {'core/mem MHz':>13s}")
         n = len(t.workload)
@@ -110,6 +136,33 @@ class TuneReport:
             span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
             clocks = "stock" if pair is None else f"{pair.core_mhz}/{pair.mem_mhz}"
             print(f"  {i:3d} {len(names):7d}  {span[:36]:36s} {clocks:>13s}")
+
+    def add_sweep(
+        self,
+        device_spec: str,
+        *,
+        seed: int,
+        full_grid: bool,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Run the full sweep on a fresh device of `device_spec` for comparison: its ideal
+        per-kernel saving and its realisable oracle go to doc["sweep"]."""
+        device = open_device(device_spec, seed=seed, full_grid=full_grid)
+        obs = run_sweep(device, self.tuner.workload, progress=progress)
+        budget = self.tuner.budget
+        best = realisable(device, obs, budget)
+        self.doc["sweep"] = {
+            "energy_saving": evaluate(
+                device, self.tuner.workload, obs.kernel_level_choice(budget)
+            ).energy_saving,
+            "measurements": obs.measurements,
+            "explore_seconds": obs.cost_s,
+            "realisable": {
+                "energy_saving": best.energy_saving,
+                "slowdown": best.slowdown,
+                "groups": best.groups,
+            },
+        }
 
     def figures(self):
         """(artifact name, figure): convergence of the run, and time-energy points per kernel."""
@@ -142,33 +195,32 @@ class TuneReport:
         ax2.axvline(1 + self.tuner.budget, color="k", ls=":", lw=1)
         ax2.set_xlabel("time / stock")
         ax2.set_ylabel("energy / stock")
-        ax2.legend(fontsize=7)
+        if ax2.get_legend_handles_labels()[0]:  # no kernel measured yet: no legend (and no warning)
+            ax2.legend(fontsize=7)
         fig2.tight_layout()
         return [("plots/convergence.png", fig), ("plots/time_energy_points.png", fig2)]
 
 
-def _schedule_cells(t: OnlineTuner) -> tuple[np.ndarray, np.ndarray]:
-    """Each kernel's measured time and energy per iteration at its group's pair (stock: the
-    training reference and the stock measurement; unmeasured: the stock figures)."""
-    obs = t.state.obs
-    time_m, energy_m = obs.plannable()
-    stock_e = np.where(
-        np.isnan(obs.stock_energy_j),
-        obs.ref_time_s * t.reference.iteration_energy_j / t.reference.iteration_time_s,
-        obs.stock_energy_j,
-    )
-    tt, ee = obs.ref_time_s.copy(), stock_e.copy()
-    for k, pair in enumerate(t.state.schedule.pair_per_kernel(len(t.workload))):
-        if pair is not None:
-            j = obs.pairs.index(pair)
-            if not np.isnan(time_m[k, j]):
-                tt[k], ee[k] = time_m[k, j], energy_m[k, j]
-    return tt, ee
+def schedule_group_figures(
+    device: RunnableDevice, workload: Workload, schedule: Schedule
+) -> tuple[list[float], list[float], float, float]:
+    """Noiseless time and energy per iteration of each group of a schedule as the card runs it,
+    and of the stock iteration: (group times s, group energies J, stock time s, stock energy J).
+    The totals are schedule_figures'; a group's share is its kernels' share at the pair in effect."""
+    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    items = schedule_items(device, workload, schedule)
+    total_t, total_e = device.expected_iteration(items)
+    cells = np.array([device.expected(k, pair) for k, pair, _ in items]) * [[n] for _, _, n in items]
+    starts = [s for s, _ in schedule.groups]
+    ends = [*starts[1:], len(workload)]
+    scale_t, scale_e = total_t / cells[:, 0].sum(), total_e / cells[:, 1].sum()
+    group_t = [float(cells[s:e, 0].sum() * scale_t) for s, e in zip(starts, ends)]
+    group_e = [float(cells[s:e, 1].sum() * scale_e) for s, e in zip(starts, ends)]
+    return group_t, group_e, float(ref_t), float(ref_e)
 
 
-def tune_report(
-    tuner: OnlineTuner, budget: float, *, sweep_device_spec: str | None, seed: int, full_grid: bool
-) -> TuneReport:
+def tune_report(tuner: OnlineTuner, budget: float) -> TuneReport:
+    """The figures of a tuning run (add_sweep adds the full sweep's for comparison)."""
     st = tuner.state
     ideal = evaluate(tuner.device, tuner.workload, st.obs.kernel_level_choice(budget))
     g_saving, g_slowdown = schedule_figures(tuner.device, tuner.workload, st.schedule)
@@ -206,16 +258,30 @@ def tune_report(
             for r in st.refinements
         ],
     }
-    if sweep_device_spec is not None:
-        device = open_device(sweep_device_spec, seed=seed, full_grid=full_grid)
-        obs = run_sweep(device, tuner.workload)
-        doc["sweep"] = {
-            "energy_saving": evaluate(device, tuner.workload, obs.kernel_level_choice(budget)).energy_saving,
-            "measurements": obs.measurements,
-            "explore_seconds": obs.cost_s,
-        }
     return TuneReport(tuner, doc)
 
 
+def _at(slowdown: float) -> str:
+    text = slowdown_text(slowdown)  # "slowdown +0.42%" or "slowdown -0.10% (faster than stock)"
+    value, _, note = text.removeprefix("slowdown ").partition(" ")
+    return f"{value} slowdown" + (f" {note}" if note else "")
+
+
+def _saved(x: float) -> str:
+    return (
+        f"saved {max(100 * x, 0.0):.2f}% energy"
+        if x > -5e-5
+        else f"used {-100 * x:.2f}% more energy than stock"
+    )
+
+
+def _saves(x: float) -> str:
+    return (
+        f"saves {max(100 * x, 0.0):.2f}% energy"
+        if x > -5e-5
+        else f"uses {-100 * x:.2f}% more energy than stock"
+    )
+
+
 def _pct(x: float) -> str:
-    return f"{100.0 * x:+.2f}%"
+    return pct(x)

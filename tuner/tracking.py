@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -38,6 +39,10 @@ END_STATUSES: tuple[RunEndStatus, ...] = get_args(RunEndStatus)
 
 LOCAL_ID_TAG = "kdvfs.local_run_id"
 """Tag naming the spool id of a run, so a replay finds a run that an earlier attempt created."""
+PID_TAG = "kdvfs.pid"
+"""Tag naming the process that runs a top-level run, so a later one can tell it is gone."""
+HOST_TAG = "kdvfs.host"
+"""Tag naming the host of that process (a pid means nothing on another host)."""
 
 #: Where runs the store did not take wait, relative to the working directory.
 DEFAULT_SPOOL_DIR = Path("kdvfs-spool")
@@ -79,6 +84,35 @@ def _sqlite_artifact_location(uri: str) -> str | None:
     if not db_path or db_path == ":memory:":
         return None
     return (Path(db_path).resolve().parent / "mlruns").as_uri()
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    """Why a local sqlite store cannot be written (None when it can, or is not sqlite): found
+    at once, where MLflow would retry for minutes."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db_path = unquote(uri[len("sqlite:///") :])
+    if not db_path or db_path == ":memory:":
+        return None
+    path = Path(db_path)
+    if path.is_dir():
+        return f"{path} is a directory, not a database file"
+    if path.exists():
+        return None if os.access(path, os.R_OK | os.W_OK) else f"{path} is not writable"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"{folder} does not exist"
+    return None if os.access(folder, os.W_OK | os.X_OK) else f"cannot create {path} (folder not writable)"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _never_raises(method: Callable[_P, _R]) -> Callable[_P, _R | None]:
@@ -126,6 +160,11 @@ class Tracker:
         self._backoff_s = FIRST_BACKOFF_S
         self._failure_warned = False
         self._warned: set[str] = set()
+        self._reaped: set[str] = set()
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no INFO lines on a new store
+        self._unusable = _sqlite_problem(self._uri)
+        if self._unusable:
+            self._mark_down(KdvfsError(self._unusable))
 
     @property
     def uri(self) -> str:
@@ -154,7 +193,10 @@ class Tracker:
             "name": name,
             "experiment": self.experiment,
             "tracking_uri": self._uri,
-            "tags": {str(k): str(v) for k, v in (tags or {}).items()},
+            "tags": {
+                **({} if parent else {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}),
+                **{str(k): str(v) for k, v in (tags or {}).items()},
+            },
             "start_time_ms": _now_ms(),
             "parent_local_id": parent.local_id if parent else None,
             "parent_run_id": parent.run_id if parent else None,
@@ -190,9 +232,36 @@ class Tracker:
             self._warned.add(message)
             _log.warning(message)
 
-    def _available(self) -> bool:
-        """False while backing off after a failure: calls then go straight to the spool."""
-        return time.monotonic() >= self._down_until_s
+    def _available(self, force: bool = False) -> bool:
+        """False while backing off after a failure (unless `force`), and always for a store that
+        cannot work (an unwritable sqlite file): calls then go straight to the spool."""
+        if self._unusable:
+            return False
+        return force or time.monotonic() >= self._down_until_s
+
+    def _reap_abandoned(self, experiment_id: str) -> None:
+        """Mark FAILED the RUNNING runs of `experiment_id` whose process (on this host) is gone:
+        a SIGKILL left them RUNNING. Said in one warning line each."""
+        if experiment_id in self._reaped:
+            return
+        self._reaped.add(experiment_id)
+        host = socket.gethostname()
+        for run in self.client.search_runs(
+            [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=100
+        ):
+            tags = run.data.tags
+            if tags.get(HOST_TAG) != host or not tags.get(PID_TAG, "").isdigit():
+                continue
+            pid = int(tags[PID_TAG])
+            if pid == os.getpid() or _process_alive(pid):
+                continue
+            self.client.set_terminated(run.info.run_id, "FAILED")
+            _log.warning(
+                "MLflow run %s (%s) was left RUNNING by process %d, which is gone: marked FAILED",
+                run.info.run_name,
+                run.info.run_id,
+                pid,
+            )
 
     def _mark_up(self) -> None:
         if self._down_until_s:
@@ -394,7 +463,7 @@ class RunHandle:
 
     def flush(self, force: bool) -> bool:
         """Deliver pending items (unless backing off and not `force`); spool what stays. True when all went."""
-        if not force and not self.tracker._available():
+        if not self.tracker._available(force):
             self._spool()
             return False
         try:
@@ -447,6 +516,8 @@ class RunHandle:
     def _create(self) -> None:
         header = self._header
         experiment_id = self.tracker._experiment_id(header["experiment"])
+        if self._parent is None and header["parent_local_id"] is None:
+            self.tracker._reap_abandoned(experiment_id)
         run_id = self.tracker._find_run(experiment_id, self.local_id) if self._create_tried else None
         if run_id is None:
             tags = {**header["tags"], LOCAL_ID_TAG: self.local_id}

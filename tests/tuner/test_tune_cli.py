@@ -137,7 +137,7 @@ def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted: stock clocks restored" in err and "Traceback" not in err
+    assert "interrupted while tuning: stock clocks restored" in err and "Traceback" not in err
     assert load_plan(tmp_path / "plan.json").measurements >= 0
     assert json.loads((tmp_path / "t.json").read_text())["iterations"] < 50_000_000
     client = MlflowClient(uri)
@@ -199,3 +199,16 @@ def test_tune_on_a_card_the_store_has_no_plan_for_carries_another_gpus_plan_and_
     assert "carried to this card's clocks by relative position (1125/1215 MHz)" in captured.err
     assert "plan source: transferred" in captured.out
     assert len(store.entries()) == 1  # a carried plan is not stored as this card's own
+
+
+def test_a_run_left_running_by_sigkill_is_marked_failed_by_the_next_run(tmp_path, capsys, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _spawn(tmp_path, "--iterations", "50000000", "--mlflow-uri", uri)
+    killed = _wait_for_run(uri, "kdvfs-tune")
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert MlflowClient(uri).get_run(killed.info.run_id).info.status == "RUNNING"
+    assert main([*ARGS, "--no-sweep", "--iterations", "2000", "--mlflow-uri", uri]) == 0
+    assert MlflowClient(uri).get_run(killed.info.run_id).info.status == "FAILED"
+    said = [r.getMessage() for r in caplog.records if killed.info.run_id in r.getMessage()]
+    assert len(said) == 1 and f"process {proc.pid}, which is gone: marked FAILED" in said[0]

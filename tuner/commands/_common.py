@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +34,12 @@ def add_device_workload(parser: argparse.ArgumentParser, default_device: str = "
         help="search every supported clock pair, not the preset's default grid",
     )
     parser.add_argument(
-        "--noise", type=float, default=None, help="measurement-noise scale (default: the device's)"
+        "--noise",
+        type=nonnegative_float,
+        default=None,
+        help="measurement-noise scale (default: the device's)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
 
 
 def add_budget(parser: argparse.ArgumentParser) -> None:
@@ -46,12 +55,60 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write machine-readable results here")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number > 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _budget(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"budget must be a number, got {text!r}") from None
-    if not 0.0 <= value < 1.0:
+    if not math.isfinite(value) or not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"budget must be in [0, 1), got {value}")
     return value
 
@@ -71,15 +128,109 @@ def open_from_args(args: argparse.Namespace):
 
 
 def write_json(path: Path | None, payload: dict[str, Any]) -> None:
+    """Write the JSON document atomically (a temporary file beside it, then a rename)."""
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    from kdvfs.runtime.types import KdvfsError
+
+    text = json.dumps(payload, indent=2, default=str) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise KdvfsError(f"{path}: cannot write ({exc.strerror or exc})") from None
     print(f"wrote {path}", file=sys.stderr)
 
 
+def check_file_output(path: Path | None, option: str) -> None:
+    """KdvfsError unless `path` can be written (checked before any work, so nothing is lost)."""
+    if path is None:
+        return
+    from kdvfs.runtime.types import KdvfsError
+
+    if path.is_dir():
+        raise KdvfsError(f"{option} {path}: is a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise KdvfsError(f"{option} {path}: not writable (permission denied)")
+    _check_creatable_in(path.parent, option, path)
+
+
+def check_dir_output(path: Path | None, option: str) -> None:
+    """KdvfsError unless `path` is (or can be made) a directory this user writes in."""
+    if path is None:
+        return
+    from kdvfs.runtime.types import KdvfsError
+
+    if path.exists():
+        if not path.is_dir():
+            raise KdvfsError(f"{option} {path}: not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise KdvfsError(f"{option} {path}: not writable (permission denied)")
+        return
+    _check_creatable_in(path.parent, option, path)
+
+
+def _check_creatable_in(folder: Path, option: str, path: Path) -> None:
+    """The nearest existing ancestor of `folder` must be a directory this user writes in."""
+    from kdvfs.runtime.types import KdvfsError
+
+    ancestor = folder.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise KdvfsError(f"{option} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise KdvfsError(f"{option} {path}: cannot create files in {ancestor} (permission denied)")
+
+
+def write_all(outputs: list[tuple[str, Callable[[], None]]]) -> int:
+    """Run each output step whatever the others do; a failure is one stderr line. Returns
+    how many failed. Ctrl-C/SIGTERM meanwhile does not stop them."""
+    from kdvfs.runtime.types import KdvfsError
+
+    failed = 0
+    with deferred_interrupts():
+        for label, write in outputs:
+            try:
+                write()
+            except (KdvfsError, OSError) as exc:
+                failed += 1
+                print(f"kdvfs: {label} not written: {exc}", file=sys.stderr)
+    return failed
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM while the block runs (one line says so): outputs are written whole."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        if not caught:
+            print("kdvfs: interrupt received: finishing writing the outputs first", file=sys.stderr)
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def pct(x: float) -> str:
-    return f"{100.0 * x:+.2f}%"
+    """`+1.23%`; a value that rounds to zero prints as +0.00%, never -0.00%."""
+    return f"{100.0 * x if abs(x) >= 5e-5 else 0.0:+.2f}%"
+
+
+def slowdown_text(x: float) -> str:
+    """`slowdown +0.42%`, or `slowdown -0.10% (faster than stock)` for a negative one."""
+    return f"slowdown {pct(x)}" + (" (faster than stock)" if x <= -5e-5 else "")
 
 
 def plan_json(choice) -> dict[str, Any]:

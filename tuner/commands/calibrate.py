@@ -29,6 +29,12 @@ def run(args: argparse.Namespace) -> int:
         raise KdvfsError(
             f"calibrate compares a simulated card with a probe: --device must be sim:PRESET, not {args.device!r}"
         )
+    probe_gpu = _probe_gpu_name(args.against)
+    if probe_gpu is not None and probe_gpu != device.name:
+        raise KdvfsError(
+            f"{args.against} was probed on {probe_gpu} (nvml.json beside it), but --device {args.device} "
+            f"simulates {device.name}: calibrate a card against its own probe"
+        )
     rows = calibrate(device, args.against)
     print(
         f"{device.name} (simulated, auto mode, at the probe's temperatures) against {args.against} (measured on a real GPU)"
@@ -64,3 +70,15 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     return 0
+
+
+def _probe_gpu_name(probe_csv: Path) -> str | None:
+    """The GPU name that `kdvfs probe` recorded in nvml.json beside the table, if there is one."""
+    import json
+
+    info = probe_csv.parent / "nvml.json"
+    try:
+        name = json.loads(info.read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None

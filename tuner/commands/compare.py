@@ -6,7 +6,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kdvfs.tuner.commands._common import SOURCE_LABEL, add_budget, add_json, pct, write_json
+from kdvfs.tuner.commands._common import (
+    SOURCE_LABEL,
+    add_budget,
+    add_json,
+    check_dir_output,
+    check_file_output,
+    nonnegative_float,
+    nonnegative_int,
+    pct,
+    positive_float,
+    positive_int,
+    write_json,
+)
 
 SCENARIOS = ("ambient-step", "power-cap", "gpu-swap", "workload-change")
 STRATEGIES = ("sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel")
@@ -27,13 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, of {','.join(STRATEGIES)} (default: all but sweep, which runs as the target anyway)",
     )
     add_budget(parser)
-    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default %(default)s)")
-    parser.add_argument("--max-measurements-per-kernel", type=int, default=None, metavar="M")
+    parser.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 (default %(default)s)")
+    parser.add_argument("--max-measurements-per-kernel", type=positive_int, default=None, metavar="M")
     parser.add_argument(
-        "--noise", type=float, default=None, help="measurement-noise scale (default: the device's)"
+        "--noise",
+        type=nonnegative_float,
+        default=None,
+        help="measurement-noise scale (default: the device's)",
     )
     parser.add_argument(
-        "--window-s", type=float, default=1.0, help="seconds of repeats per measurement (default %(default)s)"
+        "--window-s",
+        type=positive_float,
+        default=1.0,
+        help="seconds of repeats per measurement (default %(default)s)",
     )
     parser.add_argument(
         "--mlflow-uri",
@@ -51,18 +69,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--strategy", default="ucb", help="search strategy of the online tuner (default %(default)s)"
     )
     scenario.add_argument(
-        "--seed", type=int, default=0, help="seed of the scenario run (default %(default)s)"
+        "--seed", type=nonnegative_int, default=0, help="seed of the scenario run (default %(default)s)"
     )
     scenario.add_argument(
         "--at-iteration",
-        type=int,
+        type=nonnegative_int,
         default=None,
         metavar="N",
         help="apply the change after N iterations (default: once converged with the drift watch ready)",
     )
     scenario.add_argument(
         "--iterations",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="M",
         help="iterations to run after the change (default: twice the first convergence's)",
@@ -93,6 +111,8 @@ def _strategies(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_file_output(args.json, "--json")
+    check_dir_output(args.plan_store, "--plan-store")
     if args.scenario is not None:
         return _run_scenario(args)
     from kdvfs.tuner.compare import compare_strategies
@@ -146,9 +166,9 @@ def _run_scenario(args: argparse.Namespace) -> int:
     from kdvfs.tuner.adaptation import Session, run_scenario
 
     if args.strategy not in STRATEGIES[1:]:
-        raise SystemExit(
-            f"kdvfs compare: unknown strategy {args.strategy!r} (known: {','.join(STRATEGIES[1:])})"
-        )
+        from kdvfs.runtime.types import KdvfsError
+
+        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {','.join(STRATEGIES[1:])})")
     session = Session(args.device, args.workload, strategy=args.strategy, budget=args.budget, seed=args.seed)
     doc = run_scenario(
         session,

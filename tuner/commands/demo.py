@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kdvfs.tuner.commands._common import nonnegative_int
+
 DEMO = [
     "tune",
     "--device",
@@ -24,7 +26,7 @@ DEMO = [
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write machine-readable results here")
 
 

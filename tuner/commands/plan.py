@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kdvfs.tuner.commands._common import SOURCE_LABEL, pct
+from kdvfs.tuner.commands._common import SOURCE_LABEL, pct, slowdown_text
 
 if TYPE_CHECKING:
     from kdvfs.tuner.plan import Plan
@@ -16,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="print a plan: groups, clocks, expected figures")
     show.add_argument("plan", type=Path, metavar="PLAN")
+    show.add_argument("--json", action="store_true", help="print the plan document as JSON instead")
     diff = sub.add_parser("diff", help="what differs between two plans")
     diff.add_argument("first", type=Path, metavar="A")
     diff.add_argument("second", type=Path, metavar="B")
@@ -38,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from kdvfs.tuner.plan import diff_plans, load_plan
 
     if args.plan_command == "show":
-        show(args.plan, load_plan(args.plan))
+        plan = load_plan(args.plan)
+        if args.json:
+            import json
+
+            print(json.dumps(plan.to_dict(), indent=2))
+        else:
+            show(args.plan, plan)
         return 0
     if args.plan_command == "diff":
         lines = diff_plans(load_plan(args.first), load_plan(args.second))
@@ -84,8 +91,9 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     import numpy as np
 
     from kdvfs.runtime.device import RunnableDevice
+    from kdvfs.runtime.iteration import Schedule
     from kdvfs.runtime.registry import open_device, open_workload
-    from kdvfs.tuner.grouping import evaluate_grouping
+    from kdvfs.tuner.online import schedule_figures
     from kdvfs.tuner.plan import check_compatible
 
     device = open_device(args.device, seed=0, full_grid=args.full_grid)
@@ -97,35 +105,18 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     if not isinstance(device, RunnableDevice):
         print("  no re-evaluation: a real GPU has no noiseless model; measure the plan with `kdvfs tune`")
         return True
-    pairs = list(dict.fromkeys(g.pair for g in plan.groups))
-    column = {p: c for c, p in enumerate(pairs)}
-    time_s = np.empty((len(workload), len(pairs)))
-    energy_j = np.empty_like(time_s)
-    ref_time_s = ref_energy_j = 0.0
-    for k, kernel in enumerate(workload.kernels):
-        for pair in pairs:
-            t, e = device.expected(kernel, pair)
-            time_s[k, column[pair]], energy_j[k, column[pair]] = t * kernel.launches, e * kernel.launches
-        t, e = device.expected(kernel, None)
-        ref_time_s += t * kernel.launches
-        ref_energy_j += e * kernel.launches
     starts = np.cumsum([0] + [len(g.kernels) for g in plan.groups[:-1]])
-    result = evaluate_grouping(
-        time_s,
-        energy_j,
-        [(int(s), column[g.pair]) for s, g in zip(starts, plan.groups)],
-        device.switch_latency_s,
-    )
+    schedule = Schedule(tuple((int(s), g.pair) for s, g in zip(starts, plan.groups)))
+    saving, slowdown = schedule_figures(device, workload, schedule)
     label = SOURCE_LABEL[device.source]
     print(
-        f"  re-evaluated [{label}, noiseless, switch latency {device.switch_latency_s * 1e3:g} ms included, "
-        f"{result.switches} switches per iteration]: energy saving {pct(1 - result.energy_j / ref_energy_j)}, "
-        f"slowdown {pct(result.time_s / ref_time_s - 1)}"
+        f"  re-evaluated [{label}, noiseless, switch latency {device.switch_latency_s * 1e3:g} ms included]: "
+        f"energy saving {pct(saving)}, {slowdown_text(slowdown)}"
     )
     print(
-        f"  the plan expected [{SOURCE_LABEL[plan.source]}]: energy saving {pct(plan.energy_saving)}, slowdown {pct(plan.slowdown)}"
+        f"  the plan expected [{SOURCE_LABEL[plan.source]}]: energy saving {pct(plan.energy_saving)}, {slowdown_text(plan.slowdown)}"
     )
-    if result.time_s > (1 + plan.budget) * ref_time_s:
+    if slowdown > plan.budget:
         print(f"  over budget: the plan allows {pct(plan.budget)} slowdown")
         return False
     return True

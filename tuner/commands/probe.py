@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from kdvfs.runtime.types import KdvfsError
+from kdvfs.tuner.commands._common import positive_float
 
 if TYPE_CHECKING:
     from kdvfs.runtime.nvml_device import NvmlDevice
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--out", metavar="DIR", type=Path, required=True, help=f"write DIR/{PROBE_FILE}")
     parser.add_argument(
-        "--seconds", metavar="S", type=float, default=2.0, help="run each kernel >= S s (default 2)"
+        "--seconds", metavar="S", type=positive_float, default=2.0, help="run each kernel >= S s (default 2)"
     )
     parser.add_argument("--index", metavar="N", type=int, default=0, help="CUDA device index (default 0)")
     parser.add_argument(

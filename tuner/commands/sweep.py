@@ -12,6 +12,7 @@ from kdvfs.tuner.commands._common import (
     open_from_args,
     pct,
     plan_json,
+    positive_float,
     write_json,
 )
 
@@ -21,7 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_budget(parser)
     add_json(parser)
     parser.add_argument(
-        "--window-s", type=float, default=1.0, help="seconds of repeats per measurement (default %(default)s)"
+        "--window-s",
+        type=positive_float,
+        default=1.0,
+        help="seconds of repeats per measurement (default %(default)s)",
     )
     parser.add_argument("--table", action="store_true", help="print the per-kernel plan table")
 
