@@ -89,27 +89,20 @@ class Loop:
         )
 
     def train(self, schedule: Schedule, steps: int) -> None:
+        """`steps` steps under a schedule, the steady one repeated (IterationRunner.run)."""
         if steps > 0:
             self.runner.run(schedule, steps)
             self.steps += steps
-            self._last = None
 
     def step(self, schedule: Schedule) -> None:
-        """One step: kernel by kernel when the power limit or schedule may have changed since
-        the last one run that way, else that step again (ModelDevice.repeat_since)."""
-        d = self.device
-        start = (d.now_s(), d.true_energy_j(), d.power_cap_w)
-        if self._last is None or self._last[2] != d.power_cap_w:
-            self.runner.run(schedule, 1)
-            self._last = start
-        else:
-            d.repeat_since(self._last[0], self._last[1], 1)
-            self._last = start
+        """One step, kernel by kernel: a power limit set between steps holds from its next
+        kernel on. (Repeating the last step instead would chain ModelDevice.repeat_since's
+        noise redraws into a random walk of the step time: 3% over 40 steps.)"""
+        self.runner.run(schedule, 1)
         self.steps += 1
 
     def forget(self) -> None:
-        """The schedule changes: the next step runs kernel by kernel."""
-        self._last = None
+        """Someone else set the clocks: the next step requests its schedule's again."""
         self.runner.forget_requests()
 
 
@@ -125,6 +118,26 @@ def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
         loop.train(schedule, n)
         left -= n
         held_s += n * iter_s
+
+
+def _settled(loop: Loop, schedule: Schedule) -> dict[str, float]:
+    """Noiseless steady figures of what a peer held for the rest of its run (its schedule at
+    the card's power limit now) against stock at the default limit: the setting's worth
+    without its tuning, at the iteration's own steady temperature (switches included)."""
+    from kdvfs.tuner.online import schedule_figures
+
+    d = loop.device
+    items = [(k, None, k.launches) for k in loop.workload.kernels]
+    held_t, held_e = d.expected_iteration(items)
+    saving, slowdown = schedule_figures(d, loop.workload, schedule)
+    cap_w = d.power_cap_w
+    d.set_power_cap_w(d.preset.power_cap_w)
+    ref_t, ref_e = d.expected_iteration(items)
+    d.set_power_cap_w(cap_w)
+    # schedule_figures is against stock at the current limit; rescale to stock at the default one
+    t = held_t * (1.0 + slowdown)
+    e = held_e * (1.0 - saving)
+    return {"energy_saving": 1.0 - e / ref_e, "slowdown": t / ref_t - 1.0}
 
 
 # --- the peers -------------------------------------------------------------------------------
@@ -150,6 +163,7 @@ def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any
     loop.forget()
     _hold(loop, tuner.state.schedule, steps - ran)
     return {
+        "settled": _settled(loop, tuner.state.schedule),
         "strategy": tuner.strategy,
         "converged_at_step": tuner.state.converged_at_iteration,
         "measurements": tuner.state.obs.measurements,
@@ -245,10 +259,12 @@ def run_zeus(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]
     profiled = loop.steps
     _hold(loop, stock, steps - loop.steps)
     return {
+        "settled": _settled(loop, stock),
         "done": done,
         "power_limit_w": chosen_w,
         "profiling_steps": profiled,
         "limits_profiled": len(measurements),
+        "profile": [[m["power_limit"], m["time"], m["energy"]] for m in measurements],  # W, s, J per window
     }
 
 
@@ -289,6 +305,7 @@ def run_envpipe(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, A
     loop.forget()
     _hold(loop, schedule, steps - loop.steps)
     return {
+        "settled": _settled(loop, schedule),
         "pair": None if kept is None else str(kept),
         "clocks_profiled": tried,
         "profiling_steps": profiled,
@@ -315,6 +332,7 @@ def run_paper_sweep(loop: Loop, steps: int, budget: float, seed: int) -> dict[st
     _hold(loop, Schedule(groups), steps)
     paper = evaluate(d, loop.workload, choice)
     return {
+        "settled": _settled(loop, Schedule(groups)),
         "sweep_s": sweep_s,
         "sweep_energy_j": sweep_j,
         "switches_per_step": len(groups) - (groups[0][1] == groups[-1][1]),
