@@ -84,6 +84,9 @@ class Loop:
         self.device, self.workload = device, workload
         self.runner = IterationRunner(device, workload)
         self.steps = 0
+        self.held_from: tuple[float, float, int] | None = (
+            None  # clock s, true energy J, steps when the hold began
+        )
         self._last: tuple[float, float, float] | None = (
             None  # start s, true energy, cap of the last exact step
         )
@@ -111,6 +114,9 @@ def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
     iter_s = max(
         loop.device.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0], 1e-9
     )
+    d = loop.device
+    if loop.held_from is None:
+        loop.held_from = (d.now_s(), d.true_energy_j(), loop.steps)
     left, held_s = steps, 0.0
     while left > 0:
         chunk_s = SETTLE_CHUNK_S if held_s < SETTLE_S else HOLD_CHUNK_S
@@ -118,26 +124,6 @@ def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
         loop.train(schedule, n)
         left -= n
         held_s += n * iter_s
-
-
-def _settled(loop: Loop, schedule: Schedule) -> dict[str, float]:
-    """Noiseless steady figures of what a peer held for the rest of its run (its schedule at
-    the card's power limit now) against stock at the default limit: the setting's worth
-    without its tuning, at the iteration's own steady temperature (switches included)."""
-    from kdvfs.tuner.online import schedule_figures
-
-    d = loop.device
-    items = [(k, None, k.launches) for k in loop.workload.kernels]
-    held_t, held_e = d.expected_iteration(items)
-    saving, slowdown = schedule_figures(d, loop.workload, schedule)
-    cap_w = d.power_cap_w
-    d.set_power_cap_w(d.preset.power_cap_w)
-    ref_t, ref_e = d.expected_iteration(items)
-    d.set_power_cap_w(cap_w)
-    # schedule_figures is against stock at the current limit; rescale to stock at the default one
-    t = held_t * (1.0 + slowdown)
-    e = held_e * (1.0 - saving)
-    return {"energy_saving": 1.0 - e / ref_e, "slowdown": t / ref_t - 1.0}
 
 
 # --- the peers -------------------------------------------------------------------------------
@@ -163,7 +149,6 @@ def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any
     loop.forget()
     _hold(loop, tuner.state.schedule, steps - ran)
     return {
-        "settled": _settled(loop, tuner.state.schedule),
         "strategy": tuner.strategy,
         "converged_at_step": tuner.state.converged_at_iteration,
         "measurements": tuner.state.obs.measurements,
@@ -259,7 +244,6 @@ def run_zeus(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]
     profiled = loop.steps
     _hold(loop, stock, steps - loop.steps)
     return {
-        "settled": _settled(loop, stock),
         "done": done,
         "power_limit_w": chosen_w,
         "profiling_steps": profiled,
@@ -305,7 +289,6 @@ def run_envpipe(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, A
     loop.forget()
     _hold(loop, schedule, steps - loop.steps)
     return {
-        "settled": _settled(loop, schedule),
         "pair": None if kept is None else str(kept),
         "clocks_profiled": tried,
         "profiling_steps": profiled,
@@ -329,13 +312,14 @@ def run_paper_sweep(loop: Loop, steps: int, budget: float, seed: int) -> dict[st
     plan = [choice[k.name] for k in loop.workload.kernels]
     groups = tuple((i, p) for i, p in enumerate(plan) if i == 0 or p != plan[i - 1])
     loop.forget()
+    switches = d.switches
     _hold(loop, Schedule(groups), steps)
     paper = evaluate(d, loop.workload, choice)
     return {
-        "settled": _settled(loop, Schedule(groups)),
         "sweep_s": sweep_s,
         "sweep_energy_j": sweep_j,
         "switches_per_step": len(groups) - (groups[0][1] == groups[-1][1]),
+        "switches_landed": d.switches - switches,  # a request replaced before it lands never does
         "_paper": (sweep_s, sweep_j, paper.time_s, paper.energy_j),
     }
 
@@ -365,6 +349,21 @@ def _fresh(device_spec: str, workload_spec: str, seed: int, noise: float | None)
     if not isinstance(device, SimulatedDevice):
         raise KdvfsError(f"--peers runs on a simulated card (sim:PRESET), not {device_spec!r}")
     yield Loop(device, open_workload(workload_spec, device))
+
+
+def _settled(loop: Loop, steps: int, stock_s: float, stock_j: float) -> dict[str, float] | None:
+    """What the peer held after tuning, measured over the held steps (the card's true energy
+    and clock) against stock's mean step: its setting's worth without its tuning."""
+    if loop.held_from is None or loop.steps <= loop.held_from[2]:
+        return None
+    t0, e0, n0 = loop.held_from
+    n = loop.steps - n0
+    held_s, held_j = (loop.device.now_s() - t0) / n, (loop.device.true_energy_j() - e0) / n
+    return {
+        "energy_saving": 1.0 - held_j / (stock_j / steps),
+        "slowdown": held_s / (stock_s / steps) - 1.0,
+        "steps": n,
+    }
 
 
 def run_peers(
@@ -398,6 +397,7 @@ def run_peers(
         with _fresh(device_spec, workload_spec, seed, noise) as loop:
             detail = run(loop, steps, budget, seed)
             time_s, energy_j = loop.device.now_s(), loop.device.true_energy_j()
+            detail["settled"] = _settled(loop, steps, stock_s, stock_j)
         paper = detail.pop("_paper", None)
         if paper is not None:
             sweep_s, sweep_j, step_s, step_j = paper
