@@ -9,7 +9,8 @@ and prints JSON (every figure labelled simulated, replayed or measured on a real
 - `h200_validation`: the PyTorch integration on a real GPU (dry-run: no clock change);
 - `record_step_trace`: a small GPT's whole training step under torch.profiler, as a trace;
 - `agent_bench`: the clock agent's round trip and resets (fake NVML, or a real card in dry-run);
-- `fit_kinds`: the simulator's per-kind constants fitted to a size ladder (prints JSON).
+- `fit_kinds`: the simulator's per-kind constants fitted to a size ladder (prints JSON);
+- `peers_figure`: rows of `kdvfs compare --peers` in one figure (docs/peers.png, MLflow).
 
 The modules are public by name (`kdvfs.experiments.online_tuning`, loaded on first use), each
 with its `main()`. Their findings: docs/benchmarks.md and docs/gpu-validation.md.
@@ -29,6 +30,7 @@ __all__ = [
     "h200_inputs",
     "h200_validation",
     "online_tuning",
+    "peers_figure",
     "record_step_trace",
 ]
 

@@ -34,3 +34,36 @@ def convergence_figure(results: dict[str, list[dict[str, Any]]], sweep: dict[str
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def peers_figure(docs: list[dict[str, Any]], title: str):
+    """Energy saving over the whole run (tuning included) against training time relative to
+    stock, one panel per run (card x workload), one point per peer, the budget as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(docs), figsize=(4.2 * len(docs), 4), squeeze=False)
+    for ax, doc in zip(axes[0], docs):
+        for i, (name, p) in enumerate(doc["peers"].items()):
+            ax.scatter(100 * p["slowdown"], 100 * p["energy_saving"], color=f"C{i}", label=name, zorder=3)
+            paper = p.get("as_paper_ran_it")
+            if paper is not None:
+                ax.scatter(
+                    100 * paper["slowdown"],
+                    100 * paper["energy_saving"],
+                    facecolors="none",
+                    edgecolors=f"C{i}",
+                    label=f"{name} (switches ignored)",
+                    zorder=3,
+                )
+        ax.axvline(100 * doc["budget"], color="k", ls=":", lw=1, label="budget")
+        ax.axhline(0.0, color="grey", lw=0.6)
+        ax.set_xlabel("training time vs stock (%)")
+        ax.set_ylabel("energy saving over the whole run (%)")
+        ax.set_title(f"{doc['gpu']}, {doc['workload']}, {doc['steps']:,} steps [simulated]", fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

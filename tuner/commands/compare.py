@@ -97,6 +97,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="gpu-swap: another job of the fleet has tuned the new card and left its plan in the store",
     )
+    peers = parser.add_argument_group(
+        "peers (issue 18): kdvfs against Zeus, EnvPipe and the paper's sweep, whole runs on one simulated card"
+    )
+    peers.add_argument(
+        "--peers",
+        default=None,
+        metavar="NAMES",
+        help="run these peers instead of the strategy comparison: comma-separated, of "
+        "kdvfs,zeus-power-limit,envpipe-sm-stepdown,paper-sweep",
+    )
+    peers.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="training steps of every peer's run (default: 24 h of training at stock)",
+    )
+    peers.add_argument(
+        "--plot", type=Path, default=None, metavar="PNG", help="also save the peers' plot here"
+    )
     add_json(parser)
 
 
@@ -115,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
     check_dir_output(args.plan_store, "--plan-store")
     if args.scenario is not None:
         return _run_scenario(args)
+    if args.peers is not None:
+        from kdvfs.tuner.peers import run_peers_command
+
+        return run_peers_command(args)
     from kdvfs.tuner.compare import compare_strategies
     from kdvfs.tuner.progress import Progress
 

@@ -1,0 +1,67 @@
+"""Peers in the same run (tuner/peers.py): Zeus's own optimizer reaching its Done state on the
+simulated card, and `kdvfs compare --peers` scoring every peer against one stock run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kdvfs.tuner.cli import main
+from kdvfs.tuner.peers import run_peers, zeus_available
+
+ZEUS, WHY_NOT = zeus_available()
+
+
+@pytest.mark.skipif(not ZEUS, reason=WHY_NOT)
+def test_zeus_power_limit_optimizer_reaches_done_on_the_simulated_card_and_holds_its_choice():
+    import sys
+
+    import pynvml
+    import zeus.device.gpu.nvidia as zeus_nvidia
+
+    doc = run_peers("sim:rtx3080ti", "gpt3-xl-layer", ["zeus-power-limit"], budget=0.05, steps=1500)
+    zeus = doc["peers"]["zeus-power-limit"]
+    assert zeus["done"]
+    assert zeus["limits_profiled"] == 11  # 350 W down to 100 W in 25-W steps
+    assert zeus["profiling_steps"] < doc["steps"]
+    assert 100.0 <= zeus["power_limit_w"] <= 350.0
+    assert zeus["training_s"] > doc["stock"]["training_s"] * 0.9
+    assert sys.modules["pynvml"] is pynvml and zeus_nvidia.pynvml is pynvml  # the real bindings are back
+
+
+def test_compare_peers_scores_every_peer_against_the_same_stock_run(tmp_path, capsys):
+    out = tmp_path / "peers.json"
+    code = main(
+        [
+            "compare",
+            "--peers",
+            "envpipe-sm-stepdown,paper-sweep",
+            "--device",
+            "sim:rtx3080ti",
+            "--steps",
+            "40000",
+            "--budget",
+            "0.05",
+            "--no-mlflow",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["peers"]) == {"envpipe-sm-stepdown", "paper-sweep"}
+    for p in doc["peers"].values():
+        assert {"energy_saving", "slowdown", "training_s", "source"} <= p.keys()
+        assert math.isclose(p["training_s"], doc["stock"]["training_s"] * (1 + p["slowdown"]))
+    sweep = doc["peers"]["paper-sweep"]
+    assert sweep["training_s"] > sweep["sweep_s"] > 0  # its exploration is in its run
+    assert sweep["as_paper_ran_it"]["energy_saving"] != sweep["energy_saving"]  # a figure of its own
+    assert "envpipe-sm-stepdown" in capsys.readouterr().out
+
+
+def test_compare_refuses_an_unknown_peer_with_one_line(capsys):
+    assert main(["compare", "--peers", "nope", "--no-mlflow"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown peer 'nope'" in err[0]

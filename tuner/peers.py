@@ -1,0 +1,479 @@
+"""Peers in the same run: what users would pick instead of kdvfs, on one simulated card.
+
+Every peer runs on a fresh, identically seeded simulated card with the same workload, the same
+number of training steps and the same budget, and is scored the same way: energy saving and
+slowdown against stock over the whole run, its tuning (exploration) included, from the card's
+true energy and clock (run_peers). The peers:
+- `kdvfs`: the online tuner (tuner/online.py) with its default strategy (run_kdvfs);
+- `zeus-power-limit`: Zeus's GlobalPowerLimitOptimizer, unchanged, driven through its step
+  hooks on the simulated card through runtime/sim_pynvml.py (run_zeus; needs the `peers` extra);
+- `envpipe-sm-stepdown`: EnvPipe's online SM-clock step-down (run_envpipe);
+- `paper-sweep`: the founding paper's offline sweep and its per-kernel plan (run_paper_sweep).
+Once a peer has settled, the rest of the run is fast-forwarded under what it settled on
+(_hold): chunks of HOLD_CHUNK_S after a thermal settling in SETTLE_CHUNK_S chunks.
+Findings: docs/benchmarks.md#peers-issue-18
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kdvfs.runtime.iteration import IterationRunner, Schedule
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.simulator import SimulatedDevice
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+
+#: Default length of every peer's run: a day of training at stock; s.
+DEFAULT_TRAINING_S = 86_400.0
+
+PEERS = ("kdvfs", "zeus-power-limit", "envpipe-sm-stepdown", "paper-sweep")
+
+#: Training chunk while a held setting's card settles thermally (a third of its ~30-s time constant); s.
+SETTLE_CHUNK_S = 10.0
+#: Training held in thermal settling chunks before the long ones; s.
+SETTLE_S = 300.0
+#: Training chunk once settled (the steady iteration repeated); s.
+HOLD_CHUNK_S = 600.0
+#: Zeus's profiling settings (its defaults): warm-up and profiled steps per power limit, the
+#: power-limit stride (W), steps waited before profiling.
+ZEUS_WARMUP_STEPS, ZEUS_PROFILE_STEPS, ZEUS_PL_STEP_W, ZEUS_WAIT_STEPS = 10, 40, 25, 1
+#: EnvPipe: iterations profiled per SM clock, and the shortest profiled window (100 energy-counter periods); s.
+ENVPIPE_STEP_ITERATIONS, ENVPIPE_MIN_WINDOW_S = 20, 10.0
+#: Iterations the online tuner runs past its convergence before the rest is fast-forwarded
+#: under its schedule (its refinement trial and judge windows run in them); iterations as a
+#: share of the run.
+KDVFS_TAIL_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """One peer's whole run against stock's."""
+
+    name: str
+    energy_saving: float  # 1 - energy / stock's energy over the same steps
+    slowdown: float  # training time / stock's - 1
+    training_s: float  # the whole run on the card's clock, tuning included
+    source: str  # where the method comes from
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "energy_saving": self.energy_saving,
+            "slowdown": self.slowdown,
+            "training_s": self.training_s,
+            "source": self.source,
+            **self.detail,
+        }
+
+
+# --- the card's training loop ----------------------------------------------------------------
+class Loop:
+    """A training job on a simulated card: steps under a schedule, the card's clock and energy.
+
+    Args:
+        device: the card.
+        workload: the kernels of one training step.
+    """
+
+    def __init__(self, device: SimulatedDevice, workload: Workload) -> None:
+        self.device, self.workload = device, workload
+        self.runner = IterationRunner(device, workload)
+        self.steps = 0
+        self.held_from: tuple[float, float, int] | None = (
+            None  # clock s, true energy J, steps when the hold began
+        )
+        self._last: tuple[float, float, float] | None = (
+            None  # start s, true energy, cap of the last exact step
+        )
+
+    def train(self, schedule: Schedule, steps: int) -> None:
+        """`steps` steps under a schedule, the steady one repeated (IterationRunner.run)."""
+        if steps > 0:
+            self.runner.run(schedule, steps)
+            self.steps += steps
+
+    def step(self, schedule: Schedule) -> None:
+        """One step, kernel by kernel: a power limit set between steps holds from its next
+        kernel on. (Repeating the last step instead would chain ModelDevice.repeat_since's
+        noise redraws into a random walk of the step time: 3% over 40 steps.)"""
+        self.runner.run(schedule, 1)
+        self.steps += 1
+
+    def forget(self) -> None:
+        """Someone else set the clocks: the next step requests its schedule's again."""
+        self.runner.forget_requests()
+
+
+def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
+    """The rest of the run under one setting: thermal settling chunks, then long chunks."""
+    iter_s = max(
+        loop.device.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0], 1e-9
+    )
+    d = loop.device
+    if loop.held_from is None:
+        loop.held_from = (d.now_s(), d.true_energy_j(), loop.steps)
+    left, held_s = steps, 0.0
+    while left > 0:
+        chunk_s = SETTLE_CHUNK_S if held_s < SETTLE_S else HOLD_CHUNK_S
+        n = min(left, max(1, math.ceil(chunk_s / iter_s)))
+        loop.train(schedule, n)
+        left -= n
+        held_s += n * iter_s
+
+
+# --- the peers -------------------------------------------------------------------------------
+def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
+    """The online tuner until it has converged (and a tail past it), then its schedule held."""
+    from kdvfs.tuner.online import OnlineTuner
+
+    tuner = OnlineTuner(loop.device, loop.workload, budget=budget, seed=seed, drift_watch=False)
+    tail = max(1, int(KDVFS_TAIL_SHARE * steps))
+    target = 0
+    while tuner.account.iterations < steps:
+        target = min(steps, max(target, tuner.account.iterations) + tail)
+        tuner.run(target)
+        converged = tuner.state.converged_at_iteration
+        if (
+            converged is not None
+            and tuner.account.iterations >= converged + tail
+            and not tuner.refinement_running
+        ):
+            break
+    ran = tuner.account.iterations
+    loop.steps = ran
+    loop.forget()
+    _hold(loop, tuner.state.schedule, steps - ran)
+    return {
+        "strategy": tuner.strategy,
+        "converged_at_step": tuner.state.converged_at_iteration,
+        "measurements": tuner.state.obs.measurements,
+        "groups": len(tuner.state.schedule.groups),
+    }
+
+
+class _ZeusOnSimulator(contextlib.AbstractContextManager):
+    """Zeus's `pynvml` is sim_pynvml bound to the card, its clock the card's, its GPU cache fresh."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self.device = device
+
+    def __enter__(self) -> _ZeusOnSimulator:
+        import zeus.device.gpu as zeus_gpu
+        import zeus.device.gpu.nvidia as zeus_nvidia
+        import zeus.monitor.energy as zeus_energy
+
+        from kdvfs.runtime import sim_pynvml
+
+        sim_pynvml.bind(self.device)
+        self._saved = (sys.modules.get("pynvml"), zeus_nvidia.pynvml, zeus_energy.time, zeus_gpu._gpus)
+        sys.modules["pynvml"] = sim_pynvml
+        zeus_nvidia.pynvml = sim_pynvml
+        zeus_energy.time = self.device.now_s  # Zeus times its windows with time.time()
+        zeus_gpu._gpus = None
+        zeus_nvidia.nvml_is_available.cache_clear()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import zeus.device.gpu as zeus_gpu
+        import zeus.device.gpu.nvidia as zeus_nvidia
+        import zeus.monitor.energy as zeus_energy
+
+        from kdvfs.runtime import sim_pynvml
+
+        real, zeus_nvidia.pynvml, zeus_energy.time, zeus_gpu._gpus = self._saved
+        if real is not None:
+            sys.modules["pynvml"] = real
+        zeus_nvidia.nvml_is_available.cache_clear()
+        sim_pynvml.unbind()
+
+
+def zeus_available() -> tuple[bool, str]:
+    """Whether the zeus package (the `peers` extra) is installed, and why not."""
+    try:
+        import zeus.optimizer.power_limit  # noqa: F401
+    except ImportError as exc:
+        return False, f"zeus is not installed (pip install kdvfs[peers]): {exc}"
+    return True, "zeus installed"
+
+
+def run_zeus(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
+    """Zeus's GlobalPowerLimitOptimizer with MaxSlowdownConstraint(1 + budget), one epoch
+    over the run, through on_epoch_begin/on_step_begin/on_step_end; once Done, its power limit held."""
+    ok, why = zeus_available()
+    if not ok:
+        raise KdvfsError(why)
+    from zeus.monitor import ZeusMonitor
+    from zeus.optimizer.power_limit import Done, GlobalPowerLimitOptimizer, MaxSlowdownConstraint
+
+    class SimMonitor(ZeusMonitor):
+        """No torch.cuda.synchronize: the simulated card's kernels end when they are run."""
+
+        def begin_window(self, key: str, sync_execution: bool = True, restart: bool = False) -> None:
+            super().begin_window(key, sync_execution=False, restart=restart)
+
+        def end_window(self, key: str, sync_execution: bool = True, cancel: bool = False):
+            return super().end_window(key, sync_execution=False, cancel=cancel)
+
+    stock = Schedule.stock()
+    with _ZeusOnSimulator(loop.device):
+        monitor = SimMonitor(gpu_indices=[0], cpu_indices=[])
+        plo = GlobalPowerLimitOptimizer(
+            monitor,
+            MaxSlowdownConstraint(factor=1.0 + budget),
+            wait_steps=ZEUS_WAIT_STEPS,
+            warmup_steps=ZEUS_WARMUP_STEPS,
+            profile_steps=ZEUS_PROFILE_STEPS,
+            pl_step=ZEUS_PL_STEP_W,
+        )
+        plo.on_epoch_begin()
+        while loop.steps < steps and not isinstance(plo.state, Done):
+            plo.on_step_begin()
+            loop.step(stock)
+            plo.on_step_end()
+        done = isinstance(plo.state, Done)
+        chosen_w = plo.state.optimal_power_limit / 1000 if done else None
+        measurements = [m.dict() for m in plo.measurements]
+        plo._set_power_limit = lambda power_limit: (
+            None
+        )  # its atexit hook would set whatever card NVML shows then
+    profiled = loop.steps
+    _hold(loop, stock, steps - loop.steps)
+    return {
+        "done": done,
+        "power_limit_w": chosen_w,
+        "profiling_steps": profiled,
+        "limits_profiled": len(measurements),
+        "profile": [[m["power_limit"], m["time"], m["energy"]] for m in measurements],  # W, s, J per window
+    }
+
+
+def run_envpipe(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
+    """EnvPipe's online profiling: stock measured first, then the SM clock (memory at its top)
+    stepped down one supported level at a time, each profiled for a few iterations (at least
+    ENVPIPE_MIN_WINDOW_S) by the energy counter and the job's clock; the lowest clock whose
+    iteration time stays within (1 + budget) x stock's is kept, the descent stopping at the
+    first clock beyond it. Written from Choi et al., "EnvPipe: Performance-preserving DNN
+    Training Framework for Saving Energy", USENIX ATC 2023 (sec. 4, online SM-frequency
+    profiling; github.com/casys-kaist/EnvPipe)."""
+    d = loop.device
+    mem = max(p.mem_mhz for p in d.grid.pairs)
+    cores = sorted((p.core_mhz for p in d.grid.pairs if p.mem_mhz == mem), reverse=True)
+    iter_s = d.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0]
+    n = max(ENVPIPE_STEP_ITERATIONS, math.ceil(ENVPIPE_MIN_WINDOW_S / iter_s))
+
+    def profile(schedule: Schedule) -> float:
+        loop.forget()
+        loop.train(schedule, 1)  # the switch lands; not profiled
+        t0 = d.now_s()
+        loop.train(schedule, n)
+        return (d.now_s() - t0) / n
+
+    stock_s = profile(Schedule.stock())
+    kept: ClockPair | None = None
+    tried = 0
+    for core in cores:
+        if loop.steps + n + 1 > steps:
+            break
+        pair = ClockPair(core, mem)
+        tried += 1
+        if profile(Schedule(((0, pair),))) > (1.0 + budget) * stock_s:
+            break
+        kept = pair
+    schedule = Schedule.stock() if kept is None else Schedule(((0, kept),))
+    profiled = loop.steps
+    loop.forget()
+    _hold(loop, schedule, steps - loop.steps)
+    return {
+        "pair": None if kept is None else str(kept),
+        "clocks_profiled": tried,
+        "profiling_steps": profiled,
+    }
+
+
+def run_paper_sweep(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
+    """The founding paper's offline sweep on the card (every kernel at every pair, in
+    isolation), then its per-kernel plan for the whole run as the card must run it (a switch
+    at each change of pair, each landing after the card's switch latency). The sweep's device
+    time and energy are counted as they were spent on the card (at the pairs it measured),
+    and it trains no step: the run is the sweep, then `steps` steps under the plan.
+    `as_paper_ran_it`: the same run with the plan's steps at its switch-free figures (sweep.evaluate)."""
+    from kdvfs.tuner.sweep import evaluate, run_sweep
+
+    d = loop.device
+    t0, e0 = d.now_s(), d.true_energy_j()
+    obs = run_sweep(d, loop.workload)
+    sweep_s, sweep_j = d.now_s() - t0, d.true_energy_j() - e0
+    choice = obs.kernel_level_choice(budget)
+    plan = [choice[k.name] for k in loop.workload.kernels]
+    groups = tuple((i, p) for i, p in enumerate(plan) if i == 0 or p != plan[i - 1])
+    loop.forget()
+    switches = d.switches
+    _hold(loop, Schedule(groups), steps)
+    paper = evaluate(d, loop.workload, choice)
+    return {
+        "sweep_s": sweep_s,
+        "sweep_energy_j": sweep_j,
+        "switches_per_step": len(groups) - (groups[0][1] == groups[-1][1]),
+        "switches_landed": d.switches - switches,  # a request replaced before it lands never does
+        "_paper": (sweep_s, sweep_j, paper.time_s, paper.energy_j),
+    }
+
+
+RUNNERS: dict[str, tuple[Callable[[Loop, int, float, int], dict[str, Any]], str]] = {
+    "kdvfs": (run_kdvfs, "kdvfs online tuner (tuner/online.py), default strategy"),
+    "zeus-power-limit": (
+        run_zeus,
+        "Zeus 0.16 GlobalPowerLimitOptimizer + MaxSlowdownConstraint (pip zeus, ml.energy), unchanged",
+    ),
+    "envpipe-sm-stepdown": (run_envpipe, "EnvPipe online SM-clock step-down (Choi et al., USENIX ATC'23)"),
+    "paper-sweep": (run_paper_sweep, "founding paper's offline per-kernel sweep (tuner/sweep.py)"),
+}
+
+
+def parse_peers(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [n for n in names if n not in PEERS]
+    if bad or not names:
+        raise KdvfsError(f"unknown peer {bad[0] if bad else text!r} (known: {','.join(PEERS)})")
+    return names
+
+
+@contextlib.contextmanager
+def _fresh(device_spec: str, workload_spec: str, seed: int, noise: float | None) -> Iterator[Loop]:
+    device = open_device(device_spec, seed=seed, noise=noise)
+    if not isinstance(device, SimulatedDevice):
+        raise KdvfsError(f"--peers runs on a simulated card (sim:PRESET), not {device_spec!r}")
+    yield Loop(device, open_workload(workload_spec, device))
+
+
+def _settled(loop: Loop, steps: int, stock_s: float, stock_j: float) -> dict[str, float] | None:
+    """What the peer held after tuning, measured over the held steps (the card's true energy
+    and clock) against stock's mean step: its setting's worth without its tuning."""
+    if loop.held_from is None or loop.steps <= loop.held_from[2]:
+        return None
+    t0, e0, n0 = loop.held_from
+    n = loop.steps - n0
+    held_s, held_j = (loop.device.now_s() - t0) / n, (loop.device.true_energy_j() - e0) / n
+    return {
+        "energy_saving": 1.0 - held_j / (stock_j / steps),
+        "slowdown": held_s / (stock_s / steps) - 1.0,
+        "steps": n,
+    }
+
+
+def run_peers(
+    device_spec: str,
+    workload_spec: str,
+    names: list[str],
+    *,
+    budget: float,
+    steps: int | None = None,
+    seed: int = 0,
+    noise: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Stock and each peer over `steps` steps on identically seeded cards: the JSON document's
+    `peers` part and the stock run's figures. steps None: DEFAULT_TRAINING_S at stock."""
+    with _fresh(device_spec, workload_spec, seed, noise) as loop:
+        if steps is None:
+            kernels = loop.workload.kernels
+            steps = math.ceil(
+                DEFAULT_TRAINING_S
+                / loop.device.expected_iteration([(k, None, k.launches) for k in kernels])[0]
+            )
+        _hold(loop, Schedule.stock(), steps)
+        stock_s, stock_j = loop.device.now_s(), loop.device.true_energy_j()
+        gpu, workload = loop.device.name, loop.workload.name
+    peers: dict[str, Any] = {}
+    for name in names:
+        if progress is not None:
+            progress(name)
+        run, source = RUNNERS[name]
+        with _fresh(device_spec, workload_spec, seed, noise) as loop:
+            detail = run(loop, steps, budget, seed)
+            time_s, energy_j = loop.device.now_s(), loop.device.true_energy_j()
+            detail["settled"] = _settled(loop, steps, stock_s, stock_j)
+        paper = detail.pop("_paper", None)
+        if paper is not None:
+            sweep_s, sweep_j, step_s, step_j = paper
+            detail["as_paper_ran_it"] = {
+                "energy_saving": 1.0 - (sweep_j + steps * step_j) / stock_j,
+                "slowdown": (sweep_s + steps * step_s) / stock_s - 1.0,
+            }
+        peers[name] = PeerResult(
+            name, 1.0 - energy_j / stock_j, time_s / stock_s - 1.0, time_s, source, detail
+        ).json()
+    return {
+        "device": device_spec,
+        "gpu": gpu,
+        "workload": workload,
+        "budget": budget,
+        "steps": steps,
+        "seed": seed,
+        "source": "simulated",
+        "stock": {"training_s": stock_s, "energy_j": stock_j},
+        "peers": peers,
+    }
+
+
+def run_peers_command(args: Any) -> int:
+    """`kdvfs compare --peers NAMES`: the run, its table, its plot (MLflow and --plot), --json."""
+    from kdvfs.tuner.commands._common import pct, write_json
+    from kdvfs.tuner.plots import peers_figure
+
+    names = parse_peers(args.peers)
+    if args.steps is not None and args.steps <= 0:
+        raise KdvfsError(f"--steps must be a positive whole number, not {args.steps}")
+    doc = run_peers(
+        args.device,
+        args.workload,
+        names,
+        budget=args.budget,
+        steps=args.steps,
+        seed=args.seed,
+        noise=args.noise,
+        progress=lambda name: print(f"running {name} ...", file=sys.stderr),
+    )
+    print(
+        f"peers on {doc['gpu']} ({args.device}), {doc['workload']}, {doc['steps']:,} steps, budget {pct(args.budget)}, "
+        f"seed {args.seed} [simulated]; stock trains {doc['stock']['training_s'] / 3600:.2f} h"
+    )
+    print(f"  {'peer':22s} {'saving':>8s} {'slowdown':>9s} {'training h':>11s}  source")
+    for name, p in doc["peers"].items():
+        over = "  OVER BUDGET" if p["slowdown"] > args.budget else ""
+        print(
+            f"  {name:22s} {pct(p['energy_saving']):>8s} {pct(p['slowdown']):>9s} {p['training_s'] / 3600:11.2f}  {p['source']}{over}"
+        )
+        if "as_paper_ran_it" in p:
+            q = p["as_paper_ran_it"]
+            print(f"  {'  (switches ignored)':22s} {pct(q['energy_saving']):>8s} {pct(q['slowdown']):>9s}")
+    print("  (saving and slowdown against stock over the whole run, tuning included; the card's true energy)")
+    fig = peers_figure([doc], "peers (issue 18)")
+    if args.plot is not None:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=120)
+    if not args.no_mlflow:
+        from kdvfs.tuner.tracking import Tracker
+
+        tracker = Tracker(args.mlflow_uri, experiment="kdvfs-peers")
+        params = {k: doc[k] for k in ("device", "workload", "budget", "steps", "seed", "source")}
+        with tracker.start_run(f"peers-{doc['workload']}", params) as run:
+            run.log_metrics(
+                doc["steps"],
+                {
+                    f"{n}.{k}": float(p[k])
+                    for n, p in doc["peers"].items()
+                    for k in ("energy_saving", "slowdown")
+                },
+            )
+            run.log_figure(fig, "peers.png")
+            run.log_dict(doc, "peers.json")
+        doc["mlflow"] = run.url_or_path
+        print(f"  MLflow: {doc['mlflow']}")
+    write_json(args.json, doc)
+    return 0
