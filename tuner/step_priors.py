@@ -105,11 +105,10 @@ def plan_prior(prior: Prior, sites: list[int], switch_latency_s: float, budget: 
     return Schedule(tuple((sites[g.start], columns[g.pair_index]) for g in grouping.groups))
 
 
-def model_plan(device, workload: Workload, budget: float) -> Schedule:
-    """The prior plan of a simulated card from its own model, within PRIOR_BUDGET_SHARE of the budget."""
+def model_plan(device, workload: Workload, budget: float, sites: list[int] | None = None) -> Schedule:
+    """The prior plan of a simulated card from its own model, within PRIOR_BUDGET_SHARE of the
+    budget, its groups starting at switch sites (default: switch_sites)."""
+    sites = switch_sites(workload) if sites is None else sites
     return plan_prior(
-        model_prior(device, workload),
-        switch_sites(workload),
-        device.switch_latency_s,
-        PRIOR_BUDGET_SHARE * budget,
+        model_prior(device, workload), sites, device.switch_latency_s, PRIOR_BUDGET_SHARE * budget
     )

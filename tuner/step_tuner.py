@@ -447,6 +447,9 @@ class StepTuner:
             moved = self.conditions.update(report.end_s, report.temperature_c, report.power_limit_w)
             # the temperature is the settled plan's: trials move it, the power limit moves alone
             self._moved += [m for m in moved if isinstance(phase, Settled) or m == "power_limit"]
+        if "power_limit" in self._moved and not isinstance(phase, Retuning | Settled):
+            self._moved = []  # a new limit ends any trial at once: its figures are void
+            return self._alarm(report, ("power_limit",), None)
         if isinstance(phase, Retuning):
             return self._retuning(phase, report)
         if isinstance(phase, Reference):
@@ -482,7 +485,8 @@ class StepTuner:
         if ref.seconds < REFERENCE_S or len(ref.windows) < 3:
             return ref.schedule
         self._finish_reference(ref.windows)
-        plan = self._retune_plan if self.retunes else self.prior
+        before = self._retune_plan if self.retunes else None
+        plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
         if plan is not None and any(p is not None for _, p in plan.groups):
             return self._verify(None, plan)
         return self._start_group(0)
