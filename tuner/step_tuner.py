@@ -616,7 +616,8 @@ class StepTuner:
         trial = ver.trial
         if report is not None and trial.current is not None:
             trial.add(report)
-            self._maybe_abandon(trial)
+            if trial.current is not None:  # B's window opens only once the slack covers it
+                self._maybe_abandon(trial)
         if trial.done:
             self._judge(ver, trial.outcome())
             if ver.group is None:
@@ -724,17 +725,19 @@ class StepTuner:
         return Schedule(tuple(groups))
 
     def _worst_slowdown(self, schedule: Schedule) -> float:
-        """Bound on a schedule's slowdown: no kernel slower than its largest clock ratio."""
+        """Bound on a schedule's slowdown: no kernel slower than its pair's largest clock ratio,
+        nor (while a switch lands) the ratio of the group before; weighted by the groups'
+        stock times where they are known, else the largest."""
         top_core = max(p.core_mhz for p in self.pairs)
         top_mem = max(p.mem_mhz for p in self.pairs)
-        return max(
-            (
-                max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0
-                for _, p in schedule.groups
-                if p is not None
-            ),
-            default=0.0,
-        )
+        ratios = [
+            0.0 if p is None else max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0
+            for _, p in schedule.groups
+        ]
+        worst = [max(r, ratios[i - 1]) for i, r in enumerate(ratios)]  # [-1]: the step before's last group
+        if len(self.group_times_s) != len(worst):
+            return max(worst, default=0.0)
+        return float(np.dot(worst, self.group_times_s) / sum(self.group_times_s))
 
     def _worst_case_s(self, candidate: Schedule) -> float:
         """What a trial of the candidate can overspend before it is abandoned: its worst
