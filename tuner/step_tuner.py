@@ -42,6 +42,8 @@ TRIAL_BLOCKS = 4
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
 VERIFY_BLOCKS = 4
+#: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
+VERIFY_MAX_BLOCKS = 12
 #: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
 ADOPT_Z = 3.0
 #: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
@@ -618,6 +620,8 @@ class StepTuner:
             trial.add(report)
             if trial.current is not None:  # B's window opens only once the slack covers it
                 self._maybe_abandon(trial)
+        if trial.done and self._undecided_on_time(trial):
+            trial.blocks += VERIFY_BLOCKS  # a clear saving whose time bound is not yet inside the budget
         if trial.done:
             self._judge(ver, trial.outcome())
             if ver.group is None:
@@ -628,6 +632,17 @@ class StepTuner:
                 return self.incumbent  # wait for the slack; the window opens when it covers B
             trial.open(self._now_s)
         return trial.schedule()
+
+    def _undecided_on_time(self, trial: Trial) -> bool:
+        """The saving is beyond its bound and the measured slowdown within the budget, but not
+        ADOPT_Z time errors inside it: worth more blocks (at most VERIFY_MAX_BLOCKS)."""
+        if trial.abandoned or trial.blocks >= VERIFY_MAX_BLOCKS:
+            return False
+        outcome = trial.outcome()
+        if outcome.blocks < 2 or not -outcome.energy_diff > ADOPT_Z * outcome.energy_se:
+            return False
+        slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
+        return slowdown <= self.budget < slowdown + ADOPT_Z * outcome.time_se
 
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
         """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
