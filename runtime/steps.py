@@ -8,7 +8,8 @@
   (tuner/step_tuner.py's StepTuner).
 - `SimulatedJob`: steps of a Workload on a ModelDevice through IterationRunner under the
   schedule it is given, one StepReport per step; `run()` is the training loop (clocks back to
-  stock when it ends, by an exception too). It decides nothing. `dry_run` records the clock
+  stock when it ends, by an exception too); `change_workload` swaps the step's kernels mid-run
+  (a drift scenario). It decides nothing. `dry_run` records the clock
   requests and applies none, as a real card in dry run does (the null test).
 
 The counter is read after every step, as a poller would, and an update is reported only when
@@ -106,6 +107,12 @@ class SimulatedJob:
         )
         self.steps += 1
         return report
+
+    def change_workload(self, workload: Workload) -> None:
+        """The job's steps run these kernels from now on (the schedule requested stays)."""
+        self.workload = workload
+        self.runner = IterationRunner(self.device, workload)
+        self.runner.forget_requests()
 
     def run(
         self,

@@ -8,7 +8,12 @@ clocks of the next steps. It never runs kernels itself.
   switch settled, energy between two observed counter updates.
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
 - `StepAccount`: the cumulative budget against stock measured in training.
-- `switchable_groups`: the groups a card can switch between, from segment times and latency.
+- `switchable_groups`: the groups a card can switch between, from segment times and latency,
+  where no prior plan gives them (tuner/step_priors.py: `plan_prior`).
+- Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
+  on watch windows of group times and energy); an alarm enters `Retuning` (stock until the
+  temperature is flat), then `Reference` again, the plan before verified first, then the
+  groups whose time moved explored again. A card warming without throttling keeps its plan.
 
 Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
 """
@@ -25,6 +30,7 @@ from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
 
 #: Training at stock measured as the reference; s.
 REFERENCE_S = 20.0
@@ -36,6 +42,8 @@ TRIAL_BLOCKS = 4
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
 VERIFY_BLOCKS = 4
+#: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
+VERIFY_MAX_BLOCKS = 12
 #: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
 ADOPT_Z = 3.0
 #: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
@@ -55,6 +63,17 @@ DEFAULT_STRATEGY = "botorch"
 #: The strategy's stopping tolerance (relative expected improvement); BoTorch's own 0.002 stops
 #: after 5 noisy trials on the 3080 Ti layer, short of the best pair; a fraction.
 POLICY_TOL = 1e-4
+#: Length of one drift-watch window once Settled; s.
+WATCH_WINDOW_S = 1.0
+#: Watch windows within which an alarm must recur to be acted on (online.py's CONFIRM_WINDOWS
+#: counts chunks of iterations; here a window is a second); windows.
+WATCH_CONFIRM_WINDOWS = 5
+#: Watch windows a stream learns its baseline over before it may alarm; windows.
+WATCH_WARMUP = 10
+#: Longest wait at stock for the temperature to settle after an alarm; s.
+RETUNE_SETTLE_MAX_S = 300.0
+#: Stock run after an alarm before the temperature may count as settled; s.
+RETUNE_MIN_S = 5.0
 
 
 # --- groups ----------------------------------------------------------------------------------
@@ -233,6 +252,9 @@ class StepAccount:
     steps: int = 0
     spent_s: float = 0.0
 
+    before_allowed_s: float = 0.0  # allowed time of the steps before the last rebase, s
+    before_steps: int = 0
+
     def charge(self, step_s: float) -> None:
         self.steps += 1
         self.spent_s += step_s
@@ -241,10 +263,24 @@ class StepAccount:
         """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
         if math.isnan(self.stock_step_s):
             return math.inf
-        return (1.0 + self.budget) * self.stock_step_s * self.steps - self.spent_s
+        since = self.steps - self.before_steps
+        return self.before_allowed_s + (1.0 + self.budget) * self.stock_step_s * since - self.spent_s
+
+    def rebase(self) -> None:
+        """Stock is to be measured again (after an alarm): the steps so far keep the allowance
+        of the stock they ran against; the next ones are allowed against the new stock."""
+        if not math.isnan(self.stock_step_s):
+            self.before_allowed_s += (
+                (1.0 + self.budget) * self.stock_step_s * (self.steps - self.before_steps)
+            )
+        self.before_steps = self.steps
+        self.stock_step_s = math.nan
 
     def slowdown(self) -> float:
-        return self.spent_s / (self.stock_step_s * self.steps) - 1.0
+        """The run's slowdown against the stock steps it was allowed against."""
+        since = self.steps - self.before_steps
+        stock_s = self.before_allowed_s / (1.0 + self.budget) + self.stock_step_s * since
+        return self.spent_s / stock_s - 1.0
 
 
 # --- phases -----------------------------------------------------------------------------------
@@ -267,26 +303,53 @@ class Exploring:
     trial: Trial | None = None
     config: int | None = None
     trials: int = 0
+    first: int | None = None  # a config tried before the policy is asked (the pair chosen before)
     waiting_steps: int = 0  # steps run at the incumbent waiting for slack
 
 
 @dataclass
 class Verifying:
-    """The group's best candidate against the incumbent over a longer run."""
+    """A candidate against the incumbent over a longer run: a group's best (group: its index),
+    or a whole schedule (group None: the prior plan, or the plan before an alarm)."""
 
-    group: int
+    group: int | None
     trial: Trial
     adopted: bool | None = None
 
 
 @dataclass
 class Settled:
-    """The incumbent runs; nothing is tried (the drift watch is issue 14's next part)."""
+    """The incumbent runs under the drift watch: windows of its group times and energy."""
 
     since_step: int
+    window: Window | None = None
+    expected: dict[str, float] | None = None
 
 
-Phase = Reference | Exploring | Verifying | Settled
+@dataclass
+class Retuning:
+    """After an alarm: stock until the temperature is flat again (or RETUNE_SETTLE_MAX_S),
+    then the reference again. `groups`: those to explore again (their own time moved; all
+    when a condition or the energy moved); `plan`: the plan before, verified first."""
+
+    since_s: float
+    reasons: tuple[str, ...]
+    groups: tuple[int, ...]
+    plan: Schedule
+
+
+Phase = Reference | Exploring | Verifying | Settled | Retuning
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """What the drift watch saw: when (training s), which streams or conditions, whether the
+    plan was held (a card warming without throttling)."""
+
+    step: int
+    end_s: float
+    reasons: tuple[str, ...]
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -314,6 +377,8 @@ class StepTuner:
         seed: seeds the strategy.
         boundaries: kernel indices where the job can switch clocks (default: the step and each pass).
         policy_options: passed to the strategy's constructor (e.g. tol).
+        prior: a schedule planned before training (step_priors.plan_prior): its groups are
+            explored, and it is verified against stock first; None: groups from segment times.
     """
 
     def __init__(
@@ -328,6 +393,7 @@ class StepTuner:
         seed: int = 0,
         boundaries: list[int] | None = None,
         policy_options: dict[str, float] | None = None,
+        prior: Schedule | None = None,
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
@@ -345,7 +411,11 @@ class StepTuner:
             max_per_task=MAX_TRIALS_PER_GROUP,
             **({"tol": POLICY_TOL} | (policy_options or {})),
         )
-        segments = boundaries if boundaries is not None else pass_boundaries(workload)
+        self.prior = prior
+        if prior is not None:
+            segments = [s for s, _ in prior.groups]
+        else:
+            segments = boundaries if boundaries is not None else pass_boundaries(workload)
         self.segments = sorted(set(segments) | {0})
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         """The schedule adopted so far (the plan): stock until something is adopted."""
@@ -360,6 +430,14 @@ class StepTuner:
         self.group_times_s: list[float] = []  # each group's stock time per step, s
         self._order: list[int] = []
         self._now_s = 0.0
+        self.conditions = ConditionWatch()
+        self.watch: DriftMonitor | None = None
+        self.alarms: list[Alarm] = []
+        self.retunes = 0
+        self._moved: list[str] = []  # conditions that moved before the watch acts on them
+        self._to_explore: list[int] | None = None  # groups of a retune (None: all)
+        self._first: dict[int, ClockPair | None] = {}  # group -> pair tried first
+        self._retune_plan: Schedule | None = None
 
     # --- the entry point ---------------------------------------------------------------------
     def on_step_end(self, report: StepReport) -> Schedule:
@@ -367,13 +445,22 @@ class StepTuner:
         self.account.charge(report.step_time_s)
         self._now_s = report.end_s
         phase = self.phase
+        if math.isfinite(report.temperature_c):
+            moved = self.conditions.update(report.end_s, report.temperature_c, report.power_limit_w)
+            # the temperature is the settled plan's: trials move it, the power limit moves alone
+            self._moved += [m for m in moved if isinstance(phase, Settled) or m == "power_limit"]
+        if "power_limit" in self._moved and not isinstance(phase, Retuning | Settled):
+            self._moved = []  # a new limit ends any trial at once: its figures are void
+            return self._alarm(report, ("power_limit",), None)
+        if isinstance(phase, Retuning):
+            return self._retuning(phase, report)
         if isinstance(phase, Reference):
             return self._reference(phase, report)
         if isinstance(phase, Exploring):
             return self._exploring(phase, report)
         if isinstance(phase, Verifying):
             return self._verifying(phase, report)
-        return self._settled(report)
+        return self._settled(phase, report)
 
     @property
     def stock_step_s(self) -> float:
@@ -400,6 +487,10 @@ class StepTuner:
         if ref.seconds < REFERENCE_S or len(ref.windows) < 3:
             return ref.schedule
         self._finish_reference(ref.windows)
+        before = self._retune_plan if self.retunes else None
+        plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
+        if plan is not None and any(p is not None for _, p in plan.groups):
+            return self._verify(None, plan)
         return self._start_group(0)
 
     def _finish_reference(self, windows: list[Window]) -> None:
@@ -414,7 +505,11 @@ class StepTuner:
         mean_window_s = float(np.mean([w.settled_s for w in windows]))
         self.time_sd_per_root_s = max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4)
         segment_times = np.average([w.group_times_s for w in windows], axis=0, weights=weights)
-        starts = switchable_groups(self.segments, list(segment_times), self.switch_latency_s)
+        starts = (
+            self.segments
+            if self.prior is not None or self.retunes
+            else switchable_groups(self.segments, list(segment_times), self.switch_latency_s)
+        )
         self.incumbent = Schedule(tuple((s, None) for s in starts))
         ends = [*starts[1:], len(self.workload)]
         times = [
@@ -422,22 +517,27 @@ class StepTuner:
             for a, b in zip(starts, ends)
         ]
         self.group_times_s = times
-        self._order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
+        order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
+        self._order = order if self._to_explore is None else [g for g in order if g in self._to_explore]
 
     def _start_group(self, position: int) -> Schedule:
         if position >= len(self._order):
             self._enter(Settled(self.account.steps))
+            self.conditions.relearn_temperature()  # the settled plan's own temperature
             return self.incumbent
         g = self._order[position]
         group_s = self.group_times_s[g]
         extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
         task = Task(
-            key=f"group{g}@{self.incumbent.groups[g][0]}",
+            key=f"group{g}@{self.incumbent.groups[g][0]}/{self.retunes}",
             ref_time_s=group_s,
             ref_energy_j=self.incumbent_energy_j,
             budget=max(extra_s / group_s, 0.0),
         )
-        self._enter(Exploring(g, task))
+        first = self._first.get(g)
+        current = self.incumbent.groups[g][1]
+        first_config = self.pairs.index(first) if first is not None and first != current else None
+        self._enter(Exploring(g, task, first=first_config))
         return self._exploring(self.phase, None)
 
     def _exploring(self, ex: Exploring, report: StepReport | None) -> Schedule:
@@ -448,6 +548,8 @@ class StepTuner:
                 self._tell(ex, ex.trial.outcome())
                 ex.trial = None
         if ex.trial is None:
+            if ex.config is None and ex.first is not None:
+                ex.config, ex.first = ex.first, None
             if ex.config is None:
                 ex.config = self.policy.ask(ex.task) if ex.trials < MAX_TRIALS_PER_GROUP else None
                 if ex.config is None:
@@ -505,24 +607,42 @@ class StepTuner:
         current = self.incumbent.groups[ex.group][1]
         if best is None or self.pairs[best] == current:
             return self._start_group(self._order.index(ex.group) + 1)
-        candidate = self._with_pair(ex.group, self.pairs[best])
+        return self._verify(ex.group, self._with_pair(ex.group, self.pairs[best]))
+
+    def _verify(self, group: int | None, candidate: Schedule) -> Schedule:
         trial = Trial(self.incumbent, candidate, VERIFY_BLOCKS, VERIFY_WINDOW_S, self.settle_s)
-        self._enter(Verifying(ex.group, trial))
+        self._enter(Verifying(group, trial))
         return self._verifying(self.phase, None)
 
     def _verifying(self, ver: Verifying, report: StepReport | None) -> Schedule:
         trial = ver.trial
         if report is not None and trial.current is not None:
             trial.add(report)
-            self._maybe_abandon(trial)
+            if trial.current is not None:  # B's window opens only once the slack covers it
+                self._maybe_abandon(trial)
+        if trial.done and self._undecided_on_time(trial):
+            trial.blocks += VERIFY_BLOCKS  # a clear saving whose time bound is not yet inside the budget
         if trial.done:
             self._judge(ver, trial.outcome())
+            if ver.group is None:
+                return self._start_group(0)
             return self._start_group(self._order.index(ver.group) + 1)
         if trial.current is None:
             if trial.arm == "B" and self.account.slack_s() < self._worst_case_s(trial.candidate):
                 return self.incumbent  # wait for the slack; the window opens when it covers B
             trial.open(self._now_s)
         return trial.schedule()
+
+    def _undecided_on_time(self, trial: Trial) -> bool:
+        """The saving is beyond its bound and the measured slowdown within the budget, but not
+        ADOPT_Z time errors inside it: worth more blocks (at most VERIFY_MAX_BLOCKS)."""
+        if trial.abandoned or trial.blocks >= VERIFY_MAX_BLOCKS:
+            return False
+        outcome = trial.outcome()
+        if outcome.blocks < 2 or not -outcome.energy_diff > ADOPT_Z * outcome.energy_se:
+            return False
+        slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
+        return slowdown <= self.budget < slowdown + ADOPT_Z * outcome.time_se
 
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
         """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
@@ -553,11 +673,64 @@ class StepTuner:
                 )
             )
 
-    def _settled(self, report: StepReport) -> Schedule:
+    def _settled(self, settled: Settled, report: StepReport) -> Schedule:
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self.budget:
             self.incumbent = Schedule(
                 tuple((s, None) for s, _ in self.incumbent.groups)
             )  # over: back to stock
+        if self._moved:
+            return self._condition_alarm(report)
+        if settled.window is None:
+            settled.window = Window(self.incumbent, WATCH_WINDOW_S, report.end_s)
+            return self.incumbent
+        if not settled.window.add(report):
+            return self.incumbent
+        window, settled.window = settled.window, None
+        values = {group_stream(i): float(t) for i, t in enumerate(window.group_times_s)}
+        values["energy"] = window.energy_per_step_j
+        if settled.expected is None:
+            settled.expected = values
+            self.watch = DriftMonitor(list(values), warmup=WATCH_WARMUP, confirm=WATCH_CONFIRM_WINDOWS)
+        moved = self.watch.update(values, settled.expected)
+        if moved:
+            groups = [g for g in map(stream_group, moved) if g is not None]
+            return self._alarm(report, tuple(moved), None if "energy" in moved else groups)
+        return self.incumbent
+
+    def _condition_alarm(self, report: StepReport) -> Schedule:
+        """The power limit or the settled temperature moved. A card that warmed without
+        throttling keeps its plan (the watch learns its new temperature)."""
+        moved, self._moved = tuple(dict.fromkeys(self._moved)), []
+        if moved == ("temperature",) and self.conditions.step_c > 0.0 and not report.throttle_reasons:
+            self.alarms.append(Alarm(self.account.steps, report.end_s, moved, held=True))
+            if self.watch is not None:
+                self.watch.reset(["energy"])  # a warmer card leaks more: learn its energy again
+            return self.incumbent
+        return self._alarm(report, moved, None)
+
+    def _alarm(self, report: StepReport, reasons: tuple[str, ...], groups: list[int] | None) -> Schedule:
+        """Stock now; the reference again once the temperature is flat."""
+        self.alarms.append(Alarm(self.account.steps, report.end_s, reasons))
+        everything = tuple(range(len(self.incumbent.groups)))
+        plan = self.incumbent
+        self.incumbent = Schedule(tuple((s, None) for s, _ in plan.groups))
+        self.conditions.relearn_temperature()
+        self.account.rebase()
+        self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
+        return self.incumbent
+
+    def _retuning(self, ret: Retuning, report: StepReport) -> Schedule:
+        waited_s = report.end_s - ret.since_s
+        flat = self.conditions.centre_c is not None or not math.isfinite(report.temperature_c)
+        if waited_s < RETUNE_MIN_S or (not flat and waited_s < RETUNE_SETTLE_MAX_S):
+            return self.incumbent
+        self.retunes += 1
+        self._retune_plan = ret.plan
+        self._to_explore = list(ret.groups)
+        self._first = dict(enumerate(p for _, p in ret.plan.groups))
+        self.segments = [s for s, _ in ret.plan.groups]
+        self._moved = []
+        self._enter(Reference(self.incumbent))
         return self.incumbent
 
     # --- helpers -----------------------------------------------------------------------------
@@ -567,17 +740,19 @@ class StepTuner:
         return Schedule(tuple(groups))
 
     def _worst_slowdown(self, schedule: Schedule) -> float:
-        """Bound on a schedule's slowdown: no kernel slower than its largest clock ratio."""
+        """Bound on a schedule's slowdown: no kernel slower than its pair's largest clock ratio,
+        nor (while a switch lands) the ratio of the group before; weighted by the groups'
+        stock times where they are known, else the largest."""
         top_core = max(p.core_mhz for p in self.pairs)
         top_mem = max(p.mem_mhz for p in self.pairs)
-        return max(
-            (
-                max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0
-                for _, p in schedule.groups
-                if p is not None
-            ),
-            default=0.0,
-        )
+        ratios = [
+            0.0 if p is None else max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0
+            for _, p in schedule.groups
+        ]
+        worst = [max(r, ratios[i - 1]) for i, r in enumerate(ratios)]  # [-1]: the step before's last group
+        if len(self.group_times_s) != len(worst):
+            return max(worst, default=0.0)
+        return float(np.dot(worst, self.group_times_s) / sum(self.group_times_s))
 
     def _worst_case_s(self, candidate: Schedule) -> float:
         """What a trial of the candidate can overspend before it is abandoned: its worst

@@ -1,14 +1,19 @@
 """StepTuner on the simulated job (seeded): phases in order, budget never exceeded, the null
-test, an exception mid-trial."""
+test, an exception mid-trial; drift in seconds: a power-limit drop detected and re-tuned, an
+exception mid-retune."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.steps import SimulatedJob
-from kdvfs.tuner.step_tuner import Exploring, StepTuner, switchable_groups
+from kdvfs.tuner.step_priors import model_plan
+from kdvfs.tuner.step_tuner import Exploring, Retuning, Settled, StepTuner, Verifying, switchable_groups
 
 BUDGET = 0.01
 SECONDS = 340.0  # reference, exploration and verification of the one group on this card
@@ -112,3 +117,86 @@ def test_groups_shorter_than_the_switch_allows_merge_into_one():
     assert switchable_groups([0, 13, 37], [0.02, 0.04, 0.006], 0.030) == [0]
     assert switchable_groups([0, 100, 500], [0.15, 0.3, 0.03], 0.030) == [0, 100]
     assert switchable_groups([0, 100, 500], [0.15, 0.3, 0.03], 0.0) == [0, 100, 500]
+
+
+# --- drift: the watch once Settled, Retuning, held plans --------------------------------------
+def settled_with_prior(seed: int):
+    """A tuner with the card's model prior run to Settled on the 3080 Ti layer, and its job."""
+    device = open_device("sim:rtx3080ti", seed=seed)
+    workload = open_workload("gpt3-xl-layer", device)
+    tuner = StepTuner(
+        workload,
+        device.grid.pairs,
+        switch_latency_s=device.switch_latency_s,
+        energy_update_period_s=device.energy_update_period_s,
+        seed=seed,
+        prior=model_plan(open_device("sim:rtx3080ti", noise=0.0), workload, BUDGET),
+    )
+    job = SimulatedJob(device, workload)
+    schedule = Schedule.stock()
+    while not isinstance(tuner.phase, Settled):
+        assert device.now_s() < 600.0, "the tuner did not settle within 600 s"
+        schedule = tuner.on_step_end(job.step(schedule))
+    return tuner, job, schedule
+
+
+def train(tuner, job, schedule, seconds: float, until=lambda tuner: False):
+    """Steps for `seconds` (or until `until(tuner)`); the schedule and the least slack seen."""
+    end_s, least_slack_s = job.seconds + seconds, math.inf
+    while job.seconds < end_s and not until(tuner):
+        schedule = tuner.on_step_end(job.step(schedule))
+        least_slack_s = min(least_slack_s, tuner.account.slack_s())
+    return schedule, least_slack_s
+
+
+@pytest.fixture(scope="module")
+def power_cap():
+    """The settled tuner, 30 s of watching, then the power limit lowered (power-cap scenario)."""
+    tuner, job, schedule = settled_with_prior(7)
+    schedule, _ = train(tuner, job, schedule, 30.0)
+    plan = tuner.incumbent
+    get_scenario("power-cap").apply(job.device, job.workload)
+    return tuner, job, schedule, plan, job.seconds
+
+
+def test_a_power_limit_drop_is_detected_within_5_s_and_the_card_runs_stock(power_cap):
+    tuner, job, schedule, plan, change_s = power_cap
+    assert plan.groups[0][1] is not None  # the prior's pair was adopted
+    schedule, _ = train(tuner, job, schedule, 5.0, until=lambda t: t.alarms)
+    assert tuner.alarms and tuner.alarms[0].reasons == ("power_limit",)
+    assert tuner.alarms[0].end_s - change_s <= 5.0
+    assert isinstance(tuner.phase, Retuning) and tuner.phase.plan == plan
+    assert all(pair is None for _, pair in tuner.on_step_end(job.step(schedule)).groups)
+
+
+def test_after_a_power_limit_drop_stock_is_measured_again_and_the_plan_before_verified_within_budget(
+    power_cap,
+):
+    tuner, job, schedule, plan, _ = power_cap
+    schedule, least_slack_s = train(
+        tuner, job, schedule, 200.0, until=lambda t: isinstance(t.phase, Exploring)
+    )
+    assert tuner.retunes == 1
+    assert tuner.phases[-4:] == ["Retuning", "Reference", "Verifying", "Exploring"]
+    assert least_slack_s >= 0.0
+    kept = tuner.adoptions[-1].schedule == plan and tuner.adoptions[-1].end_s > tuner.alarms[0].end_s
+    assert tuner.incumbent == (plan if kept else Schedule(((0, None),)))
+
+
+def test_an_exception_mid_retune_leaves_stock_clocks_requested():
+    tuner, job, schedule = settled_with_prior(8)
+    train(tuner, job, schedule, 25.0)
+    get_scenario("power-cap").apply(job.device, job.workload)
+
+    class FailsInReference:
+        def on_step_end(self, report):
+            schedule = tuner.on_step_end(report)
+            if tuner.retunes and isinstance(tuner.phase, Verifying) and schedule != tuner.incumbent:
+                raise RuntimeError("the training loop failed")
+            return schedule
+
+    with pytest.raises(RuntimeError):
+        job.run(FailsInReference(), seconds=300.0)
+    job.device.idle(1.0)
+    assert job.device.clocks_in_effect() is None
+    assert job.requests[-1][1] == Schedule.stock()

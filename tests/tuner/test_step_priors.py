@@ -1,0 +1,83 @@
+"""Priors of the step-driven tuner: switch sites, the grouping planned from a prior, fill-ins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.measure import IterationReference
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
+from kdvfs.tuner.observations import Observations
+from kdvfs.tuner.step_priors import Prior, model_plan, observed_prior, plan_prior, switch_sites
+
+FAST = ClockPair(1800, 9000)
+SLOW = ClockPair(1200, 9000)
+
+
+def three_segments(slow_time_s: float) -> Prior:
+    """Three one-kernel segments of 0.1 s at stock (last column): SLOW saves 20% of the first
+    one's energy at the given time and costs the others more; FAST equals stock."""
+    time_s = np.array([[0.1, slow_time_s, 0.1], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1]])
+    energy_j = np.array([[10.0, 8.0, 10.0], [10.0, 10.5, 10.0], [10.0, 10.5, 10.0]])
+    return Prior((FAST, SLOW), time_s, energy_j)
+
+
+def test_switch_sites_of_the_whole_step_are_its_passes_and_layers():
+    workload = open_workload("gpt3-xl", open_device("sim:rtx3080ti"))
+    sites = switch_sites(workload)
+    kernels = workload.kernels
+    passes = [i for i in range(1, len(kernels)) if kernels[i].pass_name != kernels[i - 1].pass_name]
+    assert sites[0] == 0 and set(passes) <= set(sites)
+    assert len(sites) > 2 * 24  # each of the 24 layers, forward and backward
+    assert all(
+        kernels[i].name.split(".")[0] != kernels[i - 1].name.split(".")[0] or i in passes for i in sites[1:]
+    )
+
+
+def test_the_prior_plan_slows_only_the_segment_whose_saving_fits_the_budget():
+    plan = plan_prior(three_segments(0.1), [0, 1, 2], switch_latency_s=0.0, budget=0.01)
+    assert plan.groups[0] == (0, SLOW)  # free of time: taken
+    assert all(pair != SLOW for _, pair in plan.groups[1:])
+
+
+def test_the_prior_plan_keeps_stock_when_the_saving_costs_more_than_the_budget():
+    plan = plan_prior(three_segments(0.15), [0, 1, 2], switch_latency_s=0.0, budget=0.01)
+    assert all(pair != SLOW for _, pair in plan.groups)
+
+
+def test_a_switch_lands_at_the_next_segment_so_the_plan_requests_it_one_segment_early():
+    plan = plan_prior(three_segments(0.1), [0, 1, 2], switch_latency_s=0.001, budget=0.01)
+    assert plan.groups[-1] == (2, SLOW)  # lands as the next step's first segment starts
+    assert (0, SLOW) not in plan.groups
+
+
+def test_a_switch_latency_longer_than_the_step_leaves_one_group():
+    plan = plan_prior(three_segments(0.1), [0, 1, 2], switch_latency_s=1.0, budget=0.01)
+    assert len(plan.groups) == 1
+
+
+def test_switch_sites_must_start_at_the_first_kernel():
+    with pytest.raises(KdvfsError, match="sites"):
+        plan_prior(three_segments(0.1), [1, 2], switch_latency_s=0.001, budget=0.01)
+
+
+def test_unmeasured_cells_are_filled_in_pessimistically_and_never_planned():
+    workload = Workload("w", (Kernel("a"), Kernel("b")))
+    reference = IterationReference(np.array([0.1, 0.1]), 0.2, 20.0, 0.0, 100, 100, 0.0)
+    obs = Observations(workload, (FAST, SLOW), reference)
+    obs.stock_energy_j[:] = 10.0
+    obs.time_s[0, 1], obs.energy_j[0, 1], obs.counts[0, 1] = 0.1, 5.0, 1  # a: SLOW measured
+    prior = observed_prior(obs)
+    assert prior.time_s[1, 1] == pytest.approx(0.1 * 1800 / 1200)  # b at SLOW: stock time x ratio
+    assert prior.energy_j[1, 1] == 10.0
+    plan = plan_prior(prior, [0, 1], switch_latency_s=0.0, budget=0.01)
+    assert plan.groups[0] == (0, SLOW)
+    assert all(pair in (FAST, None) for start, pair in plan.groups if start == 1)
+
+
+def test_the_model_plan_of_the_3080ti_layer_is_one_pair_for_the_step():
+    device = open_device("sim:rtx3080ti", noise=0.0)
+    plan = model_plan(device, open_workload("gpt3-xl-layer", device), 0.01)
+    assert isinstance(plan, Schedule) and len(plan.groups) == 1 and plan.groups[0][1] is not None

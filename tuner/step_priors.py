@@ -1,0 +1,114 @@
+"""Priors of the step-driven tuner: where a job can switch, and a plan of its groups before any trial.
+
+- `switch_sites`: kernel indices where a job can change clocks: the step's start, each pass,
+  and each submodule (the name's prefix before its first '.', as `l07.` of a layer).
+- `Prior`: per-kernel time and energy per step at each pair and at stock (the last column),
+  from the simulated card's own model (`model_prior`) or isolated measurements
+  (`observed_prior`, tuner/observations.py), pessimistic fill-ins where nothing is known.
+- `model_plan`: the three above for a simulated card, as the experiments and tests use them.
+- `plan_prior`: grouping.py's least-energy grouping within the budget, its group starts
+  moved to the nearest switch site: the groups the tuner explores and the schedule it
+  verifies first. A prior, not a requirement: trials in training decide what is adopted.
+
+Design: docs/design-step-tuner.md (groups).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.tuner.grouping import group_kernels
+from kdvfs.tuner.observations import Observations
+
+#: Share of the budget a prior plan may spend (trials in training add noise to its slowdown,
+#: and verification adopts it only 3 standard errors inside the budget); a fraction.
+PRIOR_BUDGET_SHARE = 0.5
+
+
+def switch_sites(workload: Workload) -> list[int]:
+    """The step's start, each pass's first kernel and each submodule's first kernel."""
+    kernels = workload.kernels
+
+    def module(i: int) -> str:
+        name = kernels[i].name
+        return name.split(".", 1)[0] if "." in name else ""
+
+    return [0] + [
+        i
+        for i in range(1, len(kernels))
+        if kernels[i].pass_name != kernels[i - 1].pass_name or module(i) != module(i - 1)
+    ]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What is known of each kernel before training: time_s[k, c], energy_j[k, c] per step
+    (launches included) at pair c of `pairs`, the last column stock."""
+
+    pairs: tuple[ClockPair, ...]
+    time_s: np.ndarray
+    energy_j: np.ndarray
+
+
+def model_prior(device, workload: Workload) -> Prior:
+    """The simulated (or replayed) card's own noiseless per-kernel model, one evaluation per
+    distinct kernel."""
+    pairs = tuple(device.grid.pairs)
+    columns = [*pairs, None]
+    cache: dict = {}
+    rows_t, rows_e = [], []
+    for k in workload.kernels:
+        if k not in cache:
+            figures = [device.expected(k, p) for p in columns]
+            cache[k] = (np.array([f[0] for f in figures]), np.array([f[1] for f in figures]))
+        t, e = cache[k]
+        rows_t.append(t * k.launches)
+        rows_e.append(e * k.launches)
+    return Prior(pairs, np.array(rows_t), np.array(rows_e))
+
+
+def observed_prior(obs: Observations) -> Prior:
+    """Isolated measurements (a sweep, or what exists of one); unmeasured cells are filled in
+    pessimistically: the kernel's stock time slowed by the pair's largest clock ratio, its
+    stock energy unchanged, so that the plan does not count on them."""
+    time_m, energy_m = obs.plannable()
+    stock_t = obs.ref_time_s
+    stock_e = np.where(np.isnan(obs.stock_energy_j), np.nanmean(obs.stock_energy_j), obs.stock_energy_j)
+    stock_e = np.where(np.isnan(stock_e), 1.0, stock_e)
+    top_core = max(p.core_mhz for p in obs.pairs)
+    top_mem = max(p.mem_mhz for p in obs.pairs)
+    ratio = np.array([max(top_core / p.core_mhz, top_mem / p.mem_mhz) for p in obs.pairs])
+    time_s = np.where(np.isnan(time_m), stock_t[:, None] * ratio[None, :], time_m)
+    energy_j = np.where(np.isnan(energy_m), stock_e[:, None], energy_m)
+    return Prior(tuple(obs.pairs), np.column_stack([time_s, stock_t]), np.column_stack([energy_j, stock_e]))
+
+
+def plan_prior(prior: Prior, sites: list[int], switch_latency_s: float, budget: float) -> Schedule:
+    """The least-energy grouping within the budget (grouping.py, switches priced) of the
+    prior's segments between switch sites (a segment's kernels summed: a switch lands at the
+    first segment starting a latency after it, which is pessimistic by up to a segment). All
+    stock, one group, when no grouping fits."""
+    if not sites or sites[0] != 0 or any(b <= a for a, b in itertools.pairwise(sites)):
+        raise KdvfsError(f"switch sites must start at kernel 0 and increase, got {sites[:5]}")
+    ends = [*sites[1:], prior.time_s.shape[0]]
+    time_s = np.array([prior.time_s[a:b].sum(axis=0) for a, b in zip(sites, ends)])
+    energy_j = np.array([prior.energy_j[a:b].sum(axis=0) for a, b in zip(sites, ends)])
+    grouping = group_kernels(time_s, energy_j, switch_latency_s, float(time_s[:, -1].sum()), budget)
+    if not grouping.feasible:
+        return Schedule(((0, None),))
+    columns = [*prior.pairs, None]
+    return Schedule(tuple((sites[g.start], columns[g.pair_index]) for g in grouping.groups))
+
+
+def model_plan(device, workload: Workload, budget: float, sites: list[int] | None = None) -> Schedule:
+    """The prior plan of a simulated card from its own model, within PRIOR_BUDGET_SHARE of the
+    budget, its groups starting at switch sites (default: switch_sites)."""
+    sites = switch_sites(workload) if sites is None else sites
+    return plan_prior(
+        model_prior(device, workload), sites, device.switch_latency_s, PRIOR_BUDGET_SHARE * budget
+    )
