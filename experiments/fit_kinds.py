@@ -38,13 +38,7 @@ def rows_by_kind(path: Path) -> dict[str, list[tuple[Kernel, float, float, float
     out: dict[str, list[tuple[Kernel, float, float, float]]] = {}
     for row in rows:
         probe = parse_probe_kernel(row.cells["kernel"])
-        kernel = Kernel(
-            probe.name,
-            flops=probe.flops,
-            bytes_moved=probe.bytes_moved,
-            tensor_core=probe.tensor_core,
-            kind=probe.kind,
-        )
+        kernel = probe.kernel()
         time_s = float(row.cells["per_call_us"]) * 1e-6
         out.setdefault(probe.kind, []).append(
             (kernel, time_s, float(row.cells["avg_power_W"]), float(row.cells["temp_end"]))

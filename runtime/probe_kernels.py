@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kdvfs.runtime.types import KdvfsError
+from kdvfs.runtime.types import KdvfsError, Kernel
 
 #: The six kernels of h200-probe/kernels_stock.csv: what `kdvfs probe` runs by default.
 DEFAULT_PROBE_KERNELS = (
@@ -99,6 +99,16 @@ class ProbeKernel:
 
     def size(self, key: str) -> int:
         return dict(self.shape)[key]
+
+    def kernel(self) -> Kernel:
+        """The probe kernel as the simulator costs it: its work, kind and tensor-core use."""
+        return Kernel(
+            self.name,
+            flops=self.flops,
+            bytes_moved=self.bytes_moved,
+            tensor_core=self.tensor_core,
+            kind=self.kind,
+        )
 
     def build(self, device: str = "cuda") -> Callable[[], object]:
         """Allocate inputs on `device` and return a callable that runs one call (async)."""

@@ -13,7 +13,6 @@ from pathlib import Path
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import number, positive, read_csv, require_columns
-from kdvfs.runtime.types import Kernel
 
 #: Columns a probe table must have.
 REQUIRED = ("kernel", "per_call_us", "avg_power_W", "sm_clock_median", "temp_end")
@@ -41,13 +40,7 @@ def calibrate(device: SimulatedDevice, probe_csv: Path) -> list[CalibrationRow]:
     out = []
     for row in rows:
         probe = parse_probe_kernel(row.cells["kernel"])
-        kernel = Kernel(
-            probe.name,
-            flops=probe.flops,
-            bytes_moved=probe.bytes_moved,
-            tensor_core=probe.tensor_core,
-            kind=probe.kind,
-        )
+        kernel = probe.kernel()
         temp_c = number(probe_csv, row, "temp_end")
         op = device.point(kernel, None, temp_c)
         out.append(
