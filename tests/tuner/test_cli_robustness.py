@@ -282,6 +282,13 @@ def test_the_headline_plan_show_and_mlflow_report_one_saving(tmp_path, monkeypat
     assert run.data.params["gpu"] == plan.gpu_name and run.data.tags["source"] == "simulated"
 
 
+def test_an_absurd_noise_scale_is_refused_before_any_work():
+    # found by the hostile-argument test: --noise 4979 kept a tiny tune running past 60 s
+    for command in (TINY_TUNE, ["compare", "--seeds", "1"]):
+        code, _, err = run_cli(*command, "--noise", "4979")
+        assert code == 2 and "--noise" in err and "at most 20" in err, err
+
+
 def test_version_prints_the_package_version():
     from kdvfs import __version__
 

@@ -35,9 +35,9 @@ def add_device_workload(parser: argparse.ArgumentParser, default_device: str = "
     )
     parser.add_argument(
         "--noise",
-        type=nonnegative_float,
+        type=noise_scale,
         default=None,
-        help="measurement-noise scale (default: the device's)",
+        help=f"measurement-noise scale, 0 to {MAX_NOISE_SCALE:g} (default: the device's)",
     )
     parser.add_argument("--seed", type=nonnegative_int, default=0)
 
@@ -90,6 +90,21 @@ def nonnegative_float(text: str) -> float:
     value = _finite(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
+    return value
+
+
+MAX_NOISE_SCALE = 20.0  # x the device's own measurement noise: beyond it no measurement means anything
+
+
+def noise_scale(text: str) -> float:
+    """argparse type: a measurement-noise scale, 0 (noiseless) to MAX_NOISE_SCALE x the device's.
+    A scale in the thousands made one in-training trial never settle (found by the hostile-input
+    test: `--noise 4979` ran past its 60-s case limit)."""
+    value = nonnegative_float(text)
+    if value > MAX_NOISE_SCALE:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_NOISE_SCALE:g} (x the device's noise), got {value:g}"
+        )
     return value
 
 

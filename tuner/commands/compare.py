@@ -12,7 +12,7 @@ from kdvfs.tuner.commands._common import (
     add_json,
     check_dir_output,
     check_file_output,
-    nonnegative_float,
+    noise_scale,
     nonnegative_int,
     pct,
     positive_float,
@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-measurements-per-kernel", type=positive_int, default=None, metavar="M")
     parser.add_argument(
         "--noise",
-        type=nonnegative_float,
+        type=noise_scale,
         default=None,
-        help="measurement-noise scale (default: the device's)",
+        help="measurement-noise scale, 0 to 20 (default: the device's)",
     )
     parser.add_argument(
         "--window-s",
