@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.iteration import Schedule, schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
-from kdvfs.tuner.online import OnlineTuner, schedule_figures
+from kdvfs.tuner.online import OnlineTuner
 from kdvfs.tuner.report import tune_report
 from kdvfs.tuner.sweep import evaluate, pass_level_choice, run_sweep
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.iteration import Schedule, schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.steps import SimulatedJob
-from kdvfs.tuner.online import schedule_figures
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import StepTuner
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep

@@ -3,7 +3,9 @@
 - `Schedule`: the clock requests of one iteration (a group's first kernel and its pair);
 - `IterationRunner`: runs iterations of a workload on a ModelDevice under a schedule,
   requesting a group's clocks at its first kernel only when they differ from the last
-  request, so a switch lands switch_latency_s later, as tuner/grouping.py models it.
+  request, so a switch lands switch_latency_s later, as tuner/grouping.py models it;
+- `schedule_figures`: a schedule's noiseless (energy saving, slowdown) against stock, as the
+  card runs it (`schedule_items`: each kernel with the pair in effect when it starts).
 
 On a real GPU the training loop runs the kernels instead (torch_integration.py); why the
 switch latency shapes schedules: docs/design-runtime.md.
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kdvfs.runtime.model_device import ModelDevice
-from kdvfs.runtime.types import ClockPair, Workload
+from kdvfs.runtime.types import ClockPair, Kernel, Workload
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,35 @@ class IterationRunner:
     def forget_requests(self) -> None:
         """Someone else set the clocks (an isolated measurement): request again next time."""
         self._requested = "unset"
+
+
+def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule) -> tuple[float, float]:
+    """Noiseless (energy saving, slowdown) of a schedule run over and over, against stock, at
+    the iteration's own steady temperature: each kernel at the pair in effect when it starts
+    (a switch lands switch_latency_s after its group's first kernel starts, as on the card)."""
+    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    t, e = device.expected_iteration(schedule_items(device, workload, schedule))
+    return 1.0 - e / ref_e, t / ref_t - 1.0
+
+
+def schedule_items(
+    device: ModelDevice, workload: Workload, schedule: Schedule
+) -> list[tuple[Kernel, ClockPair | None, int]]:
+    """(kernel, pair in effect, launches) of one steady-state iteration of a schedule (see
+    schedule_figures)."""
+    requested = schedule.pair_per_kernel(len(workload))
+    starts = {s for s, _ in schedule.groups}
+    in_effect, pending, clock_s = requested[-1], None, 0.0
+    items = []
+    for _ in range(2):  # the second iteration starts in steady state
+        items = []
+        for k, kernel in enumerate(workload.kernels):
+            if pending is not None and clock_s >= pending[0]:
+                in_effect, pending = pending[1], None
+            if k in starts and requested[k] != (pending[1] if pending else in_effect):
+                pending = (clock_s + device.switch_latency_s, requested[k])
+                if device.switch_latency_s <= 0:
+                    in_effect, pending = requested[k], None
+            items.append((kernel, in_effect, kernel.launches))
+            clock_s += device.expected(kernel, in_effect)[0] * kernel.launches
+    return items

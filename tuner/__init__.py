@@ -16,7 +16,7 @@ _PUBLIC: dict[str, str] = {
     "Point": "kdvfs.tuner.online",
     "Alarm": "kdvfs.tuner.online",
     "PlanSource": "kdvfs.tuner.online",
-    "schedule_figures": "kdvfs.tuner.online",
+    "schedule_figures": "kdvfs.runtime.iteration",
     # search strategies against the sweep
     "run_search": "kdvfs.tuner.search",
     "SearchResult": "kdvfs.tuner.search",

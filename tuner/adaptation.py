@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.iteration import Schedule, schedule_figures
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.types import KdvfsError, Workload
-from kdvfs.tuner.online import OnlineTuner, Point, schedule_figures
+from kdvfs.tuner.online import OnlineTuner, Point
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.report import TuneReport
 from kdvfs.tuner.sweep import realisable, run_sweep

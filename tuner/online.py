@@ -29,11 +29,11 @@ from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.measure import THROTTLES, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
-from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, limit_moved, stream_group
 from kdvfs.tuner.grouping import Grouping, group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
-from kdvfs.tuner.plan import Plan
+from kdvfs.tuner.plan import plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.refinement import (
     ABORT_S,
@@ -903,44 +903,3 @@ class OnlineTuner:
             kernels_converged=len(self.state.converged),
             groups=len(self.state.schedule.groups),
         )
-
-
-def plan_schedule(plan: Plan) -> Schedule:
-    """A plan document's groups as the schedule an IterationRunner applies."""
-    groups, start = [], 0
-    for g in plan.groups:
-        groups.append((start, g.pair))
-        start += len(g.kernels)
-    return Schedule(tuple(groups))
-
-
-def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule) -> tuple[float, float]:
-    """Noiseless (energy saving, slowdown) of a schedule run over and over, against stock, at
-    the iteration's own steady temperature: each kernel at the pair in effect when it starts
-    (a switch lands switch_latency_s after its group's first kernel starts, as on the card)."""
-    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
-    t, e = device.expected_iteration(schedule_items(device, workload, schedule))
-    return 1.0 - e / ref_e, t / ref_t - 1.0
-
-
-def schedule_items(
-    device: ModelDevice, workload: Workload, schedule: Schedule
-) -> list[tuple[Kernel, ClockPair | None, int]]:
-    """(kernel, pair in effect, launches) of one steady-state iteration of a schedule (see
-    schedule_figures)."""
-    requested = schedule.pair_per_kernel(len(workload))
-    starts = {s for s, _ in schedule.groups}
-    in_effect, pending, clock_s = requested[-1], None, 0.0
-    items = []
-    for _ in range(2):  # the second iteration starts in steady state
-        items = []
-        for k, kernel in enumerate(workload.kernels):
-            if pending is not None and clock_s >= pending[0]:
-                in_effect, pending = pending[1], None
-            if k in starts and requested[k] != (pending[1] if pending else in_effect):
-                pending = (clock_s + device.switch_latency_s, requested[k])
-                if device.switch_latency_s <= 0:
-                    in_effect, pending = requested[k], None
-            items.append((kernel, in_effect, kernel.launches))
-            clock_s += device.expected(kernel, in_effect)[0] * kernel.launches
-    return items

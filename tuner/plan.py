@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
+from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source, Workload
 
 #: The "schema" field every plan file carries.
@@ -552,3 +553,12 @@ def _kind(value: Any) -> str:
             json.dumps(value) if not (isinstance(value, float) and not math.isfinite(value)) else str(value)
         )
     return {dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
+
+
+def plan_schedule(plan: Plan) -> Schedule:
+    """A plan document's groups as the schedule an IterationRunner applies."""
+    groups, start = [], 0
+    for g in plan.groups:
+        groups.append((start, g.pair))
+        start += len(g.kernels)
+    return Schedule(tuple(groups))

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.iteration import Schedule, schedule_figures, schedule_items
 from kdvfs.runtime.registry import open_device
 from kdvfs.runtime.types import Workload
 from kdvfs.tuner.commands._common import pct, slowdown_text
-from kdvfs.tuner.online import OnlineTuner, schedule_figures, schedule_items
+from kdvfs.tuner.online import OnlineTuner
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
 

@@ -114,7 +114,7 @@ class Realisable:
 def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisable:
     """Group the swept kernels so that clock switches pay for themselves (grouping.py), then
     evaluate the schedule as the card runs it (all stock when no grouping fits the budget)."""
-    from kdvfs.tuner.online import schedule_figures  # online.py imports this module (through search.py)
+    from kdvfs.runtime.iteration import schedule_figures
 
     time_m, energy_m = obs.plannable()
     t = np.column_stack([time_m, obs.ref_time_s])

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
@@ -11,7 +12,7 @@ from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.adaptation import SavingTrace, Session, run_scenario, settle, store_plan
 from kdvfs.tuner.cli import main
 from kdvfs.tuner.drift import group_stream
-from kdvfs.tuner.online import OnlineTuner, schedule_figures
+from kdvfs.tuner.online import OnlineTuner
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.plan_store import PlanStore
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from kdvfs.runtime.iteration import IterationRunner, Schedule
+from kdvfs.runtime.iteration import IterationRunner, Schedule, schedule_figures
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
-from kdvfs.tuner.online import BudgetAccount, OnlineTuner, schedule_figures
+from kdvfs.tuner.online import BudgetAccount, OnlineTuner
 from kdvfs.tuner.sweep import evaluate
 
 SIX = Workload("six", gpt3_xl_layer().kernels[8:14])  # residual+ln2, fc, gelu, fcproj, residual, fcproj dinp

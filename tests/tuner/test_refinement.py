@@ -2,12 +2,12 @@
 
 import pytest
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.iteration import Schedule, schedule_figures
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.adaptation import settle
-from kdvfs.tuner.online import OnlineTuner, schedule_figures
+from kdvfs.tuner.online import OnlineTuner
 from kdvfs.tuner.refinement import ENERGY_MARGIN, REFINEMENT_FLOOR, RefinementSearch, Trial
 
 LEVELS = list(range(1000, 2001, 50))

@@ -91,9 +91,8 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     import numpy as np
 
     from kdvfs.runtime.device import RunnableDevice
-    from kdvfs.runtime.iteration import Schedule
+    from kdvfs.runtime.iteration import Schedule, schedule_figures
     from kdvfs.runtime.registry import open_device, open_workload
-    from kdvfs.tuner.online import schedule_figures
     from kdvfs.tuner.plan import check_compatible
 
     device = open_device(args.device, seed=0, full_grid=args.full_grid)
