@@ -2,8 +2,9 @@
 and prints JSON (every figure labelled simulated, replayed or measured on a real GPU).
 
 - `compare_strategies`: search strategies against the full sweep;
-- `online_tuning`: the online tuner against the full sweep and the pass-level plan;
-- `drift_scenarios`: the tuner through drift scenarios, and plan reuse on restart;
+- `step_tuning`: the step-driven tuner's cold starts against the realisable oracle, and the
+  dry-run null test;
+- `step_drift`: the step-driven tuner through drift scenarios, timed in seconds of training;
 - `cusum_delay`: detection delay of the drift watch (synthetic, no device);
 - `h200_inputs`: the drift watch's inputs on a real GPU (read-only);
 - `h200_validation`: the PyTorch integration on a real GPU (dry-run: no clock change);
@@ -12,7 +13,7 @@ and prints JSON (every figure labelled simulated, replayed or measured on a real
 - `fit_kinds`: the simulator's per-kind constants fitted to a size ladder (prints JSON);
 - `peers_figure`: rows of `kdvfs compare --peers` in one figure (docs/peers.png, MLflow).
 
-The modules are public by name (`kdvfs.experiments.online_tuning`, loaded on first use), each
+The modules are public by name (`kdvfs.experiments.step_tuning`, loaded on first use), each
 with its `main()`. Their findings: docs/benchmarks.md and docs/gpu-validation.md.
 """
 
@@ -25,13 +26,14 @@ __all__ = [
     "agent_bench",
     "compare_strategies",
     "cusum_delay",
-    "drift_scenarios",
     "fit_kinds",
     "h200_inputs",
     "h200_validation",
-    "online_tuning",
+    "op_replay_check",
     "peers_figure",
     "record_step_trace",
+    "step_drift",
+    "step_tuning",
 ]
 
 

@@ -3,7 +3,7 @@
 One stream of Gaussian residuals (sd 1%) learns its baseline over 200 windows, then shifts
 by `shift` s.d.; the windows until drift.DriftMonitor reports it are counted, per seed. With
 confirm=N an alarm counts only when the stream alarms again within its next N windows
-(tuner/online.py uses CONFIRM_WINDOWS). Also counted: bursts of `burst` wild windows (+4%,
+(tuner/step_tuner.py uses WATCH_CONFIRM_WINDOWS). Also counted: bursts of `burst` wild windows (+4%,
 a kernel run at the wrong pair) on a stable stream, reported or not.
 
     python -m kdvfs.experiments.cusum_delay [--seeds 200]
@@ -19,7 +19,7 @@ import json
 import numpy as np
 
 from kdvfs.tuner.drift import DriftMonitor
-from kdvfs.tuner.online import CONFIRM_WINDOWS
+from kdvfs.tuner.step_tuner import WATCH_CONFIRM_WINDOWS
 
 SD = 0.01
 """S.d. of a window's residual, relative (1 %)."""
@@ -62,7 +62,7 @@ def main() -> None:
         "delay_windows": {},
         "burst_reported": {},
     }
-    for confirm in (0, CONFIRM_WINDOWS):
+    for confirm in (0, WATCH_CONFIRM_WINDOWS):
         for shift_sd in (1.5, 2.0, 3.0, 5.0):
             delays = [delay(shift_sd, confirm, s) for s in seeds]
             found = [d for d in delays if d is not None]

@@ -4,7 +4,8 @@ The public names a user needs, importable from `kdvfs` itself (loaded on first u
 `import kdvfs` and `kdvfs --help` stay quick):
 
 - training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`;
-- the tuner: `OnlineTuner`, and `Tracker` for MLflow;
+- the tuner: `StepTuner` (fed each training step, it answers with the clocks), `TuneSession`
+  (it on a simulated or replayed job), and `Tracker` for MLflow;
 - devices: `SimulatedDevice`, `ReplayDevice`, `NvmlDevice`, `open_device`, `open_workload`;
 - strategies: `make_policy`, `POLICIES`;
 - plans: `Plan`, `load_plan`, `save_plan`, `PlanStore`;
@@ -25,7 +26,8 @@ _PUBLIC: dict[str, str] = {
     "KdvfsTrainer": "kdvfs.runtime.torch_integration",
     "lightning_callback": "kdvfs.runtime.torch_integration",
     "hf_callback": "kdvfs.runtime.torch_integration",
-    "OnlineTuner": "kdvfs.tuner.online",
+    "StepTuner": "kdvfs.tuner.step_tuner",
+    "TuneSession": "kdvfs.tuner.session",
     "Tracker": "kdvfs.tuner.tracking",
     "SimulatedDevice": "kdvfs.runtime.simulator",
     "ReplayDevice": "kdvfs.runtime.replay",

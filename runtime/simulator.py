@@ -239,27 +239,40 @@ class SimulatedDevice(ModelDevice):
     def expected_iteration(
         self, items: Sequence[tuple[Kernel, ClockPair | None, float]]
     ) -> tuple[float, float]:
-        """At the iteration's own steady temperature T = ambient + R_th x mean power(T). The
-        gap ambient + R_th x P(T) - T falls as T rises (leakage adds far less than a degree per
-        degree; above the thermal limit the cap pulls power down), so its root is unique and
-        bisection finds it, where plain iteration oscillates at the thermal limit."""
+        """Noiseless time and energy of the items run over and over, at their own steady
+        temperature (steady_temperature_c)."""
+        return self._figures(items, self.steady_temperature_c(items))
+
+    def steady_temperature_c(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> float:
+        """The steady temperature T = ambient + R_th x mean power(T) of the items run over and
+        over. The gap ambient + R_th x P(T) - T falls as T rises (leakage adds far less than a
+        degree per degree; above the thermal limit the cap pulls power down), so its root is
+        unique and bisection finds it, where plain iteration oscillates at the thermal limit."""
         for pair in {pair for _, pair, _ in items} - {None}:
             self.grid.index(pair)
-
-        def figures(temp_c: float) -> tuple[float, float]:
-            points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
-            return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
-
         lo = self.ambient_c
         hi = self.ambient_c + self.preset.r_th_c_per_w * self.power_cap_w * 1.5
         for _ in range(THERMAL_BISECTION_STEPS):
             mid = 0.5 * (lo + hi)
-            time_s, energy_j = figures(mid)
+            time_s, energy_j = self._figures(items, mid)
             if self.ambient_c + self.preset.r_th_c_per_w * energy_j / time_s > mid:
                 lo = mid
             else:
                 hi = mid
-        return figures(0.5 * (lo + hi))
+        return 0.5 * (lo + hi)
+
+    def expected_at(self, kernel: Kernel, pair: ClockPair | None, temp_c: float) -> tuple[float, float]:
+        """Noiseless time and energy of one launch at a given temperature, C."""
+        if pair is not None:
+            self.grid.index(pair)
+        op = self.point(kernel, pair, temp_c)
+        return op.time_s, op.energy_j
+
+    def _figures(
+        self, items: Sequence[tuple[Kernel, ClockPair | None, float]], temp_c: float
+    ) -> tuple[float, float]:
+        points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
+        return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
 
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         op = self.point(kernel, pair, self._temp_c)

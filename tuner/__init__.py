@@ -10,12 +10,14 @@ from __future__ import annotations
 from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
-    # the online session
-    "OnlineTuner": "kdvfs.tuner.online",
-    "TuneState": "kdvfs.tuner.online",
-    "Point": "kdvfs.tuner.online",
-    "Alarm": "kdvfs.tuner.online",
-    "PlanSource": "kdvfs.tuner.online",
+    # the step-driven tuner and a tuning run on a simulated job
+    "StepTuner": "kdvfs.tuner.step_tuner",
+    "Adoption": "kdvfs.tuner.step_tuner",
+    "Alarm": "kdvfs.tuner.step_tuner",
+    "TuneSession": "kdvfs.tuner.session",
+    "Point": "kdvfs.tuner.session",
+    "Prior": "kdvfs.tuner.session",
+    "choose_prior": "kdvfs.tuner.session",
     "schedule_figures": "kdvfs.runtime.iteration",
     # search strategies against the sweep
     "run_search": "kdvfs.tuner.search",
@@ -32,13 +34,11 @@ _PUBLIC: dict[str, str] = {
     "solve_budget": "kdvfs.tuner.solver",
     "group_kernels": "kdvfs.tuner.grouping",
     "Grouping": "kdvfs.tuner.grouping",
-    # drift and refinement
+    # drift
     "DriftMonitor": "kdvfs.tuner.drift",
     "ConditionWatch": "kdvfs.tuner.drift",
     "CusumDetector": "kdvfs.tuner.drift",
-    "RefinementSearch": "kdvfs.tuner.refinement",
-    "RefinementResult": "kdvfs.tuner.refinement",
-    "run_scenario": "kdvfs.tuner.adaptation",
+    "run_scenario": "kdvfs.tuner.scenarios",
     # MLflow
     "Tracker": "kdvfs.tuner.tracking",
     "RunHandle": "kdvfs.tuner.tracking",

@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "full sweep of every clock pair of every kernel: the baseline plan and its cost",
     "calibrate": "simulated card in auto mode against a probe of a real card",
     "compare": "search strategies against the full sweep",
-    "tune": "tune clocks online during a (simulated) training run",
+    "tune": "tune clocks inside a (simulated) training run: the step-driven tuner",
     "demo": "run the main job on the simulated GPU (what `make demo` runs)",
     "plan": "show, diff or validate a plan file",
     "doctor": "what this machine's GPUs allow (read-only)",

@@ -4,7 +4,7 @@ Every peer runs on a fresh, identically seeded simulated card with the same work
 number of training steps and the same budget, and is scored the same way: energy saving and
 slowdown against stock over the whole run, its tuning (exploration) included, from the card's
 true energy and clock (run_peers). The peers:
-- `kdvfs`: the online tuner (tuner/online.py) with its default strategy (run_kdvfs);
+- `kdvfs`: the step-driven tuner (tuner/session.py) with its default strategy, no prior (run_kdvfs);
 - `zeus-power-limit`: Zeus's GlobalPowerLimitOptimizer, unchanged, driven through its step
   hooks on the simulated card through runtime/sim_pynvml.py (run_zeus; needs the `peers` extra);
 - `envpipe-sm-stepdown`: EnvPipe's online SM-clock step-down (run_envpipe);
@@ -44,9 +44,8 @@ HOLD_CHUNK_S = 600.0
 ZEUS_WARMUP_STEPS, ZEUS_PROFILE_STEPS, ZEUS_PL_STEP_W, ZEUS_WAIT_STEPS = 10, 40, 25, 1
 #: EnvPipe: iterations profiled per SM clock, and the shortest profiled window (100 energy-counter periods); s.
 ENVPIPE_STEP_ITERATIONS, ENVPIPE_MIN_WINDOW_S = 20, 10.0
-#: Iterations the online tuner runs past its convergence before the rest is fast-forwarded
-#: under its schedule (its refinement trial and judge windows run in them); iterations as a
-#: share of the run.
+#: Training the step-driven tuner runs past settling before the rest is fast-forwarded under
+#: its schedule (its drift watch learns in it); a share of the run.
 KDVFS_TAIL_SHARE = 0.05
 
 
@@ -128,31 +127,29 @@ def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
 
 # --- the peers -------------------------------------------------------------------------------
 def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
-    """The online tuner until it has converged (and a tail past it), then its schedule held."""
-    from kdvfs.tuner.online import OnlineTuner
+    """The step-driven tuner (tuner/session.py) from no prior, as the peers start from none,
+    until it has settled and a tail past it; then its schedule held."""
+    from kdvfs.tuner.session import TuneSession
 
-    tuner = OnlineTuner(loop.device, loop.workload, budget=budget, seed=seed, drift_watch=False)
-    tail = max(1, int(KDVFS_TAIL_SHARE * steps))
-    target = 0
-    while tuner.account.iterations < steps:
-        target = min(steps, max(target, tuner.account.iterations) + tail)
-        tuner.run(target)
-        converged = tuner.state.converged_at_iteration
-        if (
-            converged is not None
-            and tuner.account.iterations >= converged + tail
-            and not tuner.refinement_running
-        ):
+    session = TuneSession(loop.device, loop.workload, budget=budget, seed=seed)
+    stock_s = loop.device.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0]
+    tail_s = KDVFS_TAIL_SHARE * steps * stock_s
+    while session.job.steps < steps:
+        session.run_until(session.seconds + tail_s)
+        settled_s = session.converged_after_s
+        if settled_s is not None and session.seconds >= settled_s + tail_s:
             break
-    ran = tuner.account.iterations
+    ran = session.job.steps
     loop.steps = ran
     loop.forget()
-    _hold(loop, tuner.state.schedule, steps - ran)
+    _hold(loop, session.tuner.incumbent, steps - ran)
     return {
-        "strategy": tuner.strategy,
-        "converged_at_step": tuner.state.converged_at_iteration,
-        "measurements": tuner.state.obs.measurements,
-        "groups": len(tuner.state.schedule.groups),
+        "strategy": session.strategy,
+        "converged_at_step": next(
+            (p.step for p in session.points if settled_s is not None and p.end_s >= settled_s), None
+        ),
+        "measurements": session.tuner.trials,
+        "groups": len(session.tuner.incumbent.groups),
     }
 
 
@@ -325,7 +322,7 @@ def run_paper_sweep(loop: Loop, steps: int, budget: float, seed: int) -> dict[st
 
 
 RUNNERS: dict[str, tuple[Callable[[Loop, int, float, int], dict[str, Any]], str]] = {
-    "kdvfs": (run_kdvfs, "kdvfs online tuner (tuner/online.py), default strategy"),
+    "kdvfs": (run_kdvfs, "kdvfs step-driven tuner (tuner/step_tuner.py), default strategy, no prior"),
     "zeus-power-limit": (
         run_zeus,
         "Zeus 0.16 GlobalPowerLimitOptimizer + MaxSlowdownConstraint (pip zeus, ml.energy), unchanged",

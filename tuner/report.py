@@ -1,12 +1,17 @@
-"""The end of a tuning session: its figures, its plan document, its table and plots.
+"""The end of a tuning run (tuner/session.py): its figures, its plan document, its text and plots.
 
-Figures of the plans are the device's noiseless evaluation (simulated or replayed); figures
-of the run are the tuner's own measurements (launch timings and the energy counter).
+- `tune_report(session, oracle, strategy)`: the figures as a JSON-ready document (`doc`);
+- `TuneReport.plan`: the running schedule as a plan document; `headline` and `print`: what a
+  person reads; `figures`: the convergence plot logged to MLflow.
+
+Figures of schedules (the running plan, the prior, the oracle) are the device's noiseless
+evaluation as the card runs them (runtime/iteration.py: schedule_figures, switches
+included); figures of the run are the tuner's own measurements (step times and the energy
+counter). Every one is of a simulated or replayed card: the caller labels them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,17 +19,19 @@ import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.iteration import Schedule, schedule_figures, schedule_items
-from kdvfs.runtime.registry import open_device
 from kdvfs.runtime.types import Workload
 from kdvfs.tuner.commands._common import pct, slowdown_text
-from kdvfs.tuner.online import OnlineTuner
 from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
+from kdvfs.tuner.session import Oracle, TuneSession
+
+#: Share of the realisable oracle's saving a run's plan must reach to count as there; a fraction.
+ORACLE_SHARE = 0.95
 
 
 @dataclass
 class TuneReport:
-    tuner: OnlineTuner
+    session: TuneSession
+    oracle: Oracle | None
     doc: dict[str, Any]
 
     def plan(self, strategy: str) -> Plan:
@@ -32,28 +39,25 @@ class TuneReport:
         noiseless evaluation of the schedule as the card runs it (schedule_figures, switches
         included): the figure `plan show` and `plan validate` print and MLflow's
         final_energy_saving holds."""
-        t = self.tuner
-        st = t.state
-        n = len(t.workload)
-        ends = [s for s, _ in st.schedule.groups[1:]] + [n]
-        group_t, group_e, ref_t, ref_e = schedule_group_figures(t.device, t.workload, st.schedule)
+        s = self.session
+        schedule = s.tuner.incumbent
+        ends = [start for start, _ in schedule.groups[1:]] + [len(s.workload)]
+        group_t, group_e, ref_t, ref_e = schedule_group_figures(s.device, s.workload, schedule)
         spans = [
             (start, end, pair, gt, ge)
-            for ((start, pair), end), gt, ge in zip(zip(st.schedule.groups, ends), group_t, group_e)
+            for ((start, pair), end), gt, ge in zip(zip(schedule.groups, ends), group_t, group_e)
         ]
-        ideal = list(st.obs.kernel_level_choice(t.budget).values())
         return Plan.from_groups(
-            gpu_name=t.device.name,
-            grid=t.device.grid,
-            workload=t.workload,
-            budget=t.budget,
+            gpu_name=s.device.name,
+            grid=s.device.grid,
+            workload=s.workload,
+            budget=s.budget,
             groups=spans,
             reference_time_s=ref_t,
             reference_energy_j=ref_e,
-            source=t.device.source,
+            source=s.device.source,
             strategy=strategy,
-            measurements=st.obs.measurements,
-            per_kernel=None if any(p is None for p in ideal) else ideal,
+            measurements=self.doc["trials"],
         )
 
     def headline(self) -> str:
@@ -62,143 +66,89 @@ class TuneReport:
         run = d["run"]
         state = (
             "the plan it converged to"
-            if d["converged_at_iteration"] is not None
+            if d["converged_after_s"] is not None
             else "the plan it has so far (not converged yet)"
         )
         ended = " (interrupted)" if d.get("partial") else ""
         return (
             f"This run {_saved(run['energy_saving'])} at {_at(run['slowdown'])} over "
-            f"{d['iterations']} iterations{ended}; {state} {_saves(d['energy_saving'])} from now on, "
+            f"{d['seconds']:.0f} s of training{ended}; {state} {_saves(d['energy_saving'])} from now on, "
             f"at {_at(d['slowdown'])}."
         )
 
     def print(self, label: str) -> None:
-        d = self.doc
-        t = self.tuner
+        d, s = self.doc, self.session
         print(self.headline())
         print(
-            f"  tuned {t.workload.name} on {t.device.name}: {d['iterations']} iterations, "
-            f"{d['measurements']} measurements [{label}]"
+            f"  tuned {s.workload.name} on {s.device.name}: {d['seconds']:.0f} s of training, {d['steps']} steps, "
+            f"{d['trials']} trials, {len(d['adoptions'])} adopted"
+            + (" (dry run: no clock applied)" if d["dry_run"] else "")
+            + f" [{label}]"
         )
-        conv = d["converged_at_iteration"]
+        conv = d["converged_after_s"]
+        print("  converged: " + (f"after {conv:.0f} s of training" if conv is not None else "not yet"))
         print(
-            "  converged: "
-            + (
-                f"after {conv} iterations ({d['converged_at_seconds']:.0f} s of training)"
-                if conv is not None
-                else "not yet"
-            )
+            f"  phases: {' -> '.join(d['phases'])}; prior: {d['prior']['source']}"
+            + (f" ({d['prior']['note']})" if d["prior"]["note"] else "")
         )
         print(
-            f"  this run (measured by the tuner): energy saving {_pct(d['run']['energy_saving'])}, "
+            f"  this run (measured by the tuner): energy saving {pct(d['run']['energy_saving'])}, "
             f"{slowdown_text(d['run']['slowdown'])}; largest cumulative slowdown "
-            f"{_pct(d['max_cumulative_slowdown'])}"
+            f"{pct(d['max_cumulative_slowdown'])}"
         )
-        groups = d["grouped"]["groups"]
+        groups = d["running"]["groups"]
         print(
             f"  the plan from now on ({groups} group{'s' if groups != 1 else ''}, switch latency "
-            f"{t.device.switch_latency_s * 1e3:g} ms): energy saving {_pct(d['energy_saving'])}, "
+            f"{s.device.switch_latency_s * 1e3:g} ms): energy saving {pct(d['energy_saving'])}, "
             f"{slowdown_text(d['slowdown'])} [{label}, noiseless]"
         )
-        print(
-            f"  ideal per-kernel plan (switch cost ignored): energy saving "
-            f"{_pct(d['ideal_per_kernel']['energy_saving'])}, "
-            f"{slowdown_text(d['ideal_per_kernel']['slowdown'])} [{label}, noiseless]"
-        )
-        for r in d["refinements"]:
-            what = (
-                "grouped schedule beaten in training by one pair"
-                if r["from"] == "grouped"
-                else f"one pair {r['from']} refined in training"
-            )
-            trials = f"{r['trials']} trial" + ("s" if r["trials"] != 1 else "")
+        if d["realisable_oracle"] is not None:
+            r, ideal = d["realisable_oracle"], d["ideal_per_kernel"]
+            share = d["share_of_oracle"]
             print(
-                f"  {what}: {r['to']} MHz after {r['iteration']} iterations, {trials}, measured "
-                f"{slowdown_text(r['slowdown'])} [{label}]"
+                f"  realisable oracle (the best schedule this card can run within the budget, "
+                f"{r['groups']} group{'s' if r['groups'] != 1 else ''}): energy saving {pct(r['energy_saving'])}, "
+                f"{slowdown_text(r['slowdown'])}; the plan reaches "
+                + ("-" if share is None else f"{100 * share:.0f}%")
+                + f" of it [{label}, noiseless]"
             )
-        if "sweep" in d:
-            s = d["sweep"]
             print(
-                f"  full sweep (ideal per-kernel, for comparison): energy saving {_pct(s['energy_saving'])}; "
-                f"it took {s['measurements']} measurements, {s['explore_seconds']:.0f} s of pure measurement [{label}]"
+                f"  ideal per-kernel plan (switch cost ignored): energy saving {pct(ideal['energy_saving'])}, "
+                f"{slowdown_text(ideal['slowdown'])} [{label}, noiseless]"
             )
-            r = s["realisable"]
+        for a in d["drift_alarms"]:
             print(
-                f"  realisable oracle (the sweep's best plan with switches, {r['groups']} "
-                f"group{'s' if r['groups'] != 1 else ''}): energy saving {_pct(r['energy_saving'])}, "
-                f"{slowdown_text(r['slowdown'])} [{label}, noiseless]"
+                f"  drift after {a['end_s']:.0f} s: {', '.join(a['reasons'])}"
+                + (" (plan kept while the card warmed)" if a["held"] else "; re-tuned")
             )
         print(f"  {'#':>3s} {'kernels':>7s}  {'first .. last':36s} {'core/mem MHz':>13s}")
-        n = len(t.workload)
-        ends = [s for s, _ in t.state.schedule.groups[1:]] + [n]
-        for i, ((start, pair), end) in enumerate(zip(t.state.schedule.groups, ends)):
-            names = [k.name for k in t.workload.kernels[start:end]]
+        schedule = s.tuner.incumbent
+        ends = [start for start, _ in schedule.groups[1:]] + [len(s.workload)]
+        for i, ((start, pair), end) in enumerate(zip(schedule.groups, ends)):
+            names = [k.name for k in s.workload.kernels[start:end]]
             span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
             clocks = "stock" if pair is None else f"{pair.core_mhz}/{pair.mem_mhz}"
             print(f"  {i:3d} {len(names):7d}  {span[:36]:36s} {clocks:>13s}")
 
-    def add_sweep(
-        self,
-        device_spec: str,
-        *,
-        seed: int,
-        full_grid: bool,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
-        """Run the full sweep on a fresh device of `device_spec` for comparison: its ideal
-        per-kernel saving and its realisable oracle go to doc["sweep"]."""
-        device = open_device(device_spec, seed=seed, full_grid=full_grid)
-        obs = run_sweep(device, self.tuner.workload, progress=progress)
-        budget = self.tuner.budget
-        best = realisable(device, obs, budget)
-        self.doc["sweep"] = {
-            "energy_saving": evaluate(
-                device, self.tuner.workload, obs.kernel_level_choice(budget)
-            ).energy_saving,
-            "measurements": obs.measurements,
-            "explore_seconds": obs.cost_s,
-            "realisable": {
-                "energy_saving": best.energy_saving,
-                "slowdown": best.slowdown,
-                "groups": best.groups,
-            },
-        }
-
     def figures(self):
-        """(artifact name, figure): convergence of the run, and time-energy points per kernel."""
+        """(artifact name, figure): the run's saving and slowdown so far, training second by second."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        pts = self.tuner.state.points
-        it = [p.iteration for p in pts]
+        pts = self.session.points
+        t = [p.end_s for p in pts]
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(it, [100 * p.energy_saving for p in pts], label="energy saving so far (%)")
-        ax.plot(it, [100 * p.slowdown for p in pts], label="cumulative slowdown (%)")
-        ax.axhline(100 * self.tuner.budget, color="k", ls=":", lw=1, label="budget")
-        ax.set_xlabel("training iterations")
+        ax.plot(t, [100 * p.energy_saving for p in pts], label="energy saving so far (%)")
+        ax.plot(t, [100 * p.slowdown for p in pts], label="cumulative slowdown (%)")
+        ax.axhline(100 * self.session.budget, color="k", ls=":", lw=1, label="budget")
+        for a in self.doc["adoptions"]:
+            ax.axvline(a["end_s"], color="g", lw=0.5)
+        ax.set_xlabel("training seconds (green: a candidate adopted)")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        obs = self.tuner.state.obs
-        time_m, energy_m = obs.plannable()
-        fig2, ax2 = plt.subplots(figsize=(7, 5))
-        for k in np.argsort(-obs.ref_time_s)[:8]:
-            measured = ~np.isnan(time_m[k])
-            if measured.any() and not np.isnan(obs.stock_energy_j[k]):
-                ax2.scatter(
-                    time_m[k, measured] / obs.ref_time_s[k],
-                    energy_m[k, measured] / obs.stock_energy_j[k],
-                    s=12,
-                    label=self.tuner.workload.kernels[k].name,
-                )
-        ax2.axvline(1 + self.tuner.budget, color="k", ls=":", lw=1)
-        ax2.set_xlabel("time / stock")
-        ax2.set_ylabel("energy / stock")
-        if ax2.get_legend_handles_labels()[0]:  # no kernel measured yet: no legend (and no warning)
-            ax2.legend(fontsize=7)
-        fig2.tight_layout()
-        return [("plots/convergence.png", fig), ("plots/time_energy_points.png", fig2)]
+        return [("plots/convergence.png", fig)]
 
 
 def schedule_group_figures(
@@ -219,46 +169,83 @@ def schedule_group_figures(
     return group_t, group_e, float(ref_t), float(ref_e)
 
 
-def tune_report(tuner: OnlineTuner, budget: float) -> TuneReport:
-    """The figures of a tuning run (add_sweep adds the full sweep's for comparison)."""
-    st = tuner.state
-    ideal = evaluate(tuner.device, tuner.workload, st.obs.kernel_level_choice(budget))
-    g_saving, g_slowdown = schedule_figures(tuner.device, tuner.workload, st.schedule)
-    last = st.points[-1] if st.points else tuner._point()
+def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> TuneReport:
+    """The figures of a tuning run (oracle: from tuner/session.py's oracle, None to leave out)."""
+    s, t = session, session.tuner
+    device, workload = s.device, s.workload
+
+    def figures(schedule: Schedule) -> tuple[float, float]:
+        return schedule_figures(device, workload, schedule)
+
+    saving, slowdown = figures(t.incumbent)
+    last = s.points[-1] if s.points else s.point()
+    reached = None
+    if oracle is not None:
+        for a in t.adoptions:
+            good = figures(a.schedule)[0] >= ORACLE_SHARE * oracle.energy_saving
+            reached = (reached if reached is not None else a.end_s) if good else None
+    prior = s.prior
+    prior_figures = figures(prior.schedule) if prior.schedule is not None else (0.0, 0.0)
     doc: dict[str, Any] = {
-        "device": tuner.device.name,
-        "workload": tuner.workload.name,
-        "signature": tuner.workload.signature,
-        "strategy": tuner.strategy,
-        "budget": budget,
-        "source": tuner.device.source,
-        "energy_saving": g_saving,
-        "slowdown": g_slowdown,
-        "measurements": st.obs.measurements,
-        "iterations": tuner.account.iterations,
-        "ideal_per_kernel": {"energy_saving": ideal.energy_saving, "slowdown": ideal.slowdown},
-        "grouped": {"energy_saving": g_saving, "slowdown": g_slowdown, "groups": len(st.schedule.groups)},
-        "max_cumulative_slowdown": max((p.slowdown for p in st.points), default=0.0),
-        "run": {
-            "energy_saving": last.energy_saving,
-            "slowdown": last.slowdown,
-            "device_seconds": last.device_s,
+        "device": device.name,
+        "workload": workload.name,
+        "signature": workload.signature,
+        "strategy": strategy,
+        "budget": s.budget,
+        "source": device.source,
+        "dry_run": s.dry_run,
+        "seconds": s.seconds,
+        "steps": t.account.steps,
+        "energy_saving": saving,
+        "slowdown": slowdown,
+        "running": {"energy_saving": saving, "slowdown": slowdown, "groups": len(t.incumbent.groups)},
+        "run": {"energy_saving": _finite(last.energy_saving), "slowdown": _finite(last.slowdown)},
+        "max_cumulative_slowdown": max(
+            (p.slowdown for p in s.points if np.isfinite(p.slowdown)), default=0.0
+        ),
+        "tuner_claimed_saving": t.running_saving(),
+        "converged_after_s": s.converged_after_s,
+        "reached_95pct_oracle_after_s": reached,
+        "realisable_oracle": None
+        if oracle is None
+        else {
+            "energy_saving": oracle.energy_saving,
+            "slowdown": oracle.slowdown,
+            "groups": len(oracle.schedule.groups),
         },
-        "converged_at_iteration": st.converged_at_iteration,
-        "converged_at_seconds": (st.converged_at_iteration or 0) * tuner.reference.iteration_time_s,
-        "kernels_converged": len(st.converged),
-        "refinements": [
+        "ideal_per_kernel": None
+        if oracle is None
+        else {"energy_saving": oracle.ideal_energy_saving, "slowdown": oracle.ideal_slowdown},
+        "share_of_oracle": None
+        if oracle is None or oracle.energy_saving <= 0
+        else saving / oracle.energy_saving,
+        "prior": {
+            "source": prior.source,
+            "note": prior.note,
+            "energy_saving": prior_figures[0],
+            "slowdown": prior_figures[1],
+            "groups": 0 if prior.schedule is None else len(prior.schedule.groups),
+        },
+        "phases": list(t.phases),
+        "trials": t.trials,
+        "adoptions": [
             {
-                "iteration": r.iteration,
-                "from": "grouped" if r.from_pair is None else f"{r.from_pair.core_mhz}/{r.from_pair.mem_mhz}",
-                "to": f"{r.to_pair.core_mhz}/{r.to_pair.mem_mhz}",
-                "trials": r.trials,
-                "slowdown": r.slowdown,
+                "end_s": a.end_s,
+                "groups": len(a.schedule.groups),
+                "measured_saving": a.saving,
+                "measured_saving_se": a.saving_se,
+                "measured_slowdown": a.slowdown,
             }
-            for r in st.refinements
+            for a in t.adoptions
         ],
+        "drift_alarms": [{"end_s": a.end_s, "reasons": list(a.reasons), "held": a.held} for a in t.alarms],
+        "clock_requests": len(s.job.requests),
     }
-    return TuneReport(tuner, doc)
+    return TuneReport(session, oracle, doc)
+
+
+def _finite(x: float) -> float:
+    return float(x) if np.isfinite(x) else 0.0
 
 
 def _at(slowdown: float) -> str:
@@ -281,7 +268,3 @@ def _saves(x: float) -> str:
         if x > -5e-5
         else f"uses {-100 * x:.2f}% more energy than stock"
     )
-
-
-def _pct(x: float) -> str:
-    return pct(x)

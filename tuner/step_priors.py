@@ -57,14 +57,23 @@ class Prior:
 
 def model_prior(device, workload: Workload) -> Prior:
     """The simulated (or replayed) card's own noiseless per-kernel model, one evaluation per
-    distinct kernel."""
+    distinct kernel; on a card with a thermal model, at the temperature the stock step runs
+    at (leakage moves a kernel's energy by up to 15% between that and a generic temperature,
+    enough to change the plan)."""
     pairs = tuple(device.grid.pairs)
     columns = [*pairs, None]
+    expected = device.expected
+    if hasattr(device, "steady_temperature_c"):
+        temp_c = device.steady_temperature_c([(k, None, k.launches) for k in workload.kernels])
+
+        def expected(kernel, pair):
+            return device.expected_at(kernel, pair, temp_c)
+
     cache: dict = {}
     rows_t, rows_e = [], []
     for k in workload.kernels:
         if k not in cache:
-            figures = [device.expected(k, p) for p in columns]
+            figures = [expected(k, p) for p in columns]
             cache[k] = (np.array([f[0] for f in figures]), np.array([f[1] for f in figures]))
         t, e = cache[k]
         rows_t.append(t * k.launches)

@@ -65,7 +65,7 @@ DEFAULT_STRATEGY = "botorch"
 POLICY_TOL = 1e-4
 #: Length of one drift-watch window once Settled; s.
 WATCH_WINDOW_S = 1.0
-#: Watch windows within which an alarm must recur to be acted on (online.py's CONFIRM_WINDOWS
+#: Watch windows within which an alarm must recur to be acted on (the retired online tuner's
 #: counts chunks of iterations; here a window is a second); windows.
 WATCH_CONFIRM_WINDOWS = 5
 #: Watch windows a stream learns its baseline over before it may alarm; windows.
@@ -425,6 +425,7 @@ class StepTuner:
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
         self.time_sd_per_root_s = 0.005  # relative s.d. of a step time mean over 1 s (measured)
         self.adoptions: list[Adoption] = []
+        self.trials = 0  # trials started, verifications included
         self.phase: Phase = Reference(self.incumbent)
         self.phases: list[str] = ["Reference"]
         self.group_times_s: list[float] = []  # each group's stock time per step, s
@@ -560,6 +561,7 @@ class StepTuner:
                 return self.incumbent
             ex.trial = Trial(self.incumbent, candidate, TRIAL_BLOCKS, TRIAL_WINDOW_S, self.settle_s)
             ex.trials += 1
+            self.trials += 1
         if ex.trial.current is None:
             ex.trial.open(self._now_s)
         return ex.trial.schedule()
@@ -611,6 +613,7 @@ class StepTuner:
 
     def _verify(self, group: int | None, candidate: Schedule) -> Schedule:
         trial = Trial(self.incumbent, candidate, VERIFY_BLOCKS, VERIFY_WINDOW_S, self.settle_s)
+        self.trials += 1
         self._enter(Verifying(group, trial))
         return self._verifying(self.phase, None)
 

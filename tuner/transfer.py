@@ -2,7 +2,7 @@
 
 carry_schedule maps each pair of the other card's schedule to the nearest pair of this card
 at the same relative position (memory and core clock as shares of each card's top ones);
-stock stays stock. OnlineTuner runs the result after its reference, noted and on trial
+stock stays stock. The step-driven tuner verifies the result after its reference, noted and on trial
 (plan_source "transferred"), and drops or refines it there.
 
 Design and findings: docs/design-tuner.md#transfer-another-gpus-plan-carried-to-this-card

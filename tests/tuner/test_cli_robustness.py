@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
-import kdvfs.tuner.online
-import kdvfs.tuner.report
+import kdvfs.tuner.session
+import kdvfs.tuner.step_tuner
 from kdvfs.tuner.cli import main
 from kdvfs.tuner.plan import load_plan
 
 #: Wall-clock limit of one CLI case in these tests; s.
 CASE_TIMEOUT_S = 60
-TINY_TUNE = ["tune", "--device", "sim:rtx3080ti-fastswitch", "--strategy", "ucb", "--iterations", "3000"]
+TINY_TUNE = ["tune", "--device", "sim:rtx3080ti-fastswitch", "--strategy", "ucb", "--seconds", "30"]
 
 
 class CaseTimeout(Exception):
@@ -126,12 +126,19 @@ _arg_values = st.one_of(_numbers, st.text(max_size=6), st.sampled_from(["ucb", "
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    option=st.sampled_from(["--iterations", "--window-s", "--budget", "--strategy", "--seed", "--noise"]),
+    option=st.sampled_from(["--budget", "--strategy", "--seed", "--noise", "--prior"]),
     value=_arg_values,
 )
 def test_hostile_tune_arguments_end_in_a_run_or_one_error_line(option, value):
     code, _, err = run_cli(*TINY_TUNE, "--no-sweep", "--no-mlflow", option, value)
     assert_clean_ending(code, err)
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "1e400", "ten"])
+def test_training_seconds_that_are_not_a_positive_number_are_refused_in_one_line(value):
+    # a large --seconds is a long run, as asked: not hostile, so not in the property test
+    code, _, err = run_cli(*TINY_TUNE, "--no-mlflow", "--seconds", value)
+    assert code == 2 and err.count("\n") == 1 and "--seconds" in err, err
 
 
 @settings(max_examples=15, deadline=None)
@@ -236,11 +243,11 @@ def _terminate_on_call(monkeypatch, owner, name: str) -> None:
 @pytest.mark.parametrize(
     "owner, name, phase, plan_kept",
     [
-        (kdvfs.tuner.online, "measure_reference_iterations", "measuring the stock reference", False),
-        (kdvfs.tuner.online.OnlineTuner, "_train", "tuning", True),
-        (kdvfs.tuner.report, "run_sweep", "running the final comparison sweep", True),
+        (kdvfs.tuner.session, "model_plan", "choosing the prior", False),
+        (kdvfs.tuner.step_tuner.StepTuner, "on_step_end", "training under the tuner", True),
+        (kdvfs.tuner.session, "run_sweep", "computing the realisable oracle (a noiseless sweep)", True),
     ],
-    ids=["reference", "tuning", "final-sweep"],
+    ids=["prior", "training", "oracle-sweep"],
 )
 def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
     tmp_path, monkeypatch, owner, name, phase, plan_kept
@@ -248,17 +255,19 @@ def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
     monkeypatch.chdir(tmp_path)
     _terminate_on_call(monkeypatch, owner, name)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # MLflow only where the issue lost the run (the final sweep); Ctrl-C while tuning with
+    # MLflow only where the issue lost the run (the last phase); Ctrl-C while tuning with
     # MLflow is test_tune_cli's subprocess test
-    tracking = ["--mlflow-uri", uri] if phase.endswith("sweep") else ["--no-mlflow"]
+    tracking = ["--mlflow-uri", uri] if phase.endswith("sweep)") else ["--no-mlflow"]
     code, _, err = run_cli(*TINY_TUNE, *tracking, "--json", "t.json", "--plan-out", "plan.json")
     assert code == 130 and f"interrupted while {phase}" in err and "Traceback" not in err
     doc = json.loads((tmp_path / "t.json").read_text())
     assert doc["partial"] is True and doc["interrupted_while"] == phase
     assert (tmp_path / "plan.json").exists() == plan_kept
     if plan_kept:
-        assert load_plan(tmp_path / "plan.json").energy_saving == doc["energy_saving"]
-        assert "sweep" not in doc
+        assert math.isclose(
+            load_plan(tmp_path / "plan.json").energy_saving, doc["energy_saving"], abs_tol=1e-12
+        )
+        assert doc["realisable_oracle"] is None
     if "--mlflow-uri" in tracking:
         client = MlflowClient(uri)
         (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-tune").experiment_id])

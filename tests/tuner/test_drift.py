@@ -22,7 +22,7 @@ from kdvfs.tuner.drift import (
     group_stream,
     stream_group,
 )
-from kdvfs.tuner.online import CONFIRM_WINDOWS
+from kdvfs.tuner.step_tuner import WATCH_CONFIRM_WINDOWS
 
 
 def first_alarm(detector: CusumDetector, xs: np.ndarray, after: int) -> int | None:
@@ -235,7 +235,7 @@ def test_simulated_device_stream_is_quiet_for_2000_windows_then_names_the_capped
     # confirmed alarms, as the tuner watches output streams: on the ladder-calibrated card the
     # switch into group 1 lands within the start jitter of its second kernel, which then runs
     # at one clock or the other (the same bimodality CONFIRM_WINDOWS filters on the 3080 Ti)
-    monitor = DriftMonitor(list(windows.expected), confirm=CONFIRM_WINDOWS)
+    monitor = DriftMonitor(list(windows.expected), confirm=WATCH_CONFIRM_WINDOWS)
     false_alarms = [
         (w, changed) for w in range(2000) if (changed := monitor.update(windows.next(), windows.expected))
     ]

@@ -1,4 +1,5 @@
-"""`kdvfs tune` end to end: JSON, plan file, MLflow contents, a tracking server that dies, Ctrl-C."""
+"""`kdvfs tune` end to end: JSON, plan file, MLflow contents, a tracking server that dies, Ctrl-C,
+the dry-run null test."""
 
 import json
 import os
@@ -26,8 +27,8 @@ def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
         main(
             [
                 *ARGS,
-                "--iterations",
-                "150000",
+                "--seconds",
+                "200",
                 "--mlflow-uri",
                 uri,
                 "--json",
@@ -39,16 +40,18 @@ def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
         == 0
     )
     doc = json.loads(out.read_text())
-    assert doc["source"] == "simulated" and doc["iterations"] == 150_000
+    assert doc["source"] == "simulated" and 200 <= doc["seconds"] < 201
     assert set(doc) >= {
         "energy_saving",
         "slowdown",
-        "measurements",
-        "ideal_per_kernel",
-        "grouped",
+        "converged_after_s",
+        "realisable_oracle",
+        "running",
         "max_cumulative_slowdown",
     }
-    assert doc["max_cumulative_slowdown"] <= 0.01 and doc["measurements"] > 0
+    assert set(doc["running"]) == {"energy_saving", "slowdown", "groups"}
+    assert doc["max_cumulative_slowdown"] <= 0.01 and doc["trials"] > 0
+    assert doc["phases"][:2] == ["Reference", "Verifying"]  # the model prior is verified first
     plan = load_plan(plan_path)
     assert plan.workload_signature == doc["signature"] and plan.source == "simulated"
     client = MlflowClient(uri)
@@ -60,7 +63,7 @@ def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | {
         a.path for a in client.list_artifacts(run.info.run_id, "plots")
     }
-    assert {"plan.json", "tune.json", "plots/convergence.png", "plots/time_energy_points.png"} <= artifacts
+    assert {"plan.json", "tune.json", "plots/convergence.png"} <= artifacts
 
 
 def _spawn(tmp_path: Path, *extra: str) -> subprocess.Popen:
@@ -99,14 +102,12 @@ def _wait_for_metric(uri: str, run_id: str, key: str, timeout_s: float = 60.0) -
 
 
 def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(tmp_path, live_mlflow_server):
-    proc = _spawn(
-        tmp_path, "--iterations", "1500000", "--mlflow-uri", live_mlflow_server.uri, "--json", "t.json"
-    )
+    proc = _spawn(tmp_path, "--seconds", "600", "--mlflow-uri", live_mlflow_server.uri, "--json", "t.json")
     run = _wait_for_run(live_mlflow_server.uri, "kdvfs-tune")
     live_mlflow_server.kill()
     _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert json.loads((tmp_path / "t.json").read_text())["iterations"] == 1_500_000
+    assert json.loads((tmp_path / "t.json").read_text())["seconds"] >= 600
     assert "Traceback" not in err
     spools = list((tmp_path / "kdvfs-spool").glob("*.jsonl"))
     assert spools, "metrics were not kept on disk"
@@ -114,7 +115,7 @@ def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(
     Tracker(live_mlflow_server.uri).replay_spool(spools[0])
     client = MlflowClient(live_mlflow_server.uri)
     history = client.get_metric_history(run.info.run_id, "slowdown_so_far")
-    assert history and max(m.step for m in history) > 1_000_000
+    assert history and max(m.step for m in history) > 5_000  # steps: 600 s of ~66-ms steps
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
@@ -123,8 +124,8 @@ def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = _spawn(
         tmp_path,
-        "--iterations",
-        "50000000",
+        "--seconds",
+        "1e6",
         "--mlflow-uri",
         uri,
         "--plan-out",
@@ -133,13 +134,16 @@ def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
         "t.json",
     )
     run = _wait_for_run(uri, "kdvfs-tune")
-    _wait_for_metric(uri, run.info.run_id, "measurements")  # the tuner runs: its first point is logged
+    _wait_for_metric(uri, run.info.run_id, "slowdown_so_far")  # the tuner runs: stock was measured
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted while tuning: stock clocks restored" in err and "Traceback" not in err
+    assert (
+        "interrupted while training under the tuner: stock clocks restored" in err and "Traceback" not in err
+    )
     assert load_plan(tmp_path / "plan.json").measurements >= 0
-    assert json.loads((tmp_path / "t.json").read_text())["iterations"] < 50_000_000
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["partial"] and doc["seconds"] < 1e6
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-tune").experiment_id])
     assert run.info.status == "KILLED"
@@ -179,8 +183,8 @@ def test_tune_on_a_card_the_store_has_no_plan_for_carries_another_gpus_plan_and_
                 "ucb",
                 "--no-sweep",
                 "--no-mlflow",
-                "--iterations",
-                "20000",
+                "--seconds",
+                "60",
                 "--plan-store",
                 str(store.root),
                 "--json",
@@ -190,25 +194,77 @@ def test_tune_on_a_card_the_store_has_no_plan_for_carries_another_gpus_plan_and_
         == 0
     )
     doc = json.loads(out.read_text())
-    assert (
-        doc["plan_source"] == "transferred"
-        and "the plan of NVIDIA GeForce RTX 3080 Ti" in doc["plan_store_note"]
-    )
+    assert doc["prior"]["source"] == "transferred"
+    assert "the plan of NVIDIA GeForce RTX 3080 Ti" in doc["prior"]["note"]
     assert doc["max_cumulative_slowdown"] <= 0.01
     captured = capsys.readouterr()
     assert "carried to this card's clocks by relative position (1125/1215 MHz)" in captured.err
-    assert "plan source: transferred" in captured.out
+    assert "prior: transferred" in captured.out
     assert len(store.entries()) == 1  # a carried plan is not stored as this card's own
 
 
 def test_a_run_left_running_by_sigkill_is_marked_failed_by_the_next_run(tmp_path, capsys, caplog):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = _spawn(tmp_path, "--iterations", "50000000", "--mlflow-uri", uri)
+    proc = _spawn(tmp_path, "--seconds", "1e6", "--mlflow-uri", uri)
     killed = _wait_for_run(uri, "kdvfs-tune")
     proc.kill()
     proc.communicate(timeout=60)
     assert MlflowClient(uri).get_run(killed.info.run_id).info.status == "RUNNING"
-    assert main([*ARGS, "--no-sweep", "--iterations", "2000", "--mlflow-uri", uri]) == 0
+    assert main([*ARGS, "--no-sweep", "--seconds", "5", "--mlflow-uri", uri]) == 0
     assert MlflowClient(uri).get_run(killed.info.run_id).info.status == "FAILED"
     said = [r.getMessage() for r in caplog.records if killed.info.run_id in r.getMessage()]
     assert len(said) == 1 and f"process {proc.pid}, which is gone: marked FAILED" in said[0]
+
+
+def test_the_dry_run_null_test_adopts_nothing_and_measures_no_saving(tmp_path):
+    """Every clock request is recorded and none applied, so every candidate truly equals stock:
+    nothing may be adopted, and the run's measured saving lies within +-0.3% of zero."""
+    out = tmp_path / "t.json"
+    assert main([*ARGS, "--no-mlflow", "--dry-run", "--seconds", "200", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["dry_run"] and doc["clock_requests"] > 1 and doc["trials"] > 0
+    assert doc["adoptions"] == [] and doc["tuner_claimed_saving"] == 0.0
+    assert abs(doc["run"]["energy_saving"]) <= 0.003
+
+
+def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_seconds(tmp_path):
+    out = tmp_path / "s.json"
+    argv = [
+        "compare",
+        "--scenario",
+        "power-cap",
+        "--device",
+        "sim:rtx3080ti",
+        "--at-s",
+        "40",
+        "--after-s",
+        "30",
+    ]
+    assert main([*argv, "--no-mlflow", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["change_at_s"] >= 40 and not doc["restart"]
+    assert doc["detected_after_s"] is not None and 0 <= doc["detected_after_s"] <= 5.0
+    assert doc["alarms_after_change"][0]["reasons"] == ["power_limit"]
+    assert {"settled_after_s", "recovered_after_s", "recovery_target_s"} <= set(doc)
+    assert doc["phases_after"][:2] == ["Verifying", "Retuning"] or doc["phases_after"][0] == "Retuning"
+    assert doc["max_slowdown_after"] <= 0.01 and doc["false_alarms_stable"] == 0
+
+
+def test_a_gpu_swap_restarts_the_job_from_its_plan_carried_to_the_new_card(tmp_path):
+    out = tmp_path / "s.json"
+    argv = [
+        "compare",
+        "--scenario",
+        "gpu-swap",
+        "--device",
+        "sim:rtx3080ti",
+        "--at-s",
+        "30",
+        "--after-s",
+        "30",
+    ]
+    assert main([*argv, "--no-mlflow", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["restart"] and doc["gpu_after"] != "NVIDIA GeForce RTX 3080 Ti"
+    assert doc["prior_after"]["source"] in ("transferred", "none")  # a plan is stored only once settled
+    assert doc["detected_after_s"] is None and doc["settled_after_s"] == 0.0

@@ -1,5 +1,6 @@
 """`kdvfs compare`: search strategies against the full sweep, over seeds; with --scenario, the
-online tuner through a drift scenario (tuner/adaptation.py)."""
+step-driven tuner through a drift scenario (tuner/scenarios.py); with --peers, kdvfs against
+its peers (tuner/peers.py)."""
 
 from __future__ import annotations
 
@@ -60,30 +61,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     scenario = parser.add_argument_group(
-        "drift scenario (the online tuner through a change, against an oracle sweep)"
+        "drift scenario (the step-driven tuner through a change, timed in training seconds, against an oracle sweep)"
     )
     scenario.add_argument(
         "--scenario", choices=SCENARIOS, help="run this scenario instead of the strategy comparison"
     )
     scenario.add_argument(
-        "--strategy", default="ucb", help="search strategy of the online tuner (default %(default)s)"
+        "--strategy", default="botorch", help="search strategy of the tuner (default %(default)s)"
     )
     scenario.add_argument(
         "--seed", type=nonnegative_int, default=0, help="seed of the scenario run (default %(default)s)"
     )
     scenario.add_argument(
-        "--at-iteration",
-        type=nonnegative_int,
+        "--at-s",
+        type=positive_float,
         default=None,
-        metavar="N",
-        help="apply the change after N iterations (default: once converged with the drift watch ready)",
+        metavar="S",
+        help="apply the change after S seconds of training (default: once settled with the drift watch ready)",
     )
     scenario.add_argument(
-        "--iterations",
-        type=positive_int,
-        default=None,
-        metavar="M",
-        help="iterations to run after the change (default: twice the first convergence's)",
+        "--after-s",
+        type=positive_float,
+        default=300.0,
+        metavar="S",
+        help="seconds of training after the change (default %(default)s)",
     )
     scenario.add_argument(
         "--plan-store",
@@ -187,54 +188,59 @@ def run(args: argparse.Namespace) -> int:
 def _run_scenario(args: argparse.Namespace) -> int:
     import sys
 
-    from kdvfs.tuner.adaptation import Session, run_scenario
+    from kdvfs.policies.registry import POLICIES
+    from kdvfs.runtime.types import KdvfsError
+    from kdvfs.tuner.scenarios import run_scenario
 
-    if args.strategy not in STRATEGIES[1:]:
-        from kdvfs.runtime.types import KdvfsError
-
-        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {','.join(STRATEGIES[1:])})")
-    session = Session(args.device, args.workload, strategy=args.strategy, budget=args.budget, seed=args.seed)
+    if args.strategy not in POLICIES:
+        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {','.join(POLICIES)})")
     doc = run_scenario(
-        session,
+        args.device,
+        args.workload,
         args.scenario,
-        at_iteration=args.at_iteration,
-        after_iterations=args.iterations,
+        strategy=args.strategy,
+        budget=args.budget,
+        seed=args.seed,
+        at_s=args.at_s,
+        after_s=args.after_s,
         store_dir=args.plan_store,
         fleet_store=args.fleet_store,
         progress=lambda msg: print(msg, file=sys.stderr),
     )
     label = SOURCE_LABEL[doc["source"]]
-    detected, recovered, first = (
-        "never" if doc[k] is None else doc[k]
-        for k in ("detected_after_iterations", "recovered_after_iterations", "first_reached_after_iterations")
+
+    def secs(key: str) -> str:
+        return "never" if doc[key] is None else f"{doc[key]:.1f} s"
+
+    print(
+        f"scenario {doc['scenario']} on {args.device} ({doc['gpu_after']} after), {args.strategy}, "
+        f"budget {pct(args.budget)} [{label}]"
+    )
+    converged = (
+        "not settled"
+        if doc["converged_after_s"] is None
+        else f"settled after {doc['converged_after_s']:.0f} s"
     )
     print(
-        f"scenario {doc['scenario']} on {args.device} ({doc['gpu_after']} after), {args.strategy}, budget {pct(args.budget)} [{label}]"
+        f"  change after {doc['change_at_s']:.0f} s of training ({converged}), then {doc['after_s']:.0f} s more"
+        + (f"; job restarted from its prior: {doc['prior_after']['source']}" if doc["restart"] else "")
     )
     print(
-        f"  change after {doc['at_iteration']} iterations (converged at {doc['converged_at_iteration']}), then {doc['after_iterations']} more"
-        + (f"; job restarted: {doc['plan_store_on_restart']}" if doc["restart"] else "")
+        f"  detected after {secs('detected_after_s')} (target {doc['detect_target_s']:.0f} s); the card's new stock "
+        f"settled after {secs('settled_after_s')}; within 95% of the oracle to the end after "
+        f"{secs('recovered_after_s')}"
+        + ("" if doc["recovery_target_s"] is None else f" (target {doc['recovery_target_s']:.0f} s)")
     )
     print(
-        f"  detected after {detected} iterations, within 95% of the oracle to the end after {recovered} "
-        f"(first reached after {first}; "
-        f"an iteration takes {doc['iteration_time_s_after'] * 1e3:.1f} ms)"
+        f"  max cumulative slowdown after the change {pct(doc['max_slowdown_after'])} "
+        f"({doc['budget_violations_after']} points over budget) [{label}, measured by the tuner]"
     )
     print(
-        f"  max cumulative slowdown after the change {pct(doc['max_slowdown'])} ({doc['budget_violations']} points over budget)"
+        f"  saving at the end {pct(doc['energy_saving_after'])} (slowdown {pct(doc['slowdown_after'])}), "
+        f"oracle {pct(doc['oracle_saving_after'])} [{label}, noiseless]"
     )
-    print(
-        f"  saving at the end {pct(doc['energy_saving_after'])} (slowdown {pct(doc['schedule_slowdown_after'])}), oracle "
-        f"{pct(doc['oracle_saving_after'])} [{label}, noiseless]"
-    )
-    print(
-        f"  energy lost against the oracle since the change: {pct(doc['energy_lost_vs_oracle_share'])} of stock's "
-        f"({doc['energy_lost_vs_oracle_j']:.0f} J) [{label}]"
-    )
-    print(
-        f"  false alarms on a stable run of the same length: {doc['false_alarms_stable']} over {doc['stable_windows']} windows "
-        f"({doc['unconfirmed_alarms_stable']} unconfirmed, nothing re-tuned; after the change: {doc['unconfirmed_alarms']})"
-    )
+    if doc["false_alarms_stable"] is not None:
+        print(f"  alarms on a stable run of the same length: {doc['false_alarms_stable']}")
     if not args.no_mlflow:
         doc["mlflow"] = _log_scenario(args, doc)
         print(f"  MLflow: {doc['mlflow']}")
@@ -256,15 +262,15 @@ def _log_scenario(args: argparse.Namespace, doc: dict) -> str:
             "strategy",
             "budget",
             "seed",
-            "at_iteration",
-            "after_iterations",
+            "change_at_s",
+            "after_s",
             "fleet_store",
             "source",
         )
     }
     with tracker.start_run(f"{doc['scenario']}-{args.strategy}", params) as run:
         run.log_metrics(
-            doc["at_iteration"] + doc["after_iterations"],
+            int(doc["change_at_s"] + doc["after_s"]),
             {
                 k: float(v)
                 for k, v in doc.items()

@@ -1,5 +1,6 @@
 """`kdvfs demo`: the main job on the simulated GPU: `kdvfs tune` on the RTX 3080 Ti with the
-GPT-3-XL layer, the full sweep beside it, the run in MLflow."""
+GPT-3-XL layer for 10 minutes of simulated training, the realisable oracle beside it, the run
+in MLflow."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ DEMO = [
     "--workload",
     "gpt3-xl-layer",
     "--strategy",
-    "ucb",
+    "botorch",
     "--budget",
     "0.01",
-    "--iterations",
-    "1200000",
+    "--seconds",
+    "600",
     "--plan-out",
     "kdvfs-demo-plan.json",
 ]

@@ -1,8 +1,16 @@
-"""`kdvfs tune`: tune clocks online during a (simulated) training run."""
+"""`kdvfs tune`: the step-driven tuner on a simulated or replayed training job (tuner/session.py).
+
+Phases of the command: the MLflow run opened, the prior chosen (plan store, another card's
+plan carried, the card's model, or none), training under the tuner with live progress, the
+realisable oracle from a noiseless sweep (--no-sweep skips it), then every output; Ctrl-C in
+any of them restores stock clocks and keeps what was measured and planned (partial JSON, the
+plan so far, the MLflow run KILLED).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -15,14 +23,12 @@ from kdvfs.tuner.commands._common import (
     check_file_output,
     pct,
     positive_float,
-    positive_int,
     write_all,
     write_json,
 )
 
-#: About how many points of a run are logged as MLflow metrics (one per iterations / this).
+#: At most this many points of a run go to MLflow as step metrics (a point is a training second).
 METRIC_POINTS = 500
-"""At most this many points of a run go to MLflow (the run itself may report tens of thousands)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,24 +36,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default="botorch", help="search strategy (default %(default)s)")
     add_budget(parser)
     parser.add_argument(
-        "--iterations",
-        type=positive_int,
-        default=1_500_000,
-        help="training iterations to run (default %(default)s)",
+        "--seconds",
+        type=positive_float,
+        default=600.0,
+        help="seconds of (simulated) training to run (default %(default)s)",
     )
     parser.add_argument(
-        "--window-s",
-        type=positive_float,
-        default=0.5,
-        help="seconds of one exploration measurement (default %(default)s)",
+        "--dry-run",
+        action="store_true",
+        help="record the clock requests but apply none, as on a real card in dry run (the null test)",
+    )
+    parser.add_argument(
+        "--prior",
+        choices=("model", "none"),
+        default="model",
+        help="start from the card's own per-kernel model (model) or from nothing (none); a plan "
+        "found in --plan-store comes first (default %(default)s)",
     )
     parser.add_argument("--plan-out", type=Path, help="write the final plan here")
     parser.add_argument(
         "--plan-store",
         type=Path,
         metavar="DIR",
-        help="reuse the stored plan for this GPU, clock grid and workload (verified in training first) "
-        "and store the final plan there",
+        help="start from the stored plan for this GPU, clock grid and workload (verified in training "
+        "first) and store the converged plan there",
     )
     parser.add_argument(
         "--mlflow-uri",
@@ -56,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     parser.add_argument(
-        "--no-sweep", action="store_true", help="skip the full sweep run for comparison at the end"
+        "--no-sweep",
+        action="store_true",
+        help="skip the noiseless sweep that gives the realisable oracle and the ideal per-kernel plan",
     )
     add_json(parser)
 
@@ -74,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Tune:
-    """One `kdvfs tune`: its phases (reference, tuning, final sweep), then every output."""
+    """One `kdvfs tune`: its phases (prior, training, oracle), then every output."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from kdvfs.tuner.commands._common import open_from_args
@@ -84,7 +98,7 @@ class _Tune:
         self.label = SOURCE_LABEL[self.device.source]
         self.status = "FINISHED"
         self.phase = "opening the MLflow run"
-        self.tuner = self.store = self.run_handle = None
+        self.session = self.store = self.run_handle = self.oracle = None
 
     def run(self) -> int:
         args = self.args
@@ -92,7 +106,9 @@ class _Tune:
             self._start_mlflow()
             print(
                 f"tuning {self.workload.name} on {self.device.name} ({args.device}) with {args.strategy}, "
-                f"budget {pct(args.budget)}, {args.iterations} iterations [{self.label}]",
+                f"budget {pct(args.budget)}, {args.seconds:g} s of training"
+                + (", dry run (no clock applied)" if args.dry_run else "")
+                + f" [{self.label}]",
                 file=sys.stderr,
             )
             self._tune()
@@ -119,117 +135,104 @@ class _Tune:
         from kdvfs.tuner.plan import describe_grid
         from kdvfs.tuner.tracking import Tracker
 
+        tags = {
+            "gpu": self.device.name,
+            "source": self.device.source,
+            "workload_signature": self.workload.signature,
+            "kdvfs_version": __version__,
+        }
+        params = {
+            "device": args.device,
+            "workload": args.workload,
+            "strategy": args.strategy,
+            "budget": args.budget,
+            "seed": args.seed,
+            "seconds": args.seconds,
+            "dry_run": args.dry_run,
+            "prior": args.prior,
+            "clock_grid": describe_grid(self.device.grid),
+        }
         tracker = Tracker(args.mlflow_uri, experiment="kdvfs-tune")
-        self.run_handle = tracker.start_run(
-            f"tune-{args.strategy}",
-            {
-                "device": args.device,
-                "workload": args.workload,
-                "strategy": args.strategy,
-                "budget": args.budget,
-                "seed": args.seed,
-                "iterations": args.iterations,
-                "window_s": args.window_s,
-                "gpu": self.device.name,
-                "clock_grid": describe_grid(self.device.grid),
-                "source": self.device.source,
-                "workload_signature": self.workload.signature,
-                "kdvfs_version": __version__,
-            },
-            tags={
-                "gpu": self.device.name,
-                "source": self.device.source,
-                "workload_signature": self.workload.signature,
-                "kdvfs_version": __version__,
-            },
-        )
+        self.run_handle = tracker.start_run(f"tune-{args.strategy}", params | tags, tags=tags)
 
     def _tune(self) -> None:
-        from kdvfs.tuner.online import OnlineTuner
+        from kdvfs.runtime.registry import open_device
         from kdvfs.tuner.progress import Progress
+        from kdvfs.tuner.session import TuneSession, choose_prior, oracle
 
         args = self.args
+        noiseless = open_device(args.device, noise=0.0, full_grid=args.full_grid)
         if args.plan_store is not None:
             from kdvfs.tuner.plan_store import PlanStore
 
             self.store = PlanStore(args.plan_store)
-        self.phase = "measuring the stock reference"
-        self.tuner = OnlineTuner(
+        self.phase = "choosing the prior"
+        prior = choose_prior(
+            self.device,
+            self.workload,
+            args.budget,
+            store=self.store,
+            model=noiseless if args.prior == "model" else None,
+        )
+        self._say_prior(prior)
+        self.session = TuneSession(
             self.device,
             self.workload,
             strategy=args.strategy,
             budget=args.budget,
             seed=args.seed,
-            window_s=args.window_s,
-            plan_store=self.store,
+            prior=prior,
+            dry_run=args.dry_run,
         )
-        if self.store is not None:
-            self._say_store()
-        self.phase = "tuning"
-        with Progress("tuning", unit="iterations") as bar:
-            self.tuner.run(args.iterations, self._on_point(bar))
-        self.device.reset_clocks()
+        self.phase = "training under the tuner"
+        with Progress("tuning", unit="s of training") as bar:
+            self.session.run_until(args.seconds, self._on_point(bar))
         if not args.no_sweep:
-            self.phase = "running the final comparison sweep"
-            self._sweep_report = self._report()
-            with Progress("final comparison sweep", unit="measurements") as bar:
-                self._sweep_report.add_sweep(
-                    args.device, seed=args.seed, full_grid=args.full_grid, progress=bar.update
-                )
+            self.phase = "computing the realisable oracle (a noiseless sweep)"
+            self.oracle = oracle(noiseless, self.workload, args.budget)
 
-    def _say_store(self) -> None:
-        st = self.tuner.state
-        found = {
-            "store": "stored plan found: running it, checked against the stock reference in training",
-            "transferred": f"{st.store_note}: on trial in training",
-        }
-        print(
-            f"plan store {self.store.root}: " + found.get(st.plan_source, f"{st.store_note}; cold start"),
-            file=sys.stderr,
-        )
+    def _say_prior(self, prior) -> None:
+        what = {
+            "store": "the stored plan, verified against stock in training first",
+            "transferred": "another card's plan carried to this card's clocks, verified in training first",
+            "model": "the card's own per-kernel model [noiseless, simulated], verified in training first",
+            "none": "nothing (groups from the measured segment times)",
+        }[prior.source]
+        print(f"prior: {what}" + (f" ({prior.note})" if prior.note else ""), file=sys.stderr)
 
     def _on_point(self, bar):
-        args, run_handle, n_kernels = self.args, self.run_handle, len(self.workload)
-        every = max(1, args.iterations // METRIC_POINTS)
-        next_log = [0]
+        args, run_handle = self.args, self.run_handle
+        every_s = max(1.0, args.seconds / METRIC_POINTS)
+        next_log = [0.0]
 
         def on_point(p) -> None:
             bar.update(
-                p.iteration,
-                args.iterations,
-                slowdown=pct(p.slowdown),
-                saving=pct(p.energy_saving),
-                converged=f"{p.kernels_converged}/{n_kernels}",
+                int(p.end_s),
+                int(args.seconds),
+                phase=p.phase,
+                slowdown=pct(p.slowdown) if p.slowdown == p.slowdown else "-",
+                saving=pct(p.energy_saving) if p.energy_saving == p.energy_saving else "-",
+                adopted=p.adoptions,
             )
-            if run_handle is not None and p.iteration >= next_log[0]:
-                next_log[0] = p.iteration + every
-                run_handle.log_metrics(
-                    p.iteration,
-                    {
-                        "energy_saving_so_far": p.energy_saving,
-                        "slowdown_so_far": p.slowdown,
-                        "budget_left_s": p.budget_left_s,
-                        "measurements": p.measurements,
-                        "kernels_converged": p.kernels_converged,
-                        "groups": p.groups,
-                    },
-                )
+            if run_handle is not None and p.end_s >= next_log[0]:
+                next_log[0] = p.end_s + every_s
+                metrics = {
+                    "energy_saving_so_far": p.energy_saving,
+                    "slowdown_so_far": p.slowdown,
+                    "budget_left_s": p.budget_left_s,
+                    "adoptions": p.adoptions,
+                }
+                run_handle.log_metrics(p.step, {k: v for k, v in metrics.items() if math.isfinite(v)})
 
         return on_point
 
     def _report(self):
-        """The run's report (None when interrupted before the reference was measured)."""
+        """The run's report (None when interrupted before training began)."""
         from kdvfs.tuner.report import tune_report
 
-        if self.tuner is None:
+        if self.session is None:
             return None
-        existing = getattr(self, "_sweep_report", None)
-        report = existing if existing is not None else tune_report(self.tuner, self.args.budget)
-        st = self.tuner.state
-        report.doc["plan_source"] = st.plan_source
-        report.doc["plan_store_note"] = st.store_note
-        report.doc["drift_alarms"] = [{"iteration": a.iteration, **a.summary()} for a in st.alarms]
-        report.doc["reconverged_at_iterations"] = list(st.reconverged_at)
+        report = tune_report(self.session, self.oracle, self.args.strategy)
         report.doc["partial"] = self.status != "FINISHED"
         if report.doc["partial"]:
             report.doc["interrupted_while"] = self.phase
@@ -237,24 +240,18 @@ class _Tune:
 
     def _write_outputs(self, report) -> int:
         """Print the report, then write each output whatever the others do; how many failed."""
-        args, st = self.args, self.tuner and self.tuner.state
+        args = self.args
         doc = report.doc if report is not None else {"partial": True, "interrupted_while": self.phase}
         plan = report.plan(args.strategy) if report is not None else None
         if report is not None:
             report.print(self.label)
-            if st.alarms:
-                held = sum(a.held for a in st.alarms)
-                print(
-                    f"  drift: {len(st.alarms)} alarm(s)"
-                    + (f" ({held} kept the plan while the card warmed)" if held else "")
-                    + f", the first after {st.alarms[0].iteration} iterations; re-converged at "
-                    + (", ".join(map(str, st.reconverged_at)) if st.reconverged_at else "none yet")
-                )
-            if self.store is not None:
-                print(f"  plan source: {st.plan_source}" + (f" ({st.store_note})" if st.store_note else ""))
         outputs = []
+        session = self.session
         stored = (
-            self.store is not None and st.converged_at_iteration is not None and st.plan_source == "tuned"
+            self.store is not None
+            and not args.dry_run
+            and session.converged_after_s is not None
+            and session.tuner.incumbent != session.prior.schedule
         )
         if plan is not None and stored:
             outputs.append(("plan store", lambda: print(f"  plan stored: {self.store.put(plan)}")))
@@ -279,15 +276,15 @@ class _Tune:
                 "final_slowdown": doc["slowdown"],
                 "run_energy_saving": doc["run"]["energy_saving"],
                 "run_slowdown": doc["run"]["slowdown"],
-                "ideal_energy_saving": doc["ideal_per_kernel"]["energy_saving"],
-                "measurements_total": doc["measurements"],
+                "max_cumulative_slowdown": doc["max_cumulative_slowdown"],
+                "trials": doc["trials"],
             }
-            if doc["converged_at_iteration"] is not None:
-                metrics["converged_at_iteration"] = doc["converged_at_iteration"]
-            if "sweep" in doc:
-                metrics["sweep_energy_saving"] = doc["sweep"]["energy_saving"]
-                metrics["realisable_energy_saving"] = doc["sweep"]["realisable"]["energy_saving"]
-            run_handle.log_metrics(self.tuner.account.iterations, metrics)
+            if doc["converged_after_s"] is not None:
+                metrics["converged_after_s"] = doc["converged_after_s"]
+            if doc["realisable_oracle"] is not None:
+                metrics["realisable_energy_saving"] = doc["realisable_oracle"]["energy_saving"]
+                metrics["ideal_energy_saving"] = doc["ideal_per_kernel"]["energy_saving"]
+            run_handle.log_metrics(doc["steps"], metrics)
             run_handle.log_dict(plan.to_dict(), "plan.json")
             for name, fig in report.figures():
                 run_handle.log_figure(fig, name)
