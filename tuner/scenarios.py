@@ -25,7 +25,7 @@ from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.report import tune_report
-from kdvfs.tuner.session import TuneSession, choose_prior, oracle
+from kdvfs.tuner.session import TuneSession, choose_prior, job_sites, oracle
 from kdvfs.tuner.step_tuner import WATCH_CONFIRM_WINDOWS, WATCH_WARMUP, WATCH_WINDOW_S
 
 #: Share of the new conditions' realisable oracle that counts as recovered; a fraction.
@@ -71,8 +71,18 @@ def run_scenario(
             device = device or open_device(device_spec, seed=seed_)
             workload = open_workload(workload_spec, device)
             model = open_device(device_spec, noise=0.0)
-            prior = choose_prior(device, workload, budget, store=None, model=model)
-            return TuneSession(device, workload, strategy=strategy, budget=budget, seed=seed_, prior=prior)
+            sites = job_sites(workload, device.switch_latency_s)
+            prior = choose_prior(device, workload, budget, store=None, model=model, sites=sites)
+            return TuneSession(
+                device,
+                workload,
+                strategy=strategy,
+                budget=budget,
+                seed=seed_,
+                prior=prior,
+                model=model,
+                sites=sites,
+            )
 
         job = session(seed)
         if fleet_store:
@@ -88,9 +98,9 @@ def run_scenario(
         say(f"{scenario_name}: change after {at:.0f} s of training, {after_s:.0f} s more")
         if restart:
             device.reset_clocks()
-            job.restart_on(
-                new_device, choose_prior(new_device, new_workload, budget, store=store, model=None)
-            )
+            sites = job_sites(new_workload, new_device.switch_latency_s)
+            prior = choose_prior(new_device, new_workload, budget, store=store, model=None, sites=sites)
+            job.restart_on(new_device, prior, sites=sites)
         elif new_workload is not workload:
             job.change_workload(new_workload)
         alarms_before = len(job.tuner.alarms)
@@ -142,9 +152,17 @@ def _fleet_plan(job: TuneSession, scenario, store: PlanStore, seed: int, say) ->
         )
     say(f"{scenario.name}: another job tunes {other_device.name} and stores its plan")
     model, _ = scenario.apply(open_device(_spec(job), noise=0.0), job.workload, seed=seed)
-    prior = choose_prior(other_device, job.workload, job.budget, store=None, model=model)
+    sites = job_sites(job.workload, other_device.switch_latency_s)
+    prior = choose_prior(other_device, job.workload, job.budget, store=None, model=model, sites=sites)
     other = TuneSession(
-        other_device, job.workload, strategy=job.strategy, budget=job.budget, seed=seed, prior=prior
+        other_device,
+        job.workload,
+        strategy=job.strategy,
+        budget=job.budget,
+        seed=seed,
+        prior=prior,
+        model=model,
+        sites=sites,
     )
     _settle(other)
     store.put(tune_report(other, None, job.strategy).plan(job.strategy))

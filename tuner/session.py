@@ -28,15 +28,28 @@ from kdvfs.runtime.steps import SimulatedJob, StepReport
 from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
-from kdvfs.tuner.step_priors import model_plan
+from kdvfs.tuner.step_priors import model_plan, switch_sites
 from kdvfs.tuner.step_tuner import StepTuner
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
 from kdvfs.tuner.transfer import carry_schedule
 
 #: Training between two reported points of a run; s.
 POINT_EVERY_S = 1.0
+#: A card whose clock switch lands within this is switched at every kernel by "auto" sites; s.
+FAST_SWITCH_S = 1e-3
 
 PriorSource = Literal["store", "transferred", "model", "none"]
+Sites = Literal["auto", "modules", "kernels"]
+
+
+def job_sites(workload: Workload, switch_latency_s: float, sites: Sites = "auto") -> list[int]:
+    """Kernel indices where the job switches clocks: "modules", the step, each pass and each
+    submodule (where a PyTorch job's hooks sit: step_priors.switch_sites); "kernels", every
+    kernel (a fast-switch card's hooks); "auto", kernels on a card that switches within
+    FAST_SWITCH_S, else modules."""
+    if sites == "kernels" or (sites == "auto" and switch_latency_s <= FAST_SWITCH_S):
+        return list(range(len(workload)))
+    return switch_sites(workload)
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,7 @@ def choose_prior(
     *,
     store: PlanStore | None,
     model: ModelDevice | None,
+    sites: list[int] | None = None,
 ) -> Prior:
     """The stored plan for this GPU, grid and workload; else another GPU's plan for the workload
     carried to this card's clocks; else the plan of the card's own model (`model`: a noiseless
@@ -107,7 +121,7 @@ def choose_prior(
                 f"by relative position ({clocks} MHz)",
             )
     if model is not None:
-        return Prior(model_plan(model, workload, budget), "model", note)
+        return Prior(model_plan(model, workload, budget, sites), "model", note)
     return Prior(None, "none", note)
 
 
@@ -144,6 +158,11 @@ class TuneSession:
         seed: seeds the strategy.
         prior: what the tuner starts from (choose_prior).
         dry_run: record the clock requests and apply none (the null test).
+        model: a noiseless copy of the card (a simulated card's own model): after a drift
+            alarm the tuner's plan for the new conditions is re-planned on it, at the power
+            limit the card then reports; None: the tuner verifies the plan before instead.
+        sites: kernel indices where the job can switch clocks (job_sites); None: the step
+            and each pass.
     """
 
     device: ModelDevice
@@ -153,6 +172,8 @@ class TuneSession:
     seed: int = 0
     prior: Prior = field(default_factory=lambda: Prior(None, "none"))
     dry_run: bool = False
+    model: ModelDevice | None = None
+    sites: list[int] | None = None
     points: list[Point] = field(default_factory=list)
     phase_log: list[tuple[float, str]] = field(default_factory=list)
     """(training s, phase entered), the first phase at 0."""
@@ -182,7 +203,17 @@ class TuneSession:
             strategy=self.strategy,
             seed=self.seed,
             prior=self.prior.schedule,
+            boundaries=self.sites,
+            replan=self._replan if self.model is not None else None,
         )
+
+    def _replan(self, report: StepReport) -> Schedule | None:
+        """The card's model re-planned for the power limit the report shows (and the job's
+        workload now)."""
+        model = self.model
+        if math.isfinite(report.power_limit_w) and hasattr(model, "set_power_cap_w"):
+            model.set_power_cap_w(report.power_limit_w)
+        return model_plan(model, self.workload, self.budget, self.sites)
 
     @property
     def seconds(self) -> float:
@@ -213,10 +244,16 @@ class TuneSession:
         self.workload = workload
         self.job.change_workload(workload)
 
-    def restart_on(self, device: ModelDevice, prior: Prior) -> None:
-        """The job starts again on another card (a new tuner, from `prior`); the points and
-        phases go on from here."""
-        self.device, self.prior = device, prior
+    def restart_on(
+        self,
+        device: ModelDevice,
+        prior: Prior,
+        model: ModelDevice | None = None,
+        sites: list[int] | None = None,
+    ) -> None:
+        """The job starts again on another card (a new tuner, from `prior`; `model` and `sites`:
+        the new card's, as the constructor's); the points and phases go on from here."""
+        self.device, self.prior, self.model, self.sites = device, prior, model, sites
         self.tuner = self._make_tuner()
         self.job = SimulatedJob(device, self.workload, dry_run=self.dry_run)
         self.schedule = self.tuner.incumbent

@@ -21,6 +21,7 @@ Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -379,6 +380,9 @@ class StepTuner:
         policy_options: passed to the strategy's constructor (e.g. tol).
         prior: a schedule planned before training (step_priors.plan_prior): its groups are
             explored, and it is verified against stock first; None: groups from segment times.
+        replan: after a drift alarm, once the card has settled at stock: a plan for the new
+            conditions from the report then (its power limit), verified first in place of the
+            plan before; None, or it answering None: the plan before is verified.
     """
 
     def __init__(
@@ -394,6 +398,7 @@ class StepTuner:
         boundaries: list[int] | None = None,
         policy_options: dict[str, float] | None = None,
         prior: Schedule | None = None,
+        replan: Callable[[StepReport], Schedule | None] | None = None,
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
@@ -412,6 +417,7 @@ class StepTuner:
             **({"tol": POLICY_TOL} | (policy_options or {})),
         )
         self.prior = prior
+        self.replan = replan
         if prior is not None:
             segments = [s for s, _ in prior.groups]
         else:
@@ -728,10 +734,13 @@ class StepTuner:
         if waited_s < RETUNE_MIN_S or (not flat and waited_s < RETUNE_SETTLE_MAX_S):
             return self.incumbent
         self.retunes += 1
-        self._retune_plan = ret.plan
-        self._to_explore = list(ret.groups)
-        self._first = dict(enumerate(p for _, p in ret.plan.groups))
-        self.segments = [s for s, _ in ret.plan.groups]
+        fresh = self.replan(report) if self.replan is not None else None
+        plan = fresh if fresh is not None else ret.plan
+        self._retune_plan = plan
+        self._to_explore = None if fresh is not None else list(ret.groups)
+        self._first = dict(enumerate(p for _, p in plan.groups))
+        self.segments = [s for s, _ in plan.groups]
+        self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         self._moved = []
         self._enter(Reference(self.incumbent))
         return self.incumbent

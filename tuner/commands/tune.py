@@ -53,6 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start from the card's own per-kernel model (model) or from nothing (none); a plan "
         "found in --plan-store comes first (default %(default)s)",
     )
+    parser.add_argument(
+        "--sites",
+        choices=("auto", "modules", "kernels"),
+        default="auto",
+        help="where the job switches clocks: the step, passes and submodules (modules), every kernel "
+        "(kernels), or kernels on a card that switches within 1 ms, else modules (auto, the default)",
+    )
     parser.add_argument("--plan-out", type=Path, help="write the final plan here")
     parser.add_argument(
         "--plan-store",
@@ -158,7 +165,7 @@ class _Tune:
     def _tune(self) -> None:
         from kdvfs.runtime.registry import open_device
         from kdvfs.tuner.progress import Progress
-        from kdvfs.tuner.session import TuneSession, choose_prior, oracle
+        from kdvfs.tuner.session import TuneSession, choose_prior, job_sites, oracle
 
         args = self.args
         noiseless = open_device(args.device, noise=0.0, full_grid=args.full_grid)
@@ -167,12 +174,14 @@ class _Tune:
 
             self.store = PlanStore(args.plan_store)
         self.phase = "choosing the prior"
+        sites = job_sites(self.workload, self.device.switch_latency_s, args.sites)
         prior = choose_prior(
             self.device,
             self.workload,
             args.budget,
             store=self.store,
             model=noiseless if args.prior == "model" else None,
+            sites=sites,
         )
         self._say_prior(prior)
         self.session = TuneSession(
@@ -183,6 +192,10 @@ class _Tune:
             seed=args.seed,
             prior=prior,
             dry_run=args.dry_run,
+            model=open_device(args.device, noise=0.0, full_grid=args.full_grid)
+            if args.prior == "model"
+            else None,
+            sites=sites,
         )
         self.phase = "training under the tuner"
         with Progress("tuning", unit="s of training") as bar:
@@ -195,7 +208,7 @@ class _Tune:
         what = {
             "store": "the stored plan, verified against stock in training first",
             "transferred": "another card's plan carried to this card's clocks, verified in training first",
-            "model": "the card's own per-kernel model [noiseless, simulated], verified in training first",
+            "model": f"the card's own per-kernel model [{self.label}, noiseless], verified in training first",
             "none": "nothing (groups from the measured segment times)",
         }[prior.source]
         print(f"prior: {what}" + (f" ({prior.note})" if prior.note else ""), file=sys.stderr)
