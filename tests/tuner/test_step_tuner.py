@@ -200,3 +200,27 @@ def test_an_exception_mid_retune_leaves_stock_clocks_requested():
     job.device.idle(1.0)
     assert job.device.clocks_in_effect() is None
     assert job.requests[-1][1] == Schedule.stock()
+
+
+def test_after_a_power_limit_drop_a_plan_replanned_for_the_new_limit_is_verified_first():
+    tuner, job, schedule = settled_with_prior(9)
+    schedule, _ = train(tuner, job, schedule, 25.0)
+    fresh = Schedule(((0, job.device.grid.pairs[len(job.device.grid.pairs) // 2]),))
+    seen_limits_w: list[float] = []
+
+    def replan(report):
+        seen_limits_w.append(report.power_limit_w)
+        return fresh
+
+    tuner.replan = replan
+    get_scenario("power-cap").apply(job.device, job.workload)
+    train(
+        tuner,
+        job,
+        schedule,
+        400.0,
+        until=lambda t: t.retunes and isinstance(t.phase, Verifying),
+    )
+    assert seen_limits_w == [job.device.power_cap_w]
+    assert isinstance(tuner.phase, Verifying) and tuner.phase.group is None
+    assert tuner.phase.trial.candidate == fresh
