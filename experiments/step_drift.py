@@ -61,11 +61,13 @@ def main() -> None:
         "worst_settled_after_s": worst("settled_after_s"),
         "worst_recovered_after_s": worst("recovered_after_s"),
         "recovery_targets_s": [r["recovery_target_s"] for r in runs],
-        "recovered_in_target": sum(
-            r["recovered_after_s"] is not None
-            and r["recovery_target_s"] is not None
-            and r["recovered_after_s"] <= r["recovery_target_s"]
-            for r in runs
+        "recovered_in_target": int(
+            sum(
+                r["recovered_after_s"] is not None
+                and r["recovery_target_s"] is not None
+                and r["recovered_after_s"] <= r["recovery_target_s"]
+                for r in runs
+            )
         ),
         "largest_slowdown_after": max(r["max_slowdown_after"] for r in runs),
     }
