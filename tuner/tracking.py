@@ -12,11 +12,13 @@ docs/design-tuner.md#tracking-mlflow-logging-that-never-stops-training
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import socket
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -27,8 +29,9 @@ from urllib.parse import unquote
 
 import mlflow
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, ViewType
 from mlflow.exceptions import MlflowException
+from mlflow.tracking.default_experiment import DEFAULT_EXPERIMENT_ID
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
@@ -105,6 +108,23 @@ def _sqlite_problem(uri: str) -> str | None:
     return None if os.access(folder, os.W_OK | os.X_OK) else f"cannot create {path} (folder not writable)"
 
 
+def _sqlite_without_default(uri: str) -> bool:
+    """True when `uri` is a local sqlite store that has no experiment 0 yet: opening it will
+    create MLflow's "Default" experiment (a missing file, a file without MLflow's tables)."""
+    if not uri.startswith("sqlite:///"):
+        return False
+    db_path = unquote(uri[len("sqlite:///") :])
+    if not db_path or db_path == ":memory:":
+        return False
+    if not Path(db_path).exists():
+        return True
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT 1 FROM experiments WHERE experiment_id = 0").fetchone() is None
+    except sqlite3.Error:
+        return True  # not MLflow's tables yet (or not readable: opening it will fail anyway)
+
+
 def _process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -161,6 +181,7 @@ class Tracker:
         self._failure_warned = False
         self._warned: set[str] = set()
         self._reaped: set[str] = set()
+        self._creates_default = False  # this tracker opens a new sqlite store (and its Default)
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no INFO lines on a new store
         self._unusable = _sqlite_problem(self._uri)
         if self._unusable:
@@ -175,8 +196,23 @@ class Tracker:
     def client(self) -> MlflowClient:
         """The MlflowClient, built on first use: building one opens (and migrates) a sqlite store."""
         if self._client is None:
+            self._creates_default = _sqlite_without_default(self._uri)
             self._client = MlflowClient(self._uri)
         return self._client
+
+    def _retire_default_experiment(self) -> None:
+        """Delete (softly: `mlflow experiments restore --experiment-id 0` brings it back) the
+        empty "Default" experiment that opening a new sqlite store made: kdvfs never logs there,
+        and an empty experiment in the UI is noise. A store that had one before is left alone."""
+        if not self._creates_default:
+            return
+        self._creates_default = False
+        default = self.client.get_experiment(DEFAULT_EXPERIMENT_ID)
+        empty = not self.client.search_runs(
+            [DEFAULT_EXPERIMENT_ID], run_view_type=ViewType.ALL, max_results=1
+        )
+        if default.lifecycle_stage == "active" and empty:
+            self.client.delete_experiment(DEFAULT_EXPERIMENT_ID)
 
     def start_run(
         self,
@@ -292,6 +328,7 @@ class Tracker:
                     name, artifact_location=_sqlite_artifact_location(self._uri)
                 )
             )
+            self._retire_default_experiment()
         return self._experiment_ids[name]
 
     def _find_run(self, experiment_id: str, local_id: str) -> str | None:

@@ -119,6 +119,22 @@ def test_end_rejects_an_unknown_status_and_ignores_a_second_end(
     assert MlflowClient(sqlite_tracking_uri).get_run(run.run_id).info.status == "FAILED"
 
 
+def test_a_new_sqlite_store_keeps_no_empty_default_experiment(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    Tracker(uri, experiment="kdvfs-x", spool_dir=tmp_path).start_run("one", {}).end()
+    client = MlflowClient(uri)
+    assert [e.name for e in client.search_experiments()] == ["kdvfs-x"]
+    client.restore_experiment("0")  # deleted softly: a user who wants it back has it
+    assert client.get_experiment("0").name == "Default"
+
+
+def test_a_store_that_had_a_default_experiment_keeps_it(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'users.db'}"
+    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]  # the user's store
+    Tracker(uri, experiment="kdvfs-x", spool_dir=tmp_path).start_run("one", {}).end()
+    assert sorted(e.name for e in MlflowClient(uri).search_experiments()) == ["Default", "kdvfs-x"]
+
+
 def test_rejected_items_are_dropped_with_a_warning_and_do_not_block_later_ones(
     sqlite_tracking_uri: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -227,6 +243,7 @@ def test_server_run_is_readable_through_the_server(
     assert [f.path for f in client.list_artifacts(run.run_id)] == ["plan.json"]
     assert run.url_or_path == f"{uri}/#/experiments/{record.info.experiment_id}/runs/{run.run_id}"
     assert not (tmp_path / "spool").exists()
+    assert client.get_experiment("0").lifecycle_stage == "active"  # the server's Default: not ours to delete
 
 
 def test_server_killed_mid_run_spools_then_uploads_after_restart(
