@@ -7,6 +7,7 @@ power, SM clock and time per call.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,15 +36,20 @@ class CalibrationRow:
 
 
 def calibrate(device: SimulatedDevice, probe_csv: Path) -> list[CalibrationRow]:
+    """The simulated card against every row of a probe table, in its order."""
+    return list(calibration_rows(device, probe_csv))
+
+
+def calibration_rows(device: SimulatedDevice, probe_csv: Path) -> Iterator[CalibrationRow]:
+    """calibrate's rows one by one (an interrupted calibration keeps the rows it has)."""
     header, rows = read_csv(probe_csv)
     require_columns(probe_csv, header, REQUIRED)
-    out = []
     for row in rows:
         probe = parse_probe_kernel(row.cells["kernel"])
         kernel = probe.kernel()
         temp_c = number(probe_csv, row, "temp_end")
         op = device.point(kernel, None, temp_c)
-        out.append(
+        yield (
             CalibrationRow(
                 kernel=probe.name,
                 measured_power_w=positive(probe_csv, row, "avg_power_W"),
@@ -55,4 +61,3 @@ def calibrate(device: SimulatedDevice, probe_csv: Path) -> list[CalibrationRow]:
                 capped=op.capped,
             )
         )
-    return out

@@ -1,8 +1,9 @@
 """Search strategies against the full sweep, over seeds: what `kdvfs compare` runs.
 
 The full sweep runs once per seed as the target; every strategy runs on a fresh device per
-seed (same seed: same noise draws for every strategy). Each run is logged as a nested MLflow
-run under one parent when a Tracker is given.
+seed (same seed: same noise draws for every strategy). Comparison holds what is done so far
+(an interrupted comparison keeps it); compare_strategies runs one to the end. Each search is
+logged as a nested MLflow run under one parent when a Tracker is given.
 """
 
 from __future__ import annotations
@@ -46,92 +47,232 @@ def compare_strategies(
     tracker=None,
     progress: Callable[[str, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of a comparison (see the README for its fields)."""
-
-    def fresh(seed: int):
-        device = open_device(device_spec, seed=seed, noise=noise, full_grid=full_grid)
-        return device, open_workload(workload_spec, device)
-
-    parent = (
-        tracker.start_run(
-            "compare",
-            {
-                "device": device_spec,
-                "workload": workload_spec,
-                "budget": budget,
-                "seeds": seeds,
-                "strategies": ",".join(strategies),
-            },
-        )
-        if tracker
-        else None
+    """The JSON document of a comparison (see the README for its fields); Comparison's
+    arguments."""
+    comparison = Comparison(
+        device_spec,
+        workload_spec,
+        strategies,
+        budget=budget,
+        seeds=seeds,
+        max_per_kernel=max_per_kernel,
+        noise=noise,
+        full_grid=full_grid,
+        window_s=window_s,
+        tracker=tracker,
+        progress=progress,
     )
-    sweeps = []
-    for seed in range(seeds):
-        device, workload = fresh(seed)
-        obs = run_sweep(device, workload, window_s)
-        figures = evaluate(device, workload, obs.kernel_level_choice(budget))
-        sweeps.append(
-            {
-                "seed": seed,
-                "measurements": obs.measurements,
-                "explore_seconds": obs.cost_s,
-                "energy_saving": figures.energy_saving,
-                "slowdown": figures.slowdown,
-            }
-        )
-    sweep = {
-        "measurements": int(np.median([s["measurements"] for s in sweeps])),
-        "energy_saving": float(np.median([s["energy_saving"] for s in sweeps])),
-        "runs": sweeps,
-    }
-    results: dict[str, list[dict[str, Any]]] = {}
-    for name in strategies:
-        results[name] = []
-        for seed in range(seeds):
-            device, workload = fresh(seed)
-            r = run_search(
-                device,
-                workload,
-                name,
-                budget=budget,
-                seed=seed,
-                max_per_kernel=max_per_kernel,
-                window_s=window_s,
-                progress=(
-                    lambda done, total, n, name=name, seed=seed: progress(
-                        f"{name} seed {seed}", done, total, n
-                    )
-                )
-                if progress
-                else None,
-            )
-            results[name].append(result_json(r))
-            if parent is not None:
-                _log_run(tracker, parent, name, seed, r)
-    doc = {
-        "device": device_spec,
-        "gpu": device.name,
-        "workload": workload.name,
-        "signature": workload.signature,
-        "budget": budget,
-        "seeds": seeds,
-        "source": device.source,
-        "sweep": sweep,
-        "strategies": results,
-        "summary": summarize(results, sweep),
-    }
-    if parent is not None:
-        from kdvfs.tuner.plots import convergence_figure
+    try:
+        comparison.run()
+    except KeyboardInterrupt:
+        comparison.end("KILLED")
+        raise
+    return comparison.end()
 
-        parent.log_dict(doc, "compare.json")
-        parent.log_figure(
-            convergence_figure(results, sweep, f"{device.name}, {workload.name} [{device.source}]"),
-            "convergence.png",
+
+class Comparison:
+    """A comparison under way: the full sweep per seed, then every strategy per seed, each
+    result kept as soon as it is done (an interrupted comparison keeps them: end() reports
+    what is done). With a Tracker, one MLflow parent run and a nested run per search, both
+    carrying run_identity's params and tags; the parent gets the headline figures as metrics.
+
+    Args:
+        device_spec: the device (`sim:PRESET`, `replay:CSV`), opened fresh for every run.
+        workload_spec: the workload (`gpt3-xl-layer`, `trace:CSV`, `table`).
+        strategies: names of the search strategies (policies.registry).
+        budget: allowed slowdown of the iteration, e.g. 0.01.
+        seeds: runs per strategy, seeds 0..seeds-1 (the sweep runs once per seed).
+        max_per_kernel: most measurements a search makes per kernel; None: the strategy's own.
+        noise: measurement-noise scale; None: the device's.
+        full_grid: search every supported clock pair, not the preset's grid.
+        window_s: seconds of repeats per measurement.
+        tracker: a tuner.tracking.Tracker, or None for no MLflow.
+        progress: called (run label, kernels done, kernels, measurements) as a sweep or search goes.
+        on_phase: called with each phase, in plain words, as it starts.
+    """
+
+    def __init__(
+        self,
+        device_spec: str,
+        workload_spec: str,
+        strategies: list[str],
+        *,
+        budget: float,
+        seeds: int,
+        max_per_kernel: int | None = None,
+        noise: float | None = None,
+        full_grid: bool = False,
+        window_s: float = 1.0,
+        tracker=None,
+        progress: Callable[[str, int, int, int], None] | None = None,
+        on_phase: Callable[[str], None] | None = None,
+    ) -> None:
+        self.device_spec, self.workload_spec, self.strategies = device_spec, workload_spec, strategies
+        self.budget, self.seeds, self.max_per_kernel = budget, seeds, max_per_kernel
+        self.noise, self.full_grid, self.window_s = noise, full_grid, window_s
+        self.tracker, self._progress, self._on_phase = tracker, progress, on_phase
+        self.device, self.workload = self._fresh(0)
+        self.sweeps: list[dict[str, Any]] = []
+        self.results: dict[str, list[dict[str, Any]]] = {}
+        self._parent = self._child = None
+        self._ended = False
+
+    def _fresh(self, seed: int):
+        device = open_device(self.device_spec, seed=seed, noise=self.noise, full_grid=self.full_grid)
+        return device, open_workload(self.workload_spec, device)
+
+    def _phase(self, text: str) -> None:
+        if self._on_phase is not None:
+            self._on_phase(text)
+
+    def _params(self) -> dict[str, Any]:
+        from kdvfs.tuner.commands._common import run_identity
+
+        return {
+            "device": self.device_spec,
+            "workload": self.workload_spec,
+            "budget": self.budget,
+            "window_s": self.window_s,
+            "max_measurements_per_kernel": self.max_per_kernel,
+            **run_identity(self.device, self.workload),
+        }
+
+    def run(self) -> None:
+        """The sweeps, then the searches; a failure ends the MLflow runs FAILED and is raised."""
+        try:
+            self._run()
+        except Exception:
+            self._end_runs("FAILED")
+            raise
+
+    def _run(self) -> None:
+        from kdvfs.tuner.commands._common import run_identity
+
+        if self.tracker is not None:
+            self._phase("opening the MLflow run")
+            params = {**self._params(), "seeds": self.seeds, "strategies": ",".join(self.strategies)}
+            self._parent = self.tracker.start_run(
+                "compare", params, tags=run_identity(self.device, self.workload)
+            )
+        for seed in range(self.seeds):
+            self._phase(f"running the full sweep, seed {seed}")
+            device, workload = self._fresh(seed)
+            obs = run_sweep(
+                device, workload, self.window_s, self._sweep_progress(seed, len(device.grid.pairs))
+            )
+            figures = evaluate(device, workload, obs.kernel_level_choice(self.budget))
+            self.sweeps.append(
+                {
+                    "seed": seed,
+                    "measurements": obs.measurements,
+                    "explore_seconds": obs.cost_s,
+                    "energy_saving": figures.energy_saving,
+                    "slowdown": figures.slowdown,
+                }
+            )
+        for name in self.strategies:
+            self.results[name] = []
+            for seed in range(self.seeds):
+                self._phase(f"running {name}, seed {seed}")
+                self._search(name, seed)
+
+    def _sweep_progress(self, seed: int, pairs: int) -> Callable[[int, int], None] | None:
+        """The sweep's progress (measurements) as the searches' (kernels done, kernels, measurements)."""
+        progress = self._progress
+        if progress is None:
+            return None
+        return lambda done, total: progress(f"full sweep seed {seed}", done // pairs, total // pairs, done)
+
+    def _search(self, name: str, seed: int) -> None:
+        from kdvfs.tuner.commands._common import run_identity
+
+        device, workload = self._fresh(seed)
+        if self._parent is not None:
+            self._child = self.tracker.start_run(
+                f"{name}-seed{seed}",
+                {**self._params(), "strategy": name, "seed": seed},
+                tags=run_identity(device, workload),
+                parent=self._parent,
+            )
+        progress = self._progress
+        r = run_search(
+            device,
+            workload,
+            name,
+            budget=self.budget,
+            seed=seed,
+            max_per_kernel=self.max_per_kernel,
+            window_s=self.window_s,
+            progress=(lambda done, total, n: progress(f"{name} seed {seed}", done, total, n))
+            if progress
+            else None,
         )
-        parent.end()
-        doc["mlflow"] = parent.url_or_path
-    return doc
+        self.results[name].append(result_json(r))
+        if self._child is not None:
+            _log_search(self._child, r, self.sweeps[seed]["energy_saving"])
+            self._child = None
+
+    def doc(self) -> dict[str, Any]:
+        """The comparison's JSON document, of what is done so far."""
+        results = {name: runs for name, runs in self.results.items() if runs}
+        doc: dict[str, Any] = {
+            "device": self.device_spec,
+            "gpu": self.device.name,
+            "workload": self.workload.name,
+            "signature": self.workload.signature,
+            "budget": self.budget,
+            "seeds": self.seeds,
+            "source": self.device.source,
+            "sweep": None,
+            "strategies": results,
+            "summary": {},
+        }
+        if self.sweeps:
+            doc["sweep"] = {
+                "measurements": int(np.median([s["measurements"] for s in self.sweeps])),
+                "energy_saving": float(np.median([s["energy_saving"] for s in self.sweeps])),
+                "runs": self.sweeps,
+            }
+            doc["summary"] = summarize(results, doc["sweep"])
+        return doc
+
+    def end(self, status: str = "FINISHED") -> dict[str, Any]:
+        """The document of what is done; the MLflow runs get it, the headline figures and the
+        convergence plot, and end with `status` (KILLED when interrupted)."""
+        doc = self.doc()
+        parent = self._parent
+        if parent is not None and not self._ended:
+            parent.log_metrics(sum(len(runs) for runs in doc["strategies"].values()), _headline(doc))
+            parent.log_dict(doc, "compare.json")
+            if doc["sweep"] is not None and doc["strategies"]:
+                from kdvfs.tuner.plots import convergence_figure
+
+                title = f"{self.device.name}, {self.workload.name} [{self.device.source}]"
+                parent.log_figure(
+                    convergence_figure(doc["strategies"], doc["sweep"], title), "convergence.png"
+                )
+            self._end_runs(status)
+        if parent is not None:
+            doc["mlflow"] = parent.url_or_path
+        return doc
+
+    def _end_runs(self, status: str) -> None:
+        for run in (self._child, self._parent):
+            if run is not None:
+                run.end(status)
+        self._child, self._ended = None, True
+
+
+def _headline(doc: dict[str, Any]) -> dict[str, float]:
+    """The figures the MLflow runs table sorts by: the sweep's, and each strategy's medians."""
+    metrics: dict[str, float] = {}
+    if doc["sweep"] is not None:
+        metrics["sweep_energy_saving"] = doc["sweep"]["energy_saving"]
+        metrics["sweep_measurements"] = doc["sweep"]["measurements"]
+    for name, s in doc["summary"].items():
+        for key in ("energy_saving", "share_of_sweep_saving", "measurements", "max_slowdown"):
+            metrics[f"{name}.{key}"] = s[key]
+    return {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
 
 
 def summarize(results: dict[str, list[dict[str, Any]]], sweep: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -154,18 +295,20 @@ def summarize(results: dict[str, list[dict[str, Any]]], sweep: dict[str, Any]) -
     return out
 
 
-def _log_run(tracker, parent, name: str, seed: int, r: SearchResult) -> None:
-    run = tracker.start_run(f"{name}-seed{seed}", {"strategy": name, "seed": seed}, parent=parent)
+def _log_search(run, r: SearchResult, sweep_saving: float) -> None:
+    """A search's curve and final figures into its nested run, which then ends."""
     for n, saving in r.curve:
         run.log_metrics(n, {"energy_saving": saving})
-    run.log_metrics(
-        r.measurements,
-        {
-            "final_energy_saving": r.energy_saving,
-            "slowdown": r.slowdown,
-            "explore_seconds": r.explore_seconds,
-            "tuner_cpu_s": r.tuner_cpu_s,
-        },
-    )
+    final = {
+        "final_energy_saving": r.energy_saving,
+        "slowdown": r.slowdown,
+        "measurements": r.measurements,
+        "explore_seconds": r.explore_seconds,
+        "tuner_cpu_s": r.tuner_cpu_s,
+        "sweep_energy_saving": sweep_saving,
+    }
+    if sweep_saving > 0:
+        final["share_of_sweep_saving"] = r.energy_saving / sweep_saving
+    run.log_metrics(r.measurements, final)
     run.log_dict(plan_json(r.plan), "plan.json")
     run.end()

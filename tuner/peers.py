@@ -419,23 +419,63 @@ def run_peers(
 
 
 def run_peers_command(args: Any) -> int:
-    """`kdvfs compare --peers NAMES`: the run, its table, its plot (MLflow and --plot), --json."""
-    from kdvfs.tuner.commands._common import pct, write_json
-    from kdvfs.tuner.plots import peers_figure
+    """`kdvfs compare --peers NAMES`: the run, its table, its plot (MLflow and --plot), --json;
+    interrupted, the JSON (marked partial) and a KILLED MLflow run, exit 130."""
+    from kdvfs.tuner.commands._common import Phases, deferred_interrupts, run_identity, write_all, write_json
 
     names = parse_peers(args.peers)
     if args.steps is not None and args.steps <= 0:
         raise KdvfsError(f"--steps must be a positive whole number, not {args.steps}")
-    doc = run_peers(
-        args.device,
-        args.workload,
-        names,
-        budget=args.budget,
-        steps=args.steps,
-        seed=args.seed,
-        noise=args.noise,
-        progress=lambda name: print(f"running {name} ...", file=sys.stderr),
-    )
+    phases, doc = Phases("compare"), None
+
+    def say(name: str) -> None:
+        phases.enter(f"running {name}")
+        print(f"running {name} ...", file=sys.stderr)
+
+    with phases.interruptible():
+        doc = run_peers(
+            args.device,
+            args.workload,
+            names,
+            budget=args.budget,
+            steps=args.steps,
+            seed=args.seed,
+            noise=args.noise,
+            progress=say,
+        )
+    with deferred_interrupts():
+        device = open_device(args.device)
+        workload = open_workload(args.workload, device)
+        if doc is None:  # the peers' figures exist only once every run is over
+            doc = {
+                "device": args.device,
+                "gpu": device.name,
+                "workload": workload.name,
+                "budget": args.budget,
+            }
+            doc.update(steps=args.steps, seed=args.seed, source="simulated", peers={})
+        phases.mark(doc)
+        fig = None if doc["partial"] else _print_peers(args, doc)
+        if not args.no_mlflow:
+            doc["mlflow"] = _log_peers(args, doc, fig, run_identity(device, workload), phases.run_status)
+            print(f"  MLflow: {doc['mlflow']}")
+    outputs = [("JSON", lambda: write_json(args.json, doc))]
+    if fig is not None and args.plot is not None:
+        outputs.insert(0, ("plot", lambda: _save_plot(fig, args.plot)))
+    return phases.exit_status(write_all(outputs))
+
+
+def _save_plot(fig, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _print_peers(args: Any, doc: dict[str, Any]):
+    """Print the peers' table; the figure."""
+    from kdvfs.tuner.commands._common import pct
+    from kdvfs.tuner.plots import peers_figure
+
     print(
         f"peers on {doc['gpu']} ({args.device}), {doc['workload']}, {doc['steps']:,} steps, budget {pct(args.budget)}, "
         f"seed {args.seed} [simulated]; stock trains {doc['stock']['training_s'] / 3600:.2f} h"
@@ -450,27 +490,24 @@ def run_peers_command(args: Any) -> int:
             q = p["as_paper_ran_it"]
             print(f"  {'  (switches ignored)':22s} {pct(q['energy_saving']):>8s} {pct(q['slowdown']):>9s}")
     print("  (saving and slowdown against stock over the whole run, tuning included; the card's true energy)")
-    fig = peers_figure([doc], "peers (issue 18)")
-    if args.plot is not None:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.plot, dpi=120)
-    if not args.no_mlflow:
-        from kdvfs.tuner.tracking import Tracker
+    return peers_figure([doc], "peers (issue 18)")
 
-        tracker = Tracker(args.mlflow_uri, experiment="kdvfs-peers")
-        params = {k: doc[k] for k in ("device", "workload", "budget", "steps", "seed", "source")}
-        with tracker.start_run(f"peers-{doc['workload']}", params) as run:
-            run.log_metrics(
-                doc["steps"],
-                {
-                    f"{n}.{k}": float(p[k])
-                    for n, p in doc["peers"].items()
-                    for k in ("energy_saving", "slowdown")
-                },
-            )
-            run.log_figure(fig, "peers.png")
-            run.log_dict(doc, "peers.json")
-        doc["mlflow"] = run.url_or_path
-        print(f"  MLflow: {doc['mlflow']}")
-    write_json(args.json, doc)
-    return 0
+
+def _log_peers(args: Any, doc: dict[str, Any], fig, identity: dict[str, str], status: str) -> str:
+    """One MLflow run, ended with `status`: settings and run_identity as params, run_identity
+    as tags, each peer's saving and slowdown as metrics, the plot and the document."""
+    from kdvfs.tuner.tracking import Tracker
+
+    tracker = Tracker(args.mlflow_uri, experiment="kdvfs-peers")
+    params = {k: doc[k] for k in ("device", "workload", "budget", "steps", "seed")}
+    run = tracker.start_run(f"peers-{doc['workload']}", {**params, **identity}, tags=identity)
+    if doc["peers"]:
+        run.log_metrics(
+            doc["steps"],
+            {f"{n}.{k}": float(p[k]) for n, p in doc["peers"].items() for k in ("energy_saving", "slowdown")},
+        )
+    if fig is not None:
+        run.log_figure(fig, "peers.png")
+    run.log_dict(doc, "peers.json")
+    run.end(status)
+    return run.url_or_path

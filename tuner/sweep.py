@@ -42,24 +42,43 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
 ) -> Observations:
     """Measure the reference, then every distinct kernel at stock and at every pair of the
-    grid; a kernel doing the same work as one already measured (the same kernel of another
-    layer) shares its measurements instead of being measured again."""
-    obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
+    grid (sweep_reference, then measure_every_pair)."""
+    return measure_every_pair(device, sweep_reference(device, workload), window_s, progress)
+
+
+def sweep_reference(device: RunnableDevice, workload: Workload) -> Observations:
+    """A sweep's first phase: training iterations at stock; nothing measured at a pair yet."""
+    return Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
+
+
+def measure_every_pair(
+    device: RunnableDevice,
+    obs: Observations,
+    window_s: float = 1.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Observations:
+    """A sweep's second phase, into `obs` as it goes (an interrupted sweep keeps what it
+    measured): every distinct kernel at stock and at every pair of the grid. A kernel doing the
+    same work as one already measured (the same kernel of another layer) shares its
+    measurements instead of being measured again."""
+    workload = obs.workload
     first: dict[tuple, int] = {}
     by_work = getattr(device, "costs_by_work", False)  # else a kernel's costs go by its name (a table)
     copies = [first.setdefault(_work(k) if by_work else (k.name,), i) for i, k in enumerate(workload.kernels)]
     distinct = [i for i, source in enumerate(copies) if source == i]
     total = len(distinct) * len(obs.pairs)
-    for n, i in enumerate(distinct):
-        measure_cell(device, obs, i, None, window_s)
-        for j, pair in enumerate(obs.pairs):
-            measure_cell(device, obs, i, pair, window_s)
-            if progress is not None:
-                progress(n * len(obs.pairs) + j + 1, total)
-    for i, source in enumerate(copies):
-        if source != i:
-            obs.share(source, i)
-    device.reset_clocks()
+    try:
+        for n, i in enumerate(distinct):
+            measure_cell(device, obs, i, None, window_s)
+            for j, pair in enumerate(obs.pairs):
+                measure_cell(device, obs, i, pair, window_s)
+                if progress is not None:
+                    progress(n * len(obs.pairs) + j + 1, total)
+            for copy, source in enumerate(copies):
+                if source == i and copy != i:
+                    obs.share(i, copy)
+    finally:
+        device.reset_clocks()
     return obs
 
 
@@ -82,10 +101,16 @@ def pass_level_choice(obs: Observations, budget: float) -> dict[str, ClockPair |
     passes = [k.pass_name for k in obs.workload.kernels]
     time_s, energy_j = obs.plannable()
     times = np.column_stack([time_s, obs.ref_time_s])
-    energies = np.column_stack([energy_j, obs.stock_energy_j])
+    energies = np.column_stack([energy_j, _stock_energy_j(obs)])
     per_pass, _ = pass_level(list(times), list(energies), passes, obs.time_limit_s(budget))
     options = (*obs.pairs, None)
     return {k.name: options[per_pass[k.pass_name]] for k in obs.workload.kernels}
+
+
+def _stock_energy_j(obs: Observations) -> np.ndarray:
+    """Each kernel's isolated stock energy, 0 where not measured yet (an interrupted sweep):
+    such a kernel stays at stock, whose energy is the same in every plan."""
+    return np.where(np.isnan(obs.stock_energy_j), 0.0, obs.stock_energy_j)
 
 
 def evaluate(device: RunnableDevice, workload: Workload, choice: dict[str, ClockPair | None]) -> PlanFigures:
@@ -118,7 +143,7 @@ def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisa
 
     time_m, energy_m = obs.plannable()
     t = np.column_stack([time_m, obs.ref_time_s])
-    e = np.column_stack([energy_m, obs.stock_energy_j])
+    e = np.column_stack([energy_m, _stock_energy_j(obs)])
     columns = [*obs.pairs, None]
     grouping = group_kernels(t, e, device.switch_latency_s, obs.time_limit_s(budget), 0.0)
     schedule = (

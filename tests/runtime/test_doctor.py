@@ -11,6 +11,7 @@ import csv
 import json
 import sys
 import time
+from dataclasses import astuple
 
 import pynvml
 import pytest
@@ -260,3 +261,29 @@ def test_probe_without_cuda_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys
 def test_probe_bad_kernel_name_is_a_usage_error(tmp_path):
     with pytest.raises(KdvfsError, match="probe kernel 'warp_drive' has no known form"):
         run_command(probe, ["--out", str(tmp_path), "--kernels", "gemm_bf16_64,warp_drive"])
+
+
+def test_an_interrupted_probe_writes_the_rows_it_has_and_exits_130(fake, tmp_path, monkeypatch, capsys):
+    # no GPU here: CUDA is said to be there and measure_kernel stands in for the CUDA
+    # measurement (reaching inside for that alone); NVML is the fake card
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(probe, "_nvml_index", lambda index: index)
+    row = ProbeRow("x", 1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1980, 1980, 3201, 1.0, 40, 1.0, 1.0, 1.0, "graph")
+    measured = []
+
+    def measure(kernel, dev, seconds, cuda_device):
+        if len(measured) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the third kernel runs
+        measured.append(kernel.name)
+        return ProbeRow(kernel.name, *astuple(row)[1:])
+
+    monkeypatch.setattr(probe, "measure_kernel", measure)
+    kernels = "gemm_bf16_64,gelu_1MiB,copy_1MiB"
+    assert run_command(probe, ["--out", str(tmp_path), "--kernels", kernels]) == 130
+    with (tmp_path / "kernels_stock.csv").open() as f:
+        assert [r["kernel"] for r in csv.DictReader(f)] == measured == ["gemm_bf16_64", "gelu_1MiB"]
+    captured = capsys.readouterr()
+    assert "kdvfs probe: interrupted while probing copy_1MiB" in captured.err
+    assert "partial: 2 of 3 kernels probed" in captured.out

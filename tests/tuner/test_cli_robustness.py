@@ -11,14 +11,20 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
+import kdvfs.tuner.calibration
+import kdvfs.tuner.compare
+import kdvfs.tuner.peers
+import kdvfs.tuner.scenarios
 import kdvfs.tuner.session
 import kdvfs.tuner.step_tuner
+import kdvfs.tuner.sweep
 from kdvfs.tuner.cli import main
 from kdvfs.tuner.plan import load_plan
 
@@ -227,14 +233,17 @@ def test_an_unwritable_tracking_store_is_spooled_at_once(tmp_path, monkeypatch, 
 # -- interruptions -------------------------------------------------------------------------
 
 
-def _terminate_on_call(monkeypatch, owner, name: str) -> None:
-    """Send this process SIGTERM when `owner.name` is first called: the phase it belongs to is
-    interrupted by a real signal through the CLI's real handler (reaching inside only to pick
-    the moment)."""
+def _terminate_on_call(monkeypatch, owner, name: str, call: int = 1) -> None:
+    """Send this process SIGTERM when `owner.name` is called the `call`-th time: the phase it
+    belongs to is interrupted by a real signal through the CLI's real handler (reaching inside
+    only to pick the moment)."""
     original = getattr(owner, name)
+    calls = [0]
 
     def interrupted(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
+        calls[0] += 1
+        if calls[0] == call:
+            os.kill(os.getpid(), signal.SIGTERM)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, interrupted)
@@ -250,11 +259,11 @@ def _terminate_on_call(monkeypatch, owner, name: str) -> None:
     ids=["prior", "training", "oracle-sweep"],
 )
 def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
-    tmp_path, monkeypatch, owner, name, phase, plan_kept
+    tmp_path, monkeypatch, owner, name, phase, plan_kept, sqlite_store_uri
 ):
     monkeypatch.chdir(tmp_path)
     _terminate_on_call(monkeypatch, owner, name)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store_uri
     # MLflow only where the issue lost the run (the last phase); Ctrl-C while tuning with
     # MLflow is test_tune_cli's subprocess test
     tracking = ["--mlflow-uri", uri] if phase.endswith("sweep)") else ["--no-mlflow"]
@@ -274,9 +283,93 @@ def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
         assert run.info.status == "KILLED"
 
 
-def test_the_headline_plan_show_and_mlflow_report_one_saving(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def small_table(tmp_path_factory) -> str:
+    """A replayed card: 3 kernels on a 2 x 2 grid, tens of ms each (few simulated iterations
+    fill a reference: a sweep takes well under a second)."""
+    rows = ["kernel,core_mhz,mem_mhz,time_s,energy_j"]
+    for k in range(3):
+        for core in (1000, 1500):
+            for mem in (5000, 6000):
+                time_s = 0.03 * (1 + 0.2 * k) * (1500 / core) ** (0.5 + 0.2 * k) * (6000 / mem) ** 0.2
+                rows.append(f"k{k},{core},{mem},{time_s:.6g},{time_s * (80 + 0.1 * core + 0.01 * mem):.6g}")
+    path = tmp_path_factory.mktemp("table") / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return f"replay:{path}"
+
+
+LADDER = Path(__file__).resolve().parents[2] / "data" / "h200" / "kernels_ladder.csv"
+
+
+def _killed_runs(uri: str, experiment: str) -> dict[str, str]:
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return {run.info.run_name: run.info.status for run in runs}
+
+
+@pytest.mark.parametrize(
+    "command, owner, name, call, phase, kept",
+    [
+        ("sweep", kdvfs.tuner.sweep, "measure_reference_iterations", 1, "measuring the stock reference", {}),
+        ("sweep", kdvfs.tuner.sweep, "measure_cell", 6, "measuring every clock pair", {"measurements": 5}),
+        ("compare", kdvfs.tuner.compare, "run_sweep", 2, "running the full sweep, seed 1", {"sweeps": 1}),
+        ("compare", kdvfs.tuner.compare, "run_search", 2, "running ucb, seed 0", {"searches": ["random"]}),
+        ("scenario", kdvfs.tuner.scenarios, "PlanStore", 1, "running scenario power-cap", {}),
+        ("peers", kdvfs.tuner.peers, "run_peers", 1, "starting", {}),
+        ("calibrate", kdvfs.tuner.calibration, "parse_probe_kernel", 4, "simulating the probe's kernels", {"rows": 3}),
+    ],
+    ids=["sweep-reference", "sweep-pairs", "compare-sweep", "compare-search", "scenario", "peers", "calibrate"],
+)  # fmt: skip
+def test_sigterm_in_any_phase_of_the_other_commands_keeps_partial_json_and_killed_runs(
+    tmp_path, monkeypatch, small_table, sqlite_store_uri, command, owner, name, call, phase, kept
+):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _terminate_on_call(monkeypatch, owner, name, call)
+    uri = sqlite_store_uri
+    argv = {
+        "sweep": ["sweep", "--device", small_table, "--workload", "table", "--window-s", "0.1"],
+        "compare": [
+            "compare",
+            "--device",
+            small_table,
+            "--workload",
+            "table",
+            "--strategies",
+            "random,ucb",
+            "--seeds",
+            "2" if "sweeps" in kept else "1",
+            "--window-s",
+            "0.1",
+            "--mlflow-uri",
+            uri,
+        ],
+        "scenario": ["compare", "--scenario", "power-cap", "--mlflow-uri", uri],
+        "peers": ["compare", "--peers", "envpipe-sm-stepdown", "--no-mlflow"],
+        "calibrate": ["calibrate", "--against", str(LADDER)],
+    }[command]
+    code, _, err = run_cli(*argv, "--json", "out.json")
+    assert code == 130 and f"interrupted while {phase}" in err and "Traceback" not in err, err
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["partial"] is True and doc["interrupted_while"] == phase
+    if "measurements" in kept:  # what was measured is planned from: the rest stays at stock
+        assert doc["measurements"] == kept["measurements"] and doc["kernels_swept"] == 1
+        assert set(doc["kernel_level"]["plan"]) == {"k0", "k1", "k2"}
+    if "sweeps" in kept:
+        assert len(doc["sweep"]["runs"]) == kept["sweeps"] and doc["strategies"] == {}
+        assert _killed_runs(uri, "kdvfs-compare") == {"compare": "KILLED"}
+    if "searches" in kept:
+        assert list(doc["strategies"]) == kept["searches"] and doc["summary"]["random"]["measurements"] > 0
+        runs = _killed_runs(uri, "kdvfs-compare")
+        assert runs == {"compare": "KILLED", "random-seed0": "FINISHED", "ucb-seed0": "KILLED"}
+    if "rows" in kept:
+        assert len(doc["rows"]) == kept["rows"]
+    if command == "scenario":
+        assert _killed_runs(uri, "kdvfs-scenarios") == {"power-cap-ucb": "KILLED"}
+
+
+def test_the_headline_plan_show_and_mlflow_report_one_saving(tmp_path, monkeypatch, sqlite_store_uri):
+    monkeypatch.chdir(tmp_path)
+    uri = sqlite_store_uri
     code, out, err = run_cli(*TINY_TUNE, "--no-sweep", "--mlflow-uri", uri, "--plan-out", "plan.json")
     assert code == 0, err
     plan = load_plan(tmp_path / "plan.json")

@@ -156,9 +156,9 @@ def test_botorch_beats_random_at_equal_measurements_on_a_real_table():
     assert bo > rnd + 0.003, (bo, rnd)
 
 
-def test_cli_compare_json_and_mlflow(tmp_path, table_csv):
+def test_cli_compare_json_and_mlflow(tmp_path, table_csv, sqlite_store_uri):
     out = tmp_path / "c.json"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store_uri
     assert (
         main(
             [
@@ -206,6 +206,17 @@ def test_cli_compare_json_and_mlflow(tmp_path, table_csv):
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 5 and len(children) == 4
     assert client.get_metric_history(children[0].info.run_id, "energy_saving")
+    # parent and children carry what tune runs carry, so that the runs table compares them
+    identity = {"gpu", "clock_grid", "source", "workload_signature", "kdvfs_version"}
+    for r in runs:
+        assert identity <= set(r.data.params) and identity <= set(r.data.tags) and r.info.status == "FINISHED"
+        assert r.data.tags["workload_signature"] == doc["signature"] and r.data.params["source"] == "replayed"
+    (parent,) = [r for r in runs if r not in children]
+    assert parent.data.metrics["sweep_energy_saving"] == pytest.approx(doc["sweep"]["energy_saving"])
+    assert parent.data.metrics["ucb.energy_saving"] == pytest.approx(doc["summary"]["ucb"]["energy_saving"])
+    child = next(r for r in children if r.info.run_name == "ucb-seed0")
+    assert child.data.metrics["final_energy_saving"] == pytest.approx(run["energy_saving"])
+    assert child.data.params["strategy"] == "ucb" and child.data.metrics["sweep_energy_saving"] > 0
 
 
 def test_cli_compare_rejects_unknown_strategy(capsys):

@@ -128,9 +128,9 @@ def test_a_new_sqlite_store_keeps_no_empty_default_experiment(tmp_path: Path) ->
     assert client.get_experiment("0").name == "Default"
 
 
-def test_a_store_that_had_a_default_experiment_keeps_it(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'users.db'}"
-    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]  # the user's store
+def test_a_store_that_had_a_default_experiment_keeps_it(sqlite_store_uri: str, tmp_path: Path) -> None:
+    uri = sqlite_store_uri  # a store made by MLflow's own client
+    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
     Tracker(uri, experiment="kdvfs-x", spool_dir=tmp_path).start_run("one", {}).end()
     assert sorted(e.name for e in MlflowClient(uri).search_experiments()) == ["Default", "kdvfs-x"]
 

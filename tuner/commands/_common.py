@@ -143,6 +143,21 @@ def open_from_args(args: argparse.Namespace):
     return device, open_workload(args.workload, device)
 
 
+def run_identity(device, workload) -> dict[str, str]:
+    """What makes MLflow runs comparable, as params and tags of every command's runs: GPU
+    name, clock grid, source (simulated, replayed, measured), workload signature, kdvfs version."""
+    from kdvfs import __version__
+    from kdvfs.tuner.plan import describe_grid
+
+    return {
+        "gpu": device.name,
+        "clock_grid": describe_grid(device.grid),
+        "source": device.source,
+        "workload_signature": workload.signature,
+        "kdvfs_version": __version__,
+    }
+
+
 def write_json(path: Path | None, payload: dict[str, Any]) -> None:
     """Write the JSON document atomically (a temporary file beside it, then a rename)."""
     if path is None:
@@ -216,6 +231,56 @@ def write_all(outputs: list[tuple[str, Callable[[], None]]]) -> int:
                 failed += 1
                 print(f"kdvfs: {label} not written: {exc}", file=sys.stderr)
     return failed
+
+
+class Phases:
+    """Which phase a command is in, and whether Ctrl-C/SIGTERM cut it short: the one way
+    every command keeps what it has when interrupted (JSON marked partial, MLflow run KILLED,
+    exit 130).
+
+    Args:
+        command: the subcommand's name, for the interruption line.
+    """
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.now = "starting"
+        self.interrupted = False
+
+    def enter(self, phase: str) -> None:
+        """The command now does `phase` (plain words: "measuring every clock pair")."""
+        self.now = phase
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Ctrl-C/SIGTERM inside the block ends the block, not the command: one line names the
+        phase, and the command goes on to write what it has."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.interrupted = True
+            print(
+                f"kdvfs {self.command}: interrupted while {self.now}: what was measured so far is kept",
+                file=sys.stderr,
+            )
+
+    @property
+    def run_status(self) -> str:
+        """The MLflow status of the command's runs: KILLED when interrupted, else FINISHED."""
+        return "KILLED" if self.interrupted else "FINISHED"
+
+    def mark(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """`doc` with "partial" (and, when interrupted, "interrupted_while": the phase)."""
+        doc["partial"] = self.interrupted
+        if self.interrupted:
+            doc["interrupted_while"] = self.now
+        return doc
+
+    def exit_status(self, failed_outputs: int = 0) -> int:
+        """130 when interrupted, else 2 when an output failed, else 0."""
+        if self.interrupted:
+            return 130
+        return 2 if failed_outputs else 0
 
 
 @contextlib.contextmanager

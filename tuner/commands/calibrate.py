@@ -1,11 +1,20 @@
-"""`kdvfs calibrate`: the simulated card in auto mode against a stock-clock probe."""
+"""`kdvfs calibrate`: the simulated card in auto mode against a stock-clock probe (interrupted,
+the rows done so far, the JSON marked partial, exit 130)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from kdvfs.tuner.commands._common import add_json, pct, write_json
+from kdvfs.tuner.commands._common import (
+    Phases,
+    add_json,
+    check_file_output,
+    deferred_interrupts,
+    pct,
+    write_all,
+    write_json,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from kdvfs.runtime.registry import open_device
     from kdvfs.runtime.simulator import SimulatedDevice
     from kdvfs.runtime.types import KdvfsError
-    from kdvfs.tuner.calibration import calibrate
+    from kdvfs.tuner.calibration import calibration_rows
 
+    check_file_output(args.json, "--json")
     device = open_device(args.device, noise=0.0)
     if not isinstance(device, SimulatedDevice):
         raise KdvfsError(
@@ -35,7 +45,17 @@ def run(args: argparse.Namespace) -> int:
             f"{args.against} was probed on {probe_gpu} (nvml.json beside it), but --device {args.device} "
             f"simulates {device.name}: calibrate a card against its own probe"
         )
-    rows = calibrate(device, args.against)
+    phases, rows = Phases("calibrate"), []
+    with phases.interruptible():
+        phases.enter("simulating the probe's kernels")
+        rows.extend(calibration_rows(device, args.against))
+    with deferred_interrupts():
+        _print_rows(args, device, rows)
+        doc = phases.mark(_doc(args, rows))
+    return phases.exit_status(write_all([("JSON", lambda: write_json(args.json, doc))]))
+
+
+def _print_rows(args: argparse.Namespace, device, rows) -> None:
     print(
         f"{device.name} (simulated, auto mode, at the probe's temperatures) against {args.against} (measured on a real GPU)"
     )
@@ -49,27 +69,26 @@ def run(args: argparse.Namespace) -> int:
             f" {r.measured_time_s * 1e6:9.1f}/{r.simulated_time_s * 1e6:<9.1f} {pct(r.rel_error('time_s')):>8s}"
             f"{'  (power-capped)' if r.capped else ''}"
         )
-    write_json(
-        args.json,
-        {
-            "device": args.device,
-            "against": str(args.against),
-            "source": "simulated vs measured",
-            "rows": [
-                {
-                    "kernel": r.kernel,
-                    "measured_power_w": r.measured_power_w,
-                    "simulated_power_w": r.simulated_power_w,
-                    "measured_sm_mhz": r.measured_sm_mhz,
-                    "simulated_sm_mhz": r.simulated_sm_mhz,
-                    "measured_time_s": r.measured_time_s,
-                    "simulated_time_s": r.simulated_time_s,
-                }
-                for r in rows
-            ],
-        },
-    )
-    return 0
+
+
+def _doc(args: argparse.Namespace, rows) -> dict:
+    return {
+        "device": args.device,
+        "against": str(args.against),
+        "source": "simulated vs measured",
+        "rows": [
+            {
+                "kernel": r.kernel,
+                "measured_power_w": r.measured_power_w,
+                "simulated_power_w": r.simulated_power_w,
+                "measured_sm_mhz": r.measured_sm_mhz,
+                "simulated_sm_mhz": r.simulated_sm_mhz,
+                "measured_time_s": r.measured_time_s,
+                "simulated_time_s": r.simulated_time_s,
+            }
+            for r in rows
+        ],
+    }
 
 
 def _probe_gpu_name(probe_csv: Path) -> str | None:

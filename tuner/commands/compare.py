@@ -9,15 +9,19 @@ from pathlib import Path
 
 from kdvfs.tuner.commands._common import (
     SOURCE_LABEL,
+    Phases,
     add_budget,
     add_json,
     check_dir_output,
     check_file_output,
+    deferred_interrupts,
     noise_scale,
     nonnegative_int,
     pct,
     positive_float,
     positive_int,
+    run_identity,
+    write_all,
     write_json,
 )
 
@@ -134,13 +138,14 @@ def _strategies(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     check_file_output(args.json, "--json")
     check_dir_output(args.plan_store, "--plan-store")
+    check_file_output(args.plot, "--plot")
     if args.scenario is not None:
         return _run_scenario(args)
     if args.peers is not None:
         from kdvfs.tuner.peers import run_peers_command
 
         return run_peers_command(args)
-    from kdvfs.tuner.compare import compare_strategies
+    from kdvfs.tuner.compare import Comparison
     from kdvfs.tuner.progress import Progress
 
     tracker = None
@@ -148,41 +153,57 @@ def run(args: argparse.Namespace) -> int:
         from kdvfs.tuner.tracking import Tracker
 
         tracker = Tracker(args.mlflow_uri, experiment="kdvfs-compare")
-    with Progress("compare", unit="kernels") as bar:
-        doc = compare_strategies(
-            args.device,
-            args.workload,
-            args.strategies,
-            budget=args.budget,
-            seeds=args.seeds,
-            max_per_kernel=args.max_measurements_per_kernel,
-            noise=args.noise,
-            full_grid=args.full_grid,
-            window_s=args.window_s,
-            tracker=tracker,
-            progress=lambda label, done, total, n: bar.update(done, total, run=label, measurements=n),
-        )
+    phases, bar = Phases("compare"), Progress("compare", unit="kernels")
+    comparison = Comparison(
+        args.device,
+        args.workload,
+        args.strategies,
+        budget=args.budget,
+        seeds=args.seeds,
+        max_per_kernel=args.max_measurements_per_kernel,
+        noise=args.noise,
+        full_grid=args.full_grid,
+        window_s=args.window_s,
+        tracker=tracker,
+        progress=lambda label, done, total, n: bar.update(done, total, run=label, measurements=n),
+        on_phase=phases.enter,
+    )
+    with phases.interruptible(), bar:
+        comparison.run()
+    with deferred_interrupts():
+        doc = phases.mark(comparison.end(phases.run_status))
+        _print_comparison(args, doc)
+    return phases.exit_status(write_all([("JSON", lambda: write_json(args.json, doc))]))
+
+
+def _print_comparison(args: argparse.Namespace, doc: dict) -> None:
     label = SOURCE_LABEL[doc["source"]]
     sweep = doc["sweep"]
     print(
         f"strategies against the full sweep: {doc['gpu']} ({args.device}), {doc['workload']}, budget {pct(args.budget)}, {args.seeds} seed(s) [{label}]"
     )
-    print(
-        f"  full sweep: {sweep['measurements']} measurements, plan saving {pct(sweep['energy_saving'])} (median over seeds)"
-    )
-    print(
-        f"  {'strategy':12s} {'saving':>8s} {'of sweep':>9s} {'measurements':>13s} {'of sweep':>9s} {'max slowdown':>13s} {'ask ms':>7s}"
-    )
-    for name, s in doc["summary"].items():
+    if doc["partial"]:
+        runs = sum(len(r) for r in doc["strategies"].values())
         print(
-            f"  {name:12s} {pct(s['energy_saving']):>8s} {100 * s['share_of_sweep_saving']:8.1f}% {s['measurements']:13.0f}"
-            f" {100 * s['share_of_sweep_measurements']:8.1f}% {pct(s['max_slowdown']):>13s} {s['ask_cpu_ms_median']:7.1f}"
+            f"  partial: interrupted, {len(sweep['runs']) if sweep else 0} of {args.seeds} sweeps and "
+            f"{runs} of {args.seeds * len(args.strategies)} searches done"
         )
-    print(f"  (medians over seeds; savings and slowdowns: noiseless evaluation of each plan [{label}])")
+    if sweep is not None:
+        print(
+            f"  full sweep: {sweep['measurements']} measurements, plan saving {pct(sweep['energy_saving'])} (median over seeds)"
+        )
+    if doc["summary"]:
+        print(
+            f"  {'strategy':12s} {'saving':>8s} {'of sweep':>9s} {'measurements':>13s} {'of sweep':>9s} {'max slowdown':>13s} {'ask ms':>7s}"
+        )
+        for name, s in doc["summary"].items():
+            print(
+                f"  {name:12s} {pct(s['energy_saving']):>8s} {100 * s['share_of_sweep_saving']:8.1f}% {s['measurements']:13.0f}"
+                f" {100 * s['share_of_sweep_measurements']:8.1f}% {pct(s['max_slowdown']):>13s} {s['ask_cpu_ms_median']:7.1f}"
+            )
+        print(f"  (medians over seeds; savings and slowdowns: noiseless evaluation of each plan [{label}])")
     if "mlflow" in doc:
         print(f"  MLflow: {doc['mlflow']}")
-    write_json(args.json, doc)
-    return 0
 
 
 def _run_scenario(args: argparse.Namespace) -> int:
@@ -194,19 +215,47 @@ def _run_scenario(args: argparse.Namespace) -> int:
 
     if args.strategy not in POLICIES:
         raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {','.join(POLICIES)})")
-    doc = run_scenario(
-        args.device,
-        args.workload,
-        args.scenario,
-        strategy=args.strategy,
-        budget=args.budget,
-        seed=args.seed,
-        at_s=args.at_s,
-        after_s=args.after_s,
-        store_dir=args.plan_store,
-        fleet_store=args.fleet_store,
-        progress=lambda msg: print(msg, file=sys.stderr),
-    )
+    phases, doc = Phases("compare"), None
+    with phases.interruptible():
+        phases.enter(f"running scenario {args.scenario}")
+        doc = run_scenario(
+            args.device,
+            args.workload,
+            args.scenario,
+            strategy=args.strategy,
+            budget=args.budget,
+            seed=args.seed,
+            at_s=args.at_s,
+            after_s=args.after_s,
+            store_dir=args.plan_store,
+            fleet_store=args.fleet_store,
+            progress=lambda msg: print(msg, file=sys.stderr),
+        )
+    with deferred_interrupts():
+        device, workload = _identity_of(args)
+        if doc is None:  # the scenario's figures exist only once it is over
+            doc = {"scenario": args.scenario, "device": args.device, "source": device.source}
+            doc.update(
+                strategy=args.strategy, budget=args.budget, seed=args.seed, fleet_store=args.fleet_store
+            )
+        else:
+            _print_scenario(args, doc)
+        phases.mark(doc)
+        if not args.no_mlflow:
+            doc["mlflow"] = _log_scenario(args, doc, run_identity(device, workload), phases.run_status)
+            print(f"  MLflow: {doc['mlflow']}")
+    return phases.exit_status(write_all([("JSON", lambda: write_json(args.json, doc))]))
+
+
+def _identity_of(args: argparse.Namespace):
+    """(device, workload) the scenario starts on, for its run's identity."""
+    from kdvfs.runtime.registry import open_device, open_workload
+
+    device = open_device(args.device, seed=args.seed)
+    return device, open_workload(args.workload, device)
+
+
+def _print_scenario(args: argparse.Namespace, doc: dict) -> None:
     label = SOURCE_LABEL[doc["source"]]
 
     def secs(key: str) -> str:
@@ -241,34 +290,28 @@ def _run_scenario(args: argparse.Namespace) -> int:
     )
     if doc["false_alarms_stable"] is not None:
         print(f"  alarms on a stable run of the same length: {doc['false_alarms_stable']}")
-    if not args.no_mlflow:
-        doc["mlflow"] = _log_scenario(args, doc)
-        print(f"  MLflow: {doc['mlflow']}")
-    write_json(args.json, doc)
-    return 0
 
 
-def _log_scenario(args: argparse.Namespace, doc: dict) -> str:
-    """One MLflow run per scenario: its settings as parameters, its figures as metrics (a
-    figure that is None, never reached, is left out), the whole document as scenario.json."""
+def _log_scenario(args: argparse.Namespace, doc: dict, identity: dict[str, str], status: str) -> str:
+    """One MLflow run per scenario, ended with `status`: its settings and run_identity as
+    parameters, run_identity as tags, its figures as metrics (a figure that is None, never
+    reached, is left out), the whole document as scenario.json."""
     from kdvfs.tuner.tracking import Tracker
 
     tracker = Tracker(args.mlflow_uri, experiment="kdvfs-scenarios")
     params = {
-        k: doc[k]
-        for k in (
-            "scenario",
-            "device",
-            "strategy",
-            "budget",
-            "seed",
-            "change_at_s",
-            "after_s",
-            "fleet_store",
-            "source",
-        )
+        "scenario": args.scenario,
+        "device": args.device,
+        "strategy": args.strategy,
+        "budget": args.budget,
+        "seed": args.seed,
+        "change_at_s": doc.get("change_at_s", args.at_s),
+        "after_s": doc.get("after_s", args.after_s),
+        "fleet_store": args.fleet_store,
+        **identity,
     }
-    with tracker.start_run(f"{doc['scenario']}-{args.strategy}", params) as run:
+    run = tracker.start_run(f"{doc['scenario']}-{args.strategy}", params, tags=identity)
+    if not doc["partial"]:
         run.log_metrics(
             int(doc["change_at_s"] + doc["after_s"]),
             {
@@ -277,5 +320,6 @@ def _log_scenario(args: argparse.Namespace, doc: dict) -> str:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in params
             },
         )
-        run.log_dict(doc, "scenario.json")
+    run.log_dict(doc, "scenario.json")
+    run.end(status)
     return run.url_or_path

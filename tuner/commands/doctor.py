@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -33,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kdvfs.runtime.nvml_device import NvmlUnavailable
+    from kdvfs.tuner.commands._common import check_file_output, write_json
 
+    check_file_output(args.json, "--json")
     try:
         reports = [gpu_report(i) for i in _indices(args.index)]
     except NvmlUnavailable as exc:
@@ -43,10 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(report))
     agent = agent_report()
     print(format_agent(agent))
-    if args.json:
-        payload = {"source": "measured", "gpus": reports, "agent": agent}
-        args.json.write_text(json.dumps(payload, indent=1) + "\n")
-        print(f"wrote {args.json}")
+    write_json(args.json, {"source": "measured", "gpus": reports, "agent": agent})
     return 0
 
 

@@ -9,7 +9,8 @@ between the first and last counter updates it saw while the GPU was busy (the co
 advances only every ~100 ms; a window closed at observed updates resolves power to ~0.3%
 in 1 s, ../shared/data/h200-window-noise). Rows go to DIR/kernels_stock.csv with the columns
 of h200-probe/kernels_stock.csv (plus window_s and mode), so `kdvfs calibrate --against`
-reads it. Clocks are never changed: the GPU is opened in dry run.
+reads it. Clocks are never changed: the GPU is opened in dry run. Interrupted (Ctrl-C,
+SIGTERM), it writes the rows it has and exits 130.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.commands._common import positive_float
+from kdvfs.tuner.commands._common import Phases, check_dir_output, positive_float, write_all
 
 if TYPE_CHECKING:
     from kdvfs.runtime.nvml_device import NvmlDevice
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0:
         raise KdvfsError(f"--seconds must be > 0, got {args.seconds}")
+    check_dir_output(args.out, "--out")
     names = SIZE_LADDER if args.ladder else [n.strip() for n in args.kernels.split(",") if n.strip()]
     kernels = [parse_probe_kernel(name) for name in names]
     why_not = _cuda_missing(args.index)
@@ -113,12 +115,13 @@ def run(args: argparse.Namespace) -> int:
     except NvmlUnavailable as exc:
         print(f"kdvfs probe: {exc}", file=sys.stderr)
         return 1
-    rows = []
-    with dev:
+    phases, rows = Phases("probe"), []
+    with dev, phases.interruptible():
         print(
             f"probing {dev.name} (GPU {dev.index}) at stock clocks, >= {args.seconds:g} s per kernel [measured]"
         )
         for kernel in kernels:
+            phases.enter(f"probing {kernel.name}")
             row = measure_kernel(kernel, dev, args.seconds, f"cuda:{args.index}")
             print(
                 f"  {row.kernel}: {row.per_call_us:.1f} us/call, {row.energy_per_call_mj:.2f} mJ/call, "
@@ -126,9 +129,14 @@ def run(args: argparse.Namespace) -> int:
             )
             rows.append(row)
     out = args.out / PROBE_FILE
+    if phases.interrupted:
+        print(f"  partial: {len(rows)} of {len(kernels)} kernels probed")
+    return phases.exit_status(write_all([("probe table", lambda: _write(out, rows))]))
+
+
+def _write(out: Path, rows: list[ProbeRow]) -> None:
     write_probe_csv(out, rows)
     print(f"wrote {out}")
-    return 0
 
 
 def _cuda_missing(index: int) -> str | None:
