@@ -89,9 +89,10 @@ class MlflowServer:
         self._process = None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """One server per test module (it takes several seconds to start); alive at the start of each use."""
+    """One server per test session (it takes several seconds to start); alive at the start of
+    each use. Tests sharing it use experiments of their own."""
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     server.start()
     try:

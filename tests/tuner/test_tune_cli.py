@@ -19,9 +19,9 @@ from kdvfs.tuner.tracking import Tracker
 ARGS = ["tune", "--device", "sim:rtx3080ti-fastswitch", "--strategy", "ucb", "--no-sweep", "--seed", "1"]
 
 
-def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch):
+def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch, sqlite_store_uri):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store_uri
     out, plan_path = tmp_path / "t.json", tmp_path / "plan.json"
     assert (
         main(
@@ -120,8 +120,8 @@ def test_tuning_finishes_when_the_tracking_server_dies_and_metrics_arrive_later(
 
 
 @pytest.mark.usefixtures("sigint_default")
-def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_ctrl_c_restores_stock_keeps_the_plan_and_closes_the_run(tmp_path, sqlite_store_uri):
+    uri = sqlite_store_uri
     proc = _spawn(
         tmp_path,
         "--seconds",
@@ -203,8 +203,10 @@ def test_tune_on_a_card_the_store_has_no_plan_for_carries_another_gpus_plan_and_
     assert len(store.entries()) == 1  # a carried plan is not stored as this card's own
 
 
-def test_a_run_left_running_by_sigkill_is_marked_failed_by_the_next_run(tmp_path, capsys, caplog):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_run_left_running_by_sigkill_is_marked_failed_by_the_next_run(
+    tmp_path, capsys, caplog, sqlite_store_uri
+):
+    uri = sqlite_store_uri
     proc = _spawn(tmp_path, "--seconds", "1e6", "--mlflow-uri", uri)
     killed = _wait_for_run(uri, "kdvfs-tune")
     proc.kill()
