@@ -119,9 +119,12 @@ def test_end_rejects_an_unknown_status_and_ignores_a_second_end(
     assert MlflowClient(sqlite_tracking_uri).get_run(run.run_id).info.status == "FAILED"
 
 
-def test_a_new_sqlite_store_keeps_no_empty_default_experiment(tmp_path: Path) -> None:
+def test_a_new_sqlite_store_keeps_no_empty_default_experiment_and_prints_no_info_lines(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     uri = f"sqlite:///{tmp_path / 'new.db'}"
     Tracker(uri, experiment="kdvfs-x", spool_dir=tmp_path).start_run("one", {}).end()
+    assert "INFO" not in capfd.readouterr().err  # MLflow's "Creating initial MLflow database tables"
     client = MlflowClient(uri)
     assert [e.name for e in client.search_experiments()] == ["kdvfs-x"]
     client.restore_experiment("0")  # deleted softly: a user who wants it back has it
