@@ -43,7 +43,7 @@ END_STATUSES: tuple[RunEndStatus, ...] = get_args(RunEndStatus)
 LOCAL_ID_TAG = "kdvfs.local_run_id"
 """Tag naming the spool id of a run, so a replay finds a run that an earlier attempt created."""
 PID_TAG = "kdvfs.pid"
-"""Tag naming the process that runs a top-level run, so a later one can tell it is gone."""
+"""Tag naming the process that runs a run (nested ones too), so a later one can tell it is gone."""
 HOST_TAG = "kdvfs.host"
 """Tag naming the host of that process (a pid means nothing on another host)."""
 
@@ -230,7 +230,8 @@ class Tracker:
             "experiment": self.experiment,
             "tracking_uri": self._uri,
             "tags": {
-                **({} if parent else {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}),
+                PID_TAG: str(os.getpid()),
+                HOST_TAG: socket.gethostname(),
                 **{str(k): str(v) for k, v in (tags or {}).items()},
             },
             "start_time_ms": _now_ms(),

@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,29 @@ def test_a_store_that_had_a_default_experiment_keeps_it(sqlite_store_uri: str, t
     assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
     Tracker(uri, experiment="kdvfs-x", spool_dir=tmp_path).start_run("one", {}).end()
     assert sorted(e.name for e in MlflowClient(uri).search_experiments()) == ["Default", "kdvfs-x"]
+
+
+def test_a_parent_and_child_left_running_by_sigkill_are_marked_failed_by_the_next_tracker(
+    sqlite_store_uri: str, tmp_path: Path
+) -> None:
+    script = (
+        "import os, sys\n"
+        "from kdvfs.tuner.tracking import Tracker\n"
+        "tracker = Tracker(sys.argv[1], experiment='killed', spool_dir=sys.argv[2])\n"
+        "parent = tracker.start_run('compare', {})\n"
+        "tracker.start_run('ucb-seed0', {}, parent=parent)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script, sqlite_store_uri, str(tmp_path)], check=False)
+    assert killed.returncode == -9
+    Tracker(sqlite_store_uri, experiment="killed", spool_dir=tmp_path).start_run("next", {}).end()
+    client = MlflowClient(sqlite_store_uri)
+    runs = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs} == {
+        "compare": "FAILED",
+        "ucb-seed0": "FAILED",
+        "next": "FINISHED",
+    }
 
 
 def test_rejected_items_are_dropped_with_a_warning_and_do_not_block_later_ones(
