@@ -1,4 +1,13 @@
-"""Arguments and output shared by the subcommands (stdlib only at import time)."""
+"""Arguments and output shared by the subcommands (stdlib only at import time).
+
+- argparse types (positive_int, noise_scale, ...) and the shared options (add_device_workload,
+  add_budget, add_json);
+- outputs: check_file_output / check_dir_output before any work, write_json (atomic),
+  write_all (every output whatever the others do), deferred_interrupts;
+- Phases: how a command is interrupted (one line, JSON marked partial, KILLED, exit 130);
+- run_identity: the params and tags that make MLflow runs comparable;
+- wording: pct, slowdown_text, plan_json.
+"""
 
 from __future__ import annotations
 
