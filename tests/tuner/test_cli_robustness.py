@@ -364,7 +364,7 @@ def test_sigterm_in_any_phase_of_the_other_commands_keeps_partial_json_and_kille
     if "rows" in kept:
         assert len(doc["rows"]) == kept["rows"]
     if command == "scenario":
-        assert _killed_runs(uri, "kdvfs-scenarios") == {"power-cap-ucb": "KILLED"}
+        assert _killed_runs(uri, "kdvfs-scenarios") == {"power-cap-botorch": "KILLED"}
 
 
 def test_the_headline_plan_show_and_mlflow_report_one_saving(tmp_path, monkeypatch, sqlite_store_uri):

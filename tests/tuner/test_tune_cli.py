@@ -229,7 +229,9 @@ def test_the_dry_run_null_test_adopts_nothing_and_measures_no_saving(tmp_path):
     assert abs(doc["run"]["energy_saving"]) <= 0.003
 
 
-def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_seconds(tmp_path):
+def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_seconds(
+    tmp_path, sqlite_store_uri
+):
     out = tmp_path / "s.json"
     argv = [
         "compare",
@@ -242,14 +244,19 @@ def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_se
         "--after-s",
         "30",
     ]
-    assert main([*argv, "--no-mlflow", "--json", str(out)]) == 0
+    assert main([*argv, "--mlflow-uri", sqlite_store_uri, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["change_at_s"] >= 40 and not doc["restart"]
+    assert doc["change_at_s"] >= 40 and not doc["restart"] and doc["partial"] is False
     assert doc["detected_after_s"] is not None and 0 <= doc["detected_after_s"] <= 5.0
     assert doc["alarms_after_change"][0]["reasons"] == ["power_limit"]
     assert {"settled_after_s", "recovered_after_s", "recovery_target_s"} <= set(doc)
     assert doc["phases_after"][:2] == ["Verifying", "Retuning"] or doc["phases_after"][0] == "Retuning"
     assert doc["max_slowdown_after"] <= 0.01 and doc["false_alarms_stable"] == 0
+    client = MlflowClient(sqlite_store_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-scenarios").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["detected_after_s"] == doc["detected_after_s"]
+    assert run.data.params["gpu"] == run.data.tags["gpu"] == "NVIDIA GeForce RTX 3080 Ti"
+    assert run.data.params["source"] == "simulated" and run.data.tags["workload_signature"]
 
 
 def test_a_gpu_swap_restarts_the_job_from_its_plan_carried_to_the_new_card(tmp_path):
