@@ -30,10 +30,14 @@ class MlflowServer:
     """A real `mlflow server` subprocess on 127.0.0.1 that a test can kill and restart.
 
     The store (sqlite) and the artifacts live in `root`, so a restart finds the same runs.
+    `store_template`: an sqlite store file to start from (its tables made: the server's first
+    start then skips MLflow's migrations).
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, store_template: Path | None = None) -> None:
         self.root = root
+        if store_template is not None:
+            shutil.copyfile(store_template, root / "server.db")
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "server.log"
@@ -90,10 +94,10 @@ class MlflowServer:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory, empty_store_file: Path) -> Iterator[MlflowServer]:
     """One server per test session (it takes several seconds to start); alive at the start of
     each use. Tests sharing it use experiments of their own."""
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"), empty_store_file)
     server.start()
     try:
         yield server
