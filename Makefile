@@ -9,22 +9,22 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch is pinned here: this version is a local CPU wheel; a looser pin pulls a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/kdvfs demo
+	$(BIN)/python -m kdvfs demo
 
 # `make test` is what CI runs: the linter (ruff check, ruff format --check), then the tests.
 test: lint
 	$(BIN)/python -m pytest tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) mlflow.db mlruns build

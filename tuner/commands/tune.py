@@ -138,16 +138,10 @@ class _Tune:
         args = self.args
         if args.no_mlflow:
             return
-        from kdvfs import __version__
-        from kdvfs.tuner.plan import describe_grid
+        from kdvfs.tuner.commands._common import run_identity
         from kdvfs.tuner.tracking import Tracker
 
-        tags = {
-            "gpu": self.device.name,
-            "source": self.device.source,
-            "workload_signature": self.workload.signature,
-            "kdvfs_version": __version__,
-        }
+        identity = run_identity(self.device, self.workload)
         params = {
             "device": args.device,
             "workload": args.workload,
@@ -157,10 +151,10 @@ class _Tune:
             "seconds": args.seconds,
             "dry_run": args.dry_run,
             "prior": args.prior,
-            "clock_grid": describe_grid(self.device.grid),
+            "sites": args.sites,
         }
         tracker = Tracker(args.mlflow_uri, experiment="kdvfs-tune")
-        self.run_handle = tracker.start_run(f"tune-{args.strategy}", params | tags, tags=tags)
+        self.run_handle = tracker.start_run(f"tune-{args.strategy}", params | identity, tags=identity)
 
     def _tune(self) -> None:
         from kdvfs.runtime.registry import open_device
