@@ -221,7 +221,8 @@ class _Tune:
                 saving=pct(p.energy_saving) if p.energy_saving == p.energy_saving else "-",
                 adopted=p.adoptions,
             )
-            if run_handle is not None and p.end_s >= next_log[0]:
+            stock_known = math.isfinite(p.slowdown)  # nothing to log before the reference
+            if run_handle is not None and stock_known and p.end_s >= next_log[0]:
                 next_log[0] = p.end_s + every_s
                 metrics = {
                     "energy_saving_so_far": p.energy_saving,
