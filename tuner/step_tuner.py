@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kdvfs.policies.base import SearchSpace, Task
+from kdvfs.policies.base import Policy, SearchSpace, Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.steps import StepReport
@@ -379,6 +379,8 @@ class StepTuner:
         policy_options: passed to the strategy's constructor (e.g. tol).
         prior: a schedule planned before training (step_priors.plan_prior): its groups are
             explored, and it is verified against stock first; None: groups from segment times.
+        policy: the strategy itself, made elsewhere (the service's client,
+            tuner/service/client.py); None: made here from strategy, seed and policy_options.
     """
 
     def __init__(
@@ -394,6 +396,7 @@ class StepTuner:
         boundaries: list[int] | None = None,
         policy_options: dict[str, float] | None = None,
         prior: Schedule | None = None,
+        policy: Policy | None = None,
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
@@ -404,12 +407,16 @@ class StepTuner:
         self.budget = budget
         self.account = StepAccount(budget)
         space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
-        self.policy = make_policy(
-            strategy,
-            space,
-            seed=seed,
-            max_per_task=MAX_TRIALS_PER_GROUP,
-            **({"tol": POLICY_TOL} | (policy_options or {})),
+        self.policy = (
+            policy
+            if policy is not None
+            else make_policy(
+                strategy,
+                space,
+                seed=seed,
+                max_per_task=MAX_TRIALS_PER_GROUP,
+                **({"tol": POLICY_TOL} | (policy_options or {})),
+            )
         )
         self.prior = prior
         if prior is not None:

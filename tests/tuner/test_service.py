@@ -1,0 +1,339 @@
+"""The tuning service (`kdvfs serve`) as a real process on loopback: sessions, ask/tell shared
+by ranks and jobs, plans, auth, validation, limits, and the kill -9 restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+from kdvfs.tuner.service.app import plan_key
+from tests.tuner.service_process import ServiceProcess
+
+GRID = [[900, 5000], [1200, 5000], [1500, 9000], [1800, 9000], [2100, 9500]]
+TASK = {"key": "group0@0/0", "ref_time_s": 0.05, "ref_energy_j": 20.0, "budget": 0.02}
+TOKENS = {
+    "a1": "tok-fleet-a-job-1-0123456789",
+    "a2": "tok-fleet-a-job-2-0123456789",
+    "b1": "tok-fleet-b-job-1-0123456789",
+    "rate": "tok-fleet-c-rated-0123456789",
+}
+
+
+def session_body(job: str, ranks: int = 1, signature: str = "sig0") -> dict:
+    return {
+        "job": job,
+        "gpu_name": "NVIDIA GeForce RTX 3080 Ti",
+        "grid": GRID,
+        "workload_name": "gpt3-xl-layer",
+        "workload_signature": signature,
+        "budget": 0.01,
+        "ranks": ranks,
+        "strategy": "ucb",
+    }
+
+
+def tell_body(config: int, energy_j: float, rank: int = 0, tell_id: str | None = None) -> dict:
+    return {
+        "tell_id": tell_id or uuid.uuid4().hex,
+        "rank": rank,
+        "task": TASK,
+        "config": config,
+        "time_s": 0.05,
+        "energy_j": energy_j,
+    }
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("service")
+    server = ServiceProcess(tmp, f"sqlite:///{tmp / 'service.db'}").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("guarded")
+    lines = [
+        "# token fleet job",
+        *(f"{t} fleet-{k[0] if k != 'rate' else 'c'} {k}" for k, t in TOKENS.items()),
+    ]
+    (tmp / "tokens").write_text("\n".join(lines) + "\n")
+    server = ServiceProcess(
+        tmp, f"sqlite:///{tmp / 'service.db'}", "--token-file", "tokens", "--rate", "5", "--burst", "12"
+    )
+    yield server.start()
+    server.stop()
+
+
+def open_session(http, body: dict) -> str:
+    reply = http.post("/v1/sessions", json=body)
+    assert reply.status_code == 201, reply.text
+    return reply.json()["session_id"]
+
+
+def test_health_answers_and_the_api_is_documented_in_openapi(service):
+    with service.http() as http:
+        assert http.get("/health").json()["database"] == "ok"
+        paths = http.get("/openapi.json").json()["paths"]
+    assert {"/v1/sessions", "/v1/sessions/{session_id}/ask", "/v1/plans/{key}"} <= set(paths)
+
+
+def test_ranks_of_one_job_join_one_session_share_each_decision_and_pool_their_readings(service):
+    with service.http() as http:
+        first = open_session(http, session_body("dp-job", ranks=2, signature="sig-dp"))
+        second = http.post("/v1/sessions", json=session_body("dp-job", ranks=2, signature="sig-dp")).json()
+        assert second["session_id"] == first and second["joined"]
+        a = http.post(f"/v1/sessions/{first}/ask", json={"rank": 0, "task": TASK}).json()
+        b = http.post(f"/v1/sessions/{first}/ask", json={"rank": 1, "task": TASK}).json()
+        assert a["config"] == b["config"] and b["shared"]
+        told = [
+            http.post(f"/v1/sessions/{first}/tell", json=tell_body(a["config"], 19.0, r)).json()
+            for r in (0, 1)
+        ]
+        assert [t["observations"] for t in told] == [1, 2]  # two ranks: two samples of one config
+        after = http.post(f"/v1/sessions/{first}/ask", json={"rank": 0, "task": TASK}).json()
+        assert after["config"] != a["config"] and not after["shared"]
+
+
+def test_a_new_job_of_the_same_gpu_and_workload_starts_from_what_the_fleet_measured(service):
+    with service.http() as http:
+        first = open_session(http, session_body("job-1", signature="sig-share"))
+        for config, energy in ((4, 20.0), (3, 18.5), (2, 17.0)):
+            http.post(f"/v1/sessions/{first}/tell", json=tell_body(config, energy))
+        http.post(f"/v1/sessions/{first}/end")
+        reply = http.post("/v1/sessions", json=session_body("job-2", signature="sig-share")).json()
+        assert reply["observations"] == 3 and not reply["joined"]
+        best = http.post(f"/v1/sessions/{reply['session_id']}/best", json={"task": TASK}).json()
+        assert best["config"] == 2
+        other = http.post("/v1/sessions", json=session_body("job-3", signature="sig-other")).json()
+        assert other["observations"] == 0  # another workload: another model
+
+
+def test_a_retried_tell_is_stored_once(service):
+    with service.http() as http:
+        sid = open_session(http, session_body("retry-job", signature="sig-retry"))
+        body = tell_body(1, 19.0)
+        replies = [http.post(f"/v1/sessions/{sid}/tell", json=body).json() for _ in range(3)]
+        assert [r["stored"] for r in replies] == [True, False, False]
+        assert http.get(f"/v1/sessions/{sid}").json()["observations"] == 1
+
+
+def test_concurrent_writers_lose_no_tell(service):
+    with service.http() as http:
+        sid = open_session(http, session_body("many-writers", ranks=8, signature="sig-conc"))
+
+    def rank(r: int) -> None:
+        with service.http() as http:
+            for _ in range(10):
+                assert (
+                    http.post(f"/v1/sessions/{sid}/tell", json=tell_body(r % 5, 19.0, r)).status_code == 200
+                )
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with service.http() as http:
+        assert http.get(f"/v1/sessions/{sid}").json()["observations"] == 80
+
+
+def plan_doc(grid=GRID, signature: str = "sig0") -> dict:
+    return {
+        "schema": "kdvfs-plan",
+        "schema_version": 1,
+        "gpu": {"name": "NVIDIA GeForce RTX 3080 Ti", "grid": grid},
+        "workload": {"name": "w", "signature": signature, "kernels": ["k0", "k1"]},
+        "budget": 0.01,
+        "groups": [
+            {
+                "kernels": ["k0", "k1"],
+                "core_mhz": 1500,
+                "mem_mhz": 9000,
+                "expected_time_s": 1.0,
+                "expected_energy_j": 90.0,
+            }
+        ],
+        "expected": {
+            "energy_saving": 0.1,
+            "slowdown": 0.005,
+            "reference_time_s": 1.0,
+            "reference_energy_j": 100.0,
+        },
+        "source": "simulated",
+        "strategy": "botorch",
+        "measurements": 12,
+        "created": "2026-12-01T00:00:00+00:00",
+    }
+
+
+def key_of(doc: dict) -> str:
+    from kdvfs.tuner.plan import plan_from_dict
+
+    plan = plan_from_dict(doc, "test")
+    return plan_key(plan.gpu_name, plan.grid, plan.workload_signature)
+
+
+def test_plans_are_versioned_and_a_stale_put_is_refused(service):
+    doc = plan_doc(signature="sig-plans")
+    key = key_of(doc)
+    with service.http() as http:
+        assert http.get(f"/v1/plans/{key}").status_code == 404
+        assert http.put(f"/v1/plans/{key}", json={"plan": doc}).json()["version"] == 1
+        doc["measurements"] = 20
+        assert http.put(f"/v1/plans/{key}", json={"plan": doc, "expected_version": 1}).json()["version"] == 2
+        stale = http.put(f"/v1/plans/{key}", json={"plan": doc, "expected_version": 1})
+        assert stale.status_code == 409
+        assert http.get(f"/v1/plans/{key}").json()["plan"]["measurements"] == 20
+        assert http.get(f"/v1/plans/{key}/versions/1").json()["plan"]["measurements"] == 12
+
+
+def test_a_plan_is_refused_as_a_plan_file_would_be(service):
+    doc = plan_doc(signature="sig-refuse")
+    with service.http() as http:
+        wrong_key = http.put(f"/v1/plans/{key_of(plan_doc(signature='sig-else'))}", json={"plan": doc})
+        assert wrong_key.status_code == 422 and "does not fit" in wrong_key.json()["detail"]
+        broken = dict(doc, groups=[dict(doc["groups"][0], core_mhz=1234)])  # a pair off the grid
+        reply = http.put(f"/v1/plans/{key_of(doc)}", json={"plan": broken})
+        assert reply.status_code == 422 and "1234" in reply.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "path, body, status",
+    [
+        ("/v1/sessions", {"job": "x"}, 422),
+        ("/v1/sessions", dict(session_body("x"), grid=[[900, 5000], [900, 5000]]), 422),
+        ("/v1/sessions", dict(session_body("x"), budget=float("nan")), 422),
+        ("/v1/sessions", dict(session_body("x"), extra=1), 422),
+        ("/v1/sessions", dict(session_body("x"), job="a;drop table"), 422),
+    ],
+)
+def test_invalid_requests_are_refused_in_one_line_without_internals(service, path, body, status):
+    with service.http() as http:
+        reply = http.post(
+            path, content=json.dumps(body, allow_nan=True), headers={"content-type": "application/json"}
+        )
+    assert reply.status_code == status
+    detail = reply.json()["detail"]
+    assert isinstance(detail, str) and "Traceback" not in detail and "sqlalchemy" not in detail.lower()
+
+
+def test_a_tell_outside_the_grid_or_the_ranks_is_refused(service):
+    with service.http() as http:
+        sid = open_session(http, session_body("bounds-job", signature="sig-bounds"))
+        assert http.post(f"/v1/sessions/{sid}/tell", json=tell_body(len(GRID), 19.0)).status_code == 422
+        assert http.post(f"/v1/sessions/{sid}/tell", json=tell_body(0, 19.0, rank=1)).status_code == 422
+        assert http.post(f"/v1/sessions/{uuid.uuid4().hex}/tell", json=tell_body(0, 19.0)).status_code == 404
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(service):
+    with service.http() as http:
+        reply = http.post(
+            "/v1/sessions",
+            content=b"{" + b" " * 2_000_000 + b"}",
+            headers={"content-type": "application/json"},
+        )
+    assert reply.status_code == 413
+
+
+def test_without_a_token_or_with_a_wrong_one_nothing_is_read_or_written(guarded):
+    with guarded.http() as http:
+        assert http.post("/v1/sessions", json=session_body("x")).status_code == 401
+        assert http.get("/health").status_code == 200  # health tells nothing about sessions
+    with guarded.http("not-a-token-0123456789") as http:
+        assert http.post("/v1/sessions", json=session_body("x")).status_code == 401
+        assert http.get(f"/v1/plans/{key_of(plan_doc())}").status_code == 401
+
+
+def test_another_fleets_token_reads_and_writes_nothing_of_this_fleet(guarded):
+    doc = plan_doc(signature="sig-fleet")
+    key = key_of(doc)
+    with guarded.http(TOKENS["a1"]) as a1, guarded.http(TOKENS["a2"]) as a2, guarded.http(TOKENS["b1"]) as b1:
+        sid = open_session(a1, session_body("fleet-a-job", signature="sig-fleet"))
+        a1.post(f"/v1/sessions/{sid}/tell", json=tell_body(2, 17.0))
+        assert a1.put(f"/v1/plans/{key}", json={"plan": doc}).status_code == 200
+        assert b1.get(f"/v1/sessions/{sid}").status_code == 404
+        assert b1.post(f"/v1/sessions/{sid}/tell", json=tell_body(1, 1.0)).status_code == 404
+        assert b1.post(f"/v1/sessions/{sid}/ask", json={"task": TASK}).status_code == 404
+        assert b1.get(f"/v1/plans/{key}").status_code == 404
+        assert b1.put(f"/v1/plans/{key}", json={"plan": doc}).json()["version"] == 1  # its own store
+        assert (
+            b1.post("/v1/sessions", json=session_body("fleet-b-job", signature="sig-fleet")).json()[
+                "observations"
+            ]
+            == 0
+        )
+        assert a2.get(f"/v1/sessions/{sid}").json()["observations"] == 1  # same fleet, other job
+        assert a2.get(f"/v1/plans/{key}").json()["version"] == 1
+
+
+def test_a_token_over_its_rate_is_answered_429_and_others_are_not(guarded):
+    with guarded.http(TOKENS["rate"]) as rated, guarded.http(TOKENS["a2"]) as other:
+        codes = [rated.get(f"/v1/plans/{'k' * 20}").status_code for _ in range(30)]
+        assert 429 in codes and codes[0] == 404
+        assert other.get(f"/v1/plans/{'k' * 20}").status_code == 404
+
+
+def test_a_non_loopback_bind_without_a_token_file_is_refused(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kdvfs.tuner.cli",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--db",
+            f"sqlite:///{tmp_path}/x.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "without --token-file" in result.stderr
+
+
+def test_after_kill_9_and_a_restart_no_acknowledged_tell_is_lost(tmp_path):
+    server = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
+    acknowledged = []
+    try:
+        with server.http() as http:
+            sid = open_session(http, session_body("killed-job", ranks=4))
+            stop = threading.Event()
+
+            def rank(r: int) -> None:
+                with server.http() as h:
+                    while not stop.is_set():
+                        body = tell_body(r, 19.0, r)
+                        try:
+                            reply = h.post(f"/v1/sessions/{sid}/tell", json=body)
+                        except Exception:
+                            return
+                        if reply.status_code == 200:
+                            acknowledged.append(body["tell_id"])
+
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+            for t in threads:
+                t.start()
+            while len(acknowledged) < 20:
+                threads[0].join(0.02)
+            server.kill()
+            stop.set()
+            for t in threads:
+                t.join()
+        server.start()
+        with server.http() as http:
+            held = http.post("/v1/sessions", json=session_body("killed-job", ranks=4)).json()
+            assert held["joined"] and held["observations"] >= len(acknowledged)
+            for tell_id in acknowledged[-5:]:  # a retry after the restart counts once
+                body = dict(tell_body(0, 19.0), tell_id=tell_id)
+                assert http.post(f"/v1/sessions/{sid}/tell", json=body).json()["stored"] is False
+    finally:
+        server.stop()
