@@ -337,3 +337,125 @@ def test_after_kill_9_and_a_restart_no_acknowledged_tell_is_lost(tmp_path):
                 assert http.post(f"/v1/sessions/{sid}/tell", json=body).json()["stored"] is False
     finally:
         server.stop()
+
+
+# --- the job's client ------------------------------------------------------------------------------
+class Clock:
+    """Monotonic seconds a test moves by hand (the client's back-off)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def simulated_job_tuner(policy_of=None, seconds: float = 60.0):
+    """A StepTuner with the ucb strategy on the simulated 3080 Ti layer after `seconds` of
+    training; policy_of(device, workload) makes its policy (None: the tuner's own)."""
+    from kdvfs.runtime.registry import open_device, open_workload
+    from kdvfs.runtime.steps import SimulatedJob
+    from kdvfs.tuner.step_tuner import StepTuner
+
+    device = open_device("sim:rtx3080ti", seed=3)
+    workload = open_workload("gpt3-xl-layer", device)
+    tuner = StepTuner(
+        workload,
+        device.grid.pairs,
+        switch_latency_s=device.switch_latency_s,
+        energy_update_period_s=device.energy_update_period_s,
+        strategy="ucb",
+        seed=3,
+        policy=None if policy_of is None else policy_of(device, workload),
+    )
+    job = SimulatedJob(device, workload)
+    job.run(tuner, seconds=seconds)
+    return tuner, job
+
+
+def job_policy(url: str, device, workload, job: str, token: str | None = None, clock=None):
+    from kdvfs.tuner.service.client import ServiceClient, service_policy
+
+    client = ServiceClient(url, token, **({"clock": clock} if clock else {}))
+    return service_policy(
+        client,
+        job=job,
+        gpu_name=device.name,
+        pairs=device.grid.pairs,
+        workload=workload,
+        budget=0.01,
+        strategy="ucb",
+        seed=3,
+    )
+
+
+def test_a_job_whose_service_is_down_tunes_exactly_as_it_would_alone(tmp_path):
+    from tests.tuner.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    policies = []
+
+    def through_dead_service(device, workload):
+        policies.append(job_policy(dead, device, workload, "lonely-job"))
+        return policies[0]
+
+    alone, alone_job = simulated_job_tuner()
+    served, served_job = simulated_job_tuner(through_dead_service)
+    assert served_job.requests == alone_job.requests and served.phases == alone.phases
+    assert policies[0].answers["local"] >= 1 and policies[0].answers["service"] == 0
+    assert policies[0].client.failures <= 2  # the back-off spared the other calls
+    assert len(policies[0].outbox) >= 1  # its tells wait to be reported
+
+
+def test_a_job_tunes_through_the_service_and_every_trial_is_stored(service):
+    policies = []
+
+    def served(device, workload):
+        policies.append(job_policy(service.url, device, workload, "served-job"))
+        return policies[0]
+
+    tuner, _ = simulated_job_tuner(served)
+    policy = policies[0]
+    policy.end()
+    assert policy.answers["service"] >= 1 and policy.answers["local"] == 0 and not policy.outbox
+    with service.http() as http:
+        info = http.get(f"/v1/sessions/{policy.session_id}").json()
+    assert info["ended"] and info["observations"] == len(policy.local.log(tuner.phase.task).order) >= 1
+
+
+def test_tells_made_while_the_service_was_down_reach_it_when_it_returns(tmp_path):
+    from kdvfs.policies.base import Task
+    from kdvfs.runtime.registry import open_device, open_workload
+
+    server = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}")
+    device = open_device("sim:rtx3080ti")
+    workload = open_workload("gpt3-xl-layer", device)
+    clock = Clock()
+    policy = job_policy(server.url, device, workload, "late-job", clock=clock)
+    task = Task("group0@0/0", 0.05, 20.0, 0.02)
+    first = policy.ask(task)
+    policy.tell(task, first, 0.05, 19.0)
+    second = policy.ask(task)
+    policy.tell(task, second, 0.05, 18.0)
+    assert policy.answers == {"service": 0, "local": 2} and len(policy.outbox) == 2
+    server.start()
+    try:
+        clock.now_s = 1e6  # past the back-off
+        policy.ask(task)
+        assert policy.answers["service"] == 1 and not policy.outbox
+        with server.http() as http:
+            assert http.get(f"/v1/sessions/{policy.session_id}").json()["observations"] == 2
+    finally:
+        server.stop()
+
+
+def test_a_job_whose_token_is_refused_tunes_locally(guarded):
+    from kdvfs.policies.base import Task
+    from kdvfs.runtime.registry import open_device, open_workload
+
+    device = open_device("sim:rtx3080ti")
+    workload = open_workload("gpt3-xl-layer", device)
+    policy = job_policy(guarded.url, device, workload, "no-token-job", token="wrong-token-0123456789")
+    task = Task("group0@0/0", 0.05, 20.0, 0.02)
+    assert policy.ask(task) is not None
+    assert policy.answers == {"service": 0, "local": 1} and "401" in policy.refused
