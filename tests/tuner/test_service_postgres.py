@@ -99,6 +99,6 @@ def test_the_service_on_postgresql_shares_decisions_stores_tells_once_and_versio
             model = http.get(f"/v1/sessions/{sid}").json()["model_key"]
         server.kill()
         committed = Database(postgres).observations(model)  # another connection, the service gone
-        assert [obs.config for _, obs in committed] == [a["config"]]
+        assert [obs.config for _, _, obs in committed] == [a["config"]]
     finally:
         server.stop()

@@ -325,9 +325,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.state.config, app.state.limiter = config, limiter
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
 
+    known: dict[str, dict] = {}  # session rows read before (they change only on end)
+
     def own_session(caller: Scope, session_id: str) -> dict:
-        row = db.session(caller.fleet, session_id)
+        row = known.get(session_id)
         if row is None:
+            row = db.session(caller.fleet, session_id)
+            if row is not None:
+                known[session_id] = row
+        if row is None or row["fleet"] != caller.fleet:
             raise HTTPException(404, "no such session")
         return row
 
@@ -449,6 +455,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     def end(session_id: SessionId, caller: Caller) -> SessionInfo:
         own_session(caller, session_id)
         db.end_session(session_id)
+        known.pop(session_id, None)
         tracking.end(session_id)
         return session_info(session_id, caller)
 

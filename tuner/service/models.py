@@ -91,7 +91,8 @@ class FleetModel:
         self.last_id = 0
         self.references: dict[str, tuple[float, float]] = {}
         self.pending: dict[tuple[str, str], Pending] = {}
-        self.observations: dict[str, int] = {}
+        self.observations: dict[str, int] = {}  # per task key
+        self.applied: set[tuple[str, str]] = set()  # (session id, tell id) told to the strategy
 
     def reference(self, task: TaskSpec) -> tuple[float, float]:
         ref = self.references.get(task.key)
@@ -105,14 +106,23 @@ class FleetModel:
         return Task(task.key, ref_t, ref_e, task.budget)
 
     def catch_up(self) -> None:
-        """Tell the strategy every stored observation it has not seen (call under the lock)."""
-        for obs_id, obs in self.db.observations(self.key, self.last_id):
-            ref_t, ref_e = self.references.get(obs.task_key) or self._stored_reference(obs.task_key)
-            task = Task(obs.task_key, ref_t, ref_e, 0.0)
-            if 0 <= obs.config < len(self.grid):
-                self.policy.tell(task, obs.config, obs.time_ratio * ref_t, obs.energy_ratio * ref_e)
-            self.observations[obs.task_key] = self.observations.get(obs.task_key, 0) + 1
+        """Tell the strategy every stored observation it has not been told: those of other
+        processes and those stored before a restart (call under the lock)."""
+        for obs_id, tell, obs in self.db.observations(self.key, self.last_id):
             self.last_id = obs_id
+            self._apply(tell, obs)
+
+    def _apply(self, tell: tuple[str, str], obs: Observation) -> None:
+        """Tell the strategy once per (session id, tell id), whoever comes first: the tell
+        itself or a catch-up that read it from the database."""
+        if tell in self.applied:
+            return
+        ref_t, ref_e = self.references.get(obs.task_key) or self._stored_reference(obs.task_key)
+        task = Task(obs.task_key, ref_t, ref_e, 0.0)
+        if 0 <= obs.config < len(self.grid):
+            self.policy.tell(task, obs.config, obs.time_ratio * ref_t, obs.energy_ratio * ref_e)
+        self.observations[obs.task_key] = self.observations.get(obs.task_key, 0) + 1
+        self.applied.add(tell)
 
     def _stored_reference(self, task_key: str) -> tuple[float, float]:
         ref = self.db.task_reference(self.key, task_key, 1.0, 1.0)  # stored with its first tell
@@ -147,7 +157,8 @@ class FleetModel:
         obs = Observation(task.key, config, time_s / task.ref_time_s, energy_j / task.ref_energy_j)
         stored = self.db.tell(self.key, session_id, tell_id, rank, obs)
         with self.lock:
-            self.catch_up()
+            if stored:
+                self._apply((session_id, tell_id), obs)
             pending = self.pending.get((session_id, task.key))
             if pending is not None and pending.config == config:
                 pending.told.add(rank)

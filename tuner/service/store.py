@@ -6,7 +6,8 @@ the reply (a killed or crashed service loses nothing it acknowledged), and a bus
 lets concurrent writers queue instead of failing. Every write is one short transaction.
 
 - `Database`: the engine and tables; `open_session`, `session`, `end_session`, `tell`
-  (idempotent on (session, tell id)), `observations` (a model's, in order), `task_reference`
+  (idempotent on (session, tell id); through `GroupCommit`, which writes the tells that
+  arrive together in one transaction: one fsync for many), `observations` (a model's, in order), `task_reference`
   (the first reference a task was told with: the model's scale), `plan_put` (versioned,
   optimistic), `plan_get`, `ping`.
 - `StorageError`: the database refused or is unreachable (the app answers 503).
@@ -17,6 +18,8 @@ Design: docs/service.md.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,6 +52,8 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 #: Connections kept open to the database (SQLite and PostgreSQL alike); connections.
 POOL_SIZE = 8
+#: Most tells written in one transaction by the group commit; tells.
+MAX_BATCH_TELLS = 512
 
 metadata = MetaData()
 
@@ -117,6 +122,71 @@ plans = Table(
 )
 
 
+@dataclass(frozen=True)
+class _Tell:
+    model_key: str
+    session_id: str
+    tell_id: str
+    rank: int
+    obs: Observation
+
+
+class _Waiting:
+    def __init__(self, tell: _Tell) -> None:
+        self.tell = tell
+        self.done = threading.Event()
+        self.stored = False
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    """One writer thread: the tells waiting when it is free are written in one transaction, so
+    concurrent tells share one commit (one fsync) instead of queueing for one each.
+
+    Args:
+        write: stores a list of tells in one transaction, returns per tell whether it was new.
+    """
+
+    def __init__(self, write) -> None:
+        self._write = write
+        self._queue: queue.Queue[_Waiting | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="kdvfs-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, tell: _Tell) -> bool:
+        waiting = _Waiting(tell)
+        self._queue.put(waiting)
+        waiting.done.wait()
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.stored
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(5.0)
+
+    def _work(self) -> None:
+        while (first := self._queue.get()) is not None:
+            batch = [first]
+            while len(batch) < MAX_BATCH_TELLS:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+            try:
+                for waiting, stored in zip(batch, self._write([w.tell for w in batch])):
+                    waiting.stored = stored
+            except BaseException as exc:  # every waiter hears it (a StorageError: 503)
+                for waiting in batch:
+                    waiting.error = exc
+            for waiting in batch:
+                waiting.done.set()
+
+
 class StorageError(Exception):
     """The database refused a write or cannot be reached."""
 
@@ -171,8 +241,10 @@ class Database:
             metadata.create_all(self.engine)
         except SQLAlchemyError as exc:
             raise StorageError(f"cannot open the database: {_one_line(exc)}") from None
+        self._committer = GroupCommit(self.tell_many)
 
     def close(self) -> None:
+        self._committer.close()
         self.engine.dispose()
 
     def ping(self) -> bool:
@@ -282,38 +354,59 @@ class Database:
 
     def tell(self, model_key: str, session_id: str, tell_id: str, rank: int, obs: Observation) -> bool:
         """Store one observation, committed (on disk) when this returns; False when this
-        (session, tell id) was stored before."""
-        try:
-            with self._write() as conn:
-                conn.execute(
-                    insert(observations).values(
-                        model_key=model_key,
-                        task_key=obs.task_key,
-                        session_id=session_id,
-                        tell_id=tell_id,
-                        rank=rank,
-                        config=obs.config,
-                        time_ratio=obs.time_ratio,
-                        energy_ratio=obs.energy_ratio,
-                        created_s=time.time(),
-                    )
-                )
-        except StorageError as exc:
-            if isinstance(exc.__cause__, IntegrityError):
-                return False
-            raise
-        return True
+        (session, tell id) was stored before. Tells arriving together share one commit."""
+        return self._committer.submit(_Tell(model_key, session_id, tell_id, rank, obs))
 
-    def observations(self, model_key: str, after_id: int = 0) -> list[tuple[int, Observation]]:
-        """The model's observations with ids above after_id, oldest first."""
+    def tell_many(self, tells: list[_Tell]) -> list[bool]:
+        """Store tells in one transaction (one commit, one fsync); per tell, whether it is new."""
+        o = observations.c
+        keys = {(t.session_id, t.tell_id) for t in tells}
+        with self._write() as conn:
+            known = set()
+            for session_id in {k[0] for k in keys}:
+                ids = [k[1] for k in keys if k[0] == session_id]
+                rows = conn.execute(
+                    select(o.session_id, o.tell_id).where(o.session_id == session_id, o.tell_id.in_(ids))
+                ).all()
+                known |= {(r[0], r[1]) for r in rows}
+            stored, rows = [], []
+            for t in tells:
+                new = (t.session_id, t.tell_id) not in known
+                stored.append(new)
+                if new:
+                    known.add((t.session_id, t.tell_id))
+                    rows.append(
+                        {
+                            "model_key": t.model_key,
+                            "task_key": t.obs.task_key,
+                            "session_id": t.session_id,
+                            "tell_id": t.tell_id,
+                            "rank": t.rank,
+                            "config": t.obs.config,
+                            "time_ratio": t.obs.time_ratio,
+                            "energy_ratio": t.obs.energy_ratio,
+                            "created_s": time.time(),
+                        }
+                    )
+            if rows:
+                conn.execute(insert(observations), rows)
+        return stored
+
+    def observations(
+        self, model_key: str, after_id: int = 0
+    ) -> list[tuple[int, tuple[str, str], Observation]]:
+        """The model's observations with ids above after_id, oldest first: (id, (session id,
+        tell id), observation)."""
         o = observations.c
         with self._read() as conn:
             rows = conn.execute(
-                select(o.id, o.task_key, o.config, o.time_ratio, o.energy_ratio)
+                select(o.id, o.session_id, o.tell_id, o.task_key, o.config, o.time_ratio, o.energy_ratio)
                 .where(o.model_key == model_key, o.id > after_id)
                 .order_by(o.id)
             ).all()
-        return [(int(r[0]), Observation(r[1], int(r[2]), float(r[3]), float(r[4]))) for r in rows]
+        return [
+            (int(r[0]), (r[1], r[2]), Observation(r[3], int(r[4]), float(r[5]), float(r[6]))) for r in rows
+        ]
 
     # --- plans --------------------------------------------------------------------------------
     def plan_put(self, fleet: str, key: str, doc: dict, expected_version: int | None) -> int:
