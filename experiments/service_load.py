@@ -12,8 +12,9 @@ failed ask is answered by the rank itself (the job tunes locally), so ranks carr
 a fault. Reported: per operation p50 / p99 / max latency, the error count by kind, requests
 per second, and, from the database afterwards, acknowledged tells that are missing (lost).
 --fault kill: SIGKILL at half time and a restart at once. --fault read-only: after half
-time the service is stopped, its database file and folder made read-only, and it is started
-again (as the user nobody when run as root: root ignores file modes); what the ranks see then.
+time the service is stopped, its database file made read-only (0444) and the service started
+again (under root, without the capabilities that let root ignore file modes: setpriv); what
+the ranks see then.
 Prints JSON.
 """
 
@@ -45,6 +46,8 @@ from kdvfs.runtime.registry import open_device
 START_TIMEOUT_S = 60.0
 #: Wait before a rank retries a failed call; s.
 RETRY_S = 0.2
+#: Root without the capabilities that override file modes: a read-only file is read-only to it.
+UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
 #: Time a rank's job may still deliver its last tells after the run; s.
 GRACE_S = 30.0
 
@@ -58,10 +61,11 @@ def _free_port() -> int:
 
 
 class Service:
-    """A `kdvfs serve` process in `folder` (as nobody when `as_nobody`)."""
+    """A `kdvfs serve` process in `folder` (without root's file overrides once `unprivileged`)."""
 
-    def __init__(self, folder: Path, port: int, tokens: Path, as_nobody: bool = False) -> None:
-        self.folder, self.port, self.tokens, self.as_nobody = folder, port, tokens, as_nobody
+    def __init__(self, folder: Path, port: int, tokens: Path) -> None:
+        self.folder, self.port, self.tokens = folder, port, tokens
+        self.unprivileged = False
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
@@ -75,8 +79,8 @@ class Service:
             str(self.tokens),
             "--no-tracking",
         ]
-        if self.as_nobody:
-            cmd = ["runuser", "-u", "nobody", "--", *cmd]
+        if self.unprivileged and os.geteuid() == 0:
+            cmd = [*UNPRIVILEGED, *cmd]
         self.out = (self.folder / "serve.log").open("ab")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=self.folder, stdout=self.out, stderr=subprocess.STDOUT)
@@ -89,6 +93,14 @@ class Service:
             except httpx.HTTPError:
                 time.sleep(0.05)
         raise RuntimeError("kdvfs serve did not answer")
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the service process so far (Linux /proc)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
@@ -272,15 +284,13 @@ def main() -> None:
     p.add_argument("--ramp-s", type=float, default=5.0, help="ranks start spread over this, s")
     p.add_argument("--fault", choices=("none", "kill", "read-only"), default="none")
     args = p.parse_args()
+    load_before = os.getloadavg()
     grid = np.array([[q.core_mhz, q.mem_mhz] for q in open_device("sim:rtx3080ti").grid.pairs], dtype=float)
     folder = Path(tempfile.mkdtemp(prefix="kdvfs-load-"))
-    as_nobody = args.fault == "read-only" and os.geteuid() == 0
-    if as_nobody:
-        os.chmod(folder, 0o777)
     tokens = [f"load-token-{j:04d}-{uuid.uuid4().hex}" for j in range(args.jobs)]
     (folder / "tokens").write_text("".join(f"{t} load job-{j}\n" for j, t in enumerate(tokens)))
     os.chmod(folder / "tokens", 0o644)
-    service = Service(folder, _free_port(), folder / "tokens", as_nobody)
+    service = Service(folder, _free_port(), folder / "tokens")
     start_s = service.start()
     stats = Stats()
     fault_doc: dict = {"kind": args.fault}
@@ -294,10 +304,8 @@ def main() -> None:
             service.kill()
         else:
             service.stop()
-            for name in ("service.db", "service.db-wal", "service.db-shm"):
-                if (folder / name).exists():
-                    os.chmod(folder / name, 0o444)
-            os.chmod(folder, 0o555)
+            os.chmod(folder / "service.db", 0o444)
+            service.unprivileged = True
         up_s = await asyncio.to_thread(service.start)
         fault_doc["restart_to_health_s"] = round(up_s, 2) if up_s == up_s else None
         fault_doc["down_s"] = round(time.monotonic() - t0, 2)
@@ -306,11 +314,12 @@ def main() -> None:
         else:
             fault_doc["health"] = httpx.get(f"{service.url}/health").json()
 
-    t0 = time.monotonic()
+    t0, cpu0_s = time.monotonic(), service.cpu_s()
     try:
         load(args, service.url, tokens, grid, stats, fault)
     finally:
         wall_s = time.monotonic() - t0
+        cpu_s = service.cpu_s() - cpu0_s
         service.stop()
     db = sqlite3.connect(f"file:{folder / 'service.db'}?mode=ro", uri=True)
     stored = {row[0] for row in db.execute("select tell_id from observations")}
@@ -320,6 +329,7 @@ def main() -> None:
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "load_avg_before": load_before,
             "load_avg_at_end": os.getloadavg(),
         },
         "jobs": args.jobs,
@@ -331,6 +341,7 @@ def main() -> None:
         "strategy": args.strategy,
         "service_start_s": round(start_s, 2),
         "requests_per_s": round(requests / wall_s, 1),
+        "service_cpu_ms_per_request": round(1000 * cpu_s / max(requests, 1), 2),
         "latency": {op: percentiles(v) for op, v in stats.latency_s.items()},
         "errors": stats.errors,
         "error_details": stats.details,
@@ -340,9 +351,8 @@ def main() -> None:
         "fault": fault_doc,
     }
     print(json.dumps(doc, indent=2))
-    if args.fault == "read-only":
-        os.chmod(folder, 0o755)
-    shutil.rmtree(folder, ignore_errors=True)
+    if not os.environ.get("KDVFS_KEEP"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ from pathlib import Path
 
 #: Port the service listens on by default.
 DEFAULT_PORT = 8470
+#: How long an idle client connection is kept open (above httpx's 5-s pool expiry, so a
+#: client never reuses a connection the service is closing); s.
+KEEP_ALIVE_S = 30
 #: Database the service uses by default (relative to the working directory).
 DEFAULT_DB = "sqlite:///kdvfs-service.db"
 
@@ -100,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
     except StorageError as exc:
         raise KdvfsError(f"--db {args.db}: {exc}") from None
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
     )
     sock = _bind(args.host, args.port)
     if args.port_file is not None:

@@ -346,7 +346,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.exception_handler(StorageError)
     async def storage(_request: Request, exc: StorageError) -> JSONResponse:
         _log.error("database error: %s", exc)
-        return JSONResponse({"detail": "storage unavailable"}, 503, {"Retry-After": "1"})
+        why = ": the database is read-only" if "readonly" in str(exc).replace("-", "").lower() else ""
+        return JSONResponse({"detail": f"storage unavailable{why}"}, 503, {"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
@@ -355,10 +356,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     @app.get("/health", response_model=Health, tags=["health"])
     def health() -> Health:
-        up = db.ping()
-        return Health(
-            status="ok" if up else "degraded", database="ok" if up else "unavailable", version=__version__
-        )
+        database = db.ping()
+        return Health(status="ok" if database == "ok" else "degraded", database=database, version=__version__)
 
     @app.post("/v1/sessions", response_model=SessionReply, status_code=201, tags=["sessions"])
     def open_session(body: SessionRequest, caller: Caller) -> SessionReply:

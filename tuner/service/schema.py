@@ -148,7 +148,7 @@ class PlanVersion(_Body):
 
 class Health(_Body):
     status: Literal["ok", "degraded"]
-    database: Literal["ok", "unavailable"]
+    database: Literal["ok", "read-only", "unavailable"]
     version: str
 
 

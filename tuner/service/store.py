@@ -187,6 +187,14 @@ class GroupCommit:
                 waiting.done.set()
 
 
+probe = Table(
+    "probe",  # written and rolled back by Database.ping: is the database writable?
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at_s", Float, nullable=False),
+)
+
+
 class StorageError(Exception):
     """The database refused a write or cannot be reached."""
 
@@ -247,13 +255,21 @@ class Database:
         self._committer.close()
         self.engine.dispose()
 
-    def ping(self) -> bool:
+    def ping(self) -> str:
+        """ "ok", "read-only" (reads work, a write is refused) or "unavailable"."""
         try:
             with self.engine.connect() as conn:
                 conn.execute(select(1))
-            return True
         except SQLAlchemyError:
-            return False
+            return "unavailable"
+        try:
+            engine = self.engine.execution_options(kdvfs_write=True)
+            with engine.connect() as conn, conn.begin() as txn:
+                conn.execute(insert(probe).values(at_s=time.time()))
+                txn.rollback()  # a real write, never kept
+        except SQLAlchemyError:
+            return "read-only"
+        return "ok"
 
     # --- sessions and models ----------------------------------------------------------------
     def open_session(
