@@ -78,6 +78,7 @@ class Service:
             "--token-file",
             str(self.tokens),
             "--no-tracking",
+            "--no-preload",
         ]
         if self.unprivileged and os.geteuid() == 0:
             cmd = [*UNPRIVILEGED, *cmd]

@@ -23,7 +23,8 @@ START_TIMEOUT_S = 30.0
 
 
 class ServiceProcess:
-    """A `kdvfs serve` subprocess (MLflow tracking off unless args turn it on)."""
+    """A `kdvfs serve` subprocess (MLflow tracking off unless start(tracking=True); strategies
+    imported on first use: the tests use ucb, which needs no torch)."""
 
     def __init__(self, tmp: Path, db_url: str, *args: str, port: int | None = None) -> None:
         self.tmp, self.db_url, self.args = tmp, db_url, args
@@ -42,7 +43,7 @@ class ServiceProcess:
             "--db",
             self.db_url,
         ]
-        cmd += [*self.args, *([] if tracking else ["--no-tracking"])]
+        cmd += [*self.args, "--no-preload", *([] if tracking else ["--no-tracking"])]
         self.log = (self.tmp / f"serve-{self.port}.log").open("ab")
         self.proc = subprocess.Popen(cmd, cwd=self.tmp, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S

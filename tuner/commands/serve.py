@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mlflow-uri", help="MLflow tracking URI (default: MLflow's default store)")
     parser.add_argument("--no-tracking", action="store_true", help="log no MLflow runs")
     parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="import strategies on first use: a quicker start, but the first BoTorch session waits for torch",
+    )
+    parser.add_argument(
         "--rate", type=float, default=None, help="requests per second per token (default 200)"
     )
     parser.add_argument(
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         tokens=tokens,
         mlflow_uri=args.mlflow_uri,
         tracking=not args.no_tracking,
+        preload=not args.no_preload,
         rate_per_s=rate,
         rate_burst=burst,
     )

@@ -89,6 +89,7 @@ class ServiceConfig:
         spool_dir: where MLflow items wait when the store is down.
         rate_per_s, rate_burst: each token's rate limit, requests/s and requests.
         max_body_bytes: the largest request body, bytes.
+        preload: import the BoTorch strategy in the background at start (else on first use).
     """
 
     db_url: str
@@ -99,6 +100,7 @@ class ServiceConfig:
     rate_per_s: float = RATE_PER_S
     rate_burst: float = RATE_BURST
     max_body_bytes: int = MAX_BODY_BYTES
+    preload: bool = False
 
 
 def load_tokens(path: Path) -> dict[str, TokenScope]:
@@ -297,7 +299,7 @@ Caller = Annotated[Scope, Depends(scope)]
 SessionId = Annotated[str, PathParam(pattern=ID_PATTERN)]
 PlanKey = Annotated[str, PathParam(min_length=1, max_length=MAX_KEY_CHARS, pattern=NAME_PATTERN)]
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorReply} for code in (401, 404, 409, 413, 422, 429, 503)
+    code: {"model": ErrorReply} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
 
 
@@ -324,6 +326,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
     app.state.db, app.state.bank, app.state.tracking = db, bank, tracking
     app.state.config, app.state.limiter = config, limiter
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    if config.preload:
+        threading.Thread(target=_preload, name="kdvfs-preload", daemon=True).start()
 
     known: dict[str, dict] = {}  # session rows read before (they change only on end)
 
@@ -368,8 +372,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
         }
         try:
             model = bank.get(key, model_spec)
-        except (ValueError, TypeError) as exc:
-            raise HTTPException(422, f"strategy: {str(exc)[:200]}") from None
+        except (ValueError, TypeError):
+            _log.exception("strategy %s refused its options", body.strategy)
+            raise HTTPException(422, f"strategy: {body.strategy} cannot be made with these options") from None
         session_id, joined = db.open_session(caller.fleet, body.job, key, model_spec, spec)
         if joined:
             row = own_session(caller, session_id)
@@ -478,6 +483,16 @@ def create_app(config: ServiceConfig) -> FastAPI:
         return PlanVersion(key=key, version=version)
 
     return app
+
+
+def _preload() -> None:
+    """Import the default strategy's module (BoTorch and torch: seconds) while the service
+    starts answering, so that the first session of it does not wait for the import."""
+    import importlib
+
+    from kdvfs.tuner.service.models import STRATEGY_MODULES
+
+    importlib.import_module(f"kdvfs.policies.{STRATEGY_MODULES['botorch']}")
 
 
 def _check_rank(row: dict, rank: int) -> None:

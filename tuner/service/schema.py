@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_NAME_CHARS = 200  # longest GPU, workload, job or task name, characters
 MAX_KEY_CHARS = 120  # longest task key or plan key, characters
@@ -23,6 +23,7 @@ MAX_FIGURE = 1e9  # largest time (s) or energy (J) a request may carry
 MAX_BUDGET = 1.0  # largest slowdown budget a session may name, a fraction
 MAX_TASK_BUDGET = 1e4  # largest budget of one task (a short group may take a step's whole slack), a fraction
 MAX_PLAN_CHARS = 2_000_000  # longest plan document, characters of its JSON
+WITHOUT_OPTIONS = ("sweep", "random")  # strategies that take neither tol nor margin
 ID_PATTERN = r"^[0-9a-f]{32}$"  # a session id or tell id: 32 hex digits
 NAME_PATTERN = r"^[\w .:@/+=()-]{1,200}$"  # names: letters, digits, spaces and . : @ / + = ( ) - _
 
@@ -65,6 +66,12 @@ class SessionRequest(_Body):
         if len(set(grid)) != len(grid):
             raise ValueError("clock pairs repeat")
         return grid
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> SessionRequest:
+        if self.policy_options and self.strategy in WITHOUT_OPTIONS:
+            raise ValueError(f"strategy {self.strategy} takes no policy_options")
+        return self
 
 
 class SessionReply(_Body):
