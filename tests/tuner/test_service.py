@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -64,10 +65,17 @@ def guarded(tmp_path_factory):
         *(f"{t} fleet-{k[0] if k != 'rate' else 'c'} {k}" for k, t in TOKENS.items()),
     ]
     (tmp / "tokens").write_text("\n".join(lines) + "\n")
+    mlflow_uri = f"sqlite:///{tmp / 'mlflow.db'}"
     server = ServiceProcess(
-        tmp, f"sqlite:///{tmp / 'service.db'}", "--token-file", "tokens", "--rate", "5", "--burst", "12"
+        tmp,
+        f"sqlite:///{tmp / 'service.db'}",
+        *("--token-file", "tokens", "--rate", "5", "--burst", "12", "--mlflow-uri", mlflow_uri),
     )
-    yield server.start()
+    server.mlflow_uri = mlflow_uri
+    from mlflow import MlflowClient
+
+    MlflowClient(mlflow_uri).search_experiments()  # the store made before the service opens it
+    yield server.start(tracking=True)
     server.stop()
 
 
@@ -271,6 +279,30 @@ def test_another_fleets_token_reads_and_writes_nothing_of_this_fleet(guarded):
         )
         assert a2.get(f"/v1/sessions/{sid}").json()["observations"] == 1  # same fleet, other job
         assert a2.get(f"/v1/plans/{key}").json()["version"] == 1
+
+
+def test_every_session_is_one_mlflow_run_logged_by_the_service(guarded):
+    from mlflow import MlflowClient
+
+    with guarded.http(TOKENS["a2"]) as http:
+        sid = open_session(http, session_body("tracked-job", signature="sig-tracked"))
+        for energy in (19.0, 18.0):
+            http.post(f"/v1/sessions/{sid}/tell", json=tell_body(1, energy))
+        http.post(f"/v1/sessions/{sid}/end")
+    client = MlflowClient(guarded.mlflow_uri)
+    deadline = time.monotonic() + 90.0
+    runs = []
+    while time.monotonic() < deadline:
+        experiment = client.get_experiment_by_name("kdvfs-service")
+        if experiment is not None:
+            runs = client.search_runs([experiment.experiment_id], f"tags.`kdvfs.session` = '{sid}'")
+            if runs and runs[0].info.status == "FINISHED":
+                break
+        time.sleep(0.5)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "energy_ratio")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == [19.0 / 20.0, 18.0 / 20.0]
+    assert runs[0].data.params["workload_signature"] == "sig-tracked"
 
 
 def test_a_token_over_its_rate_is_answered_429_and_others_are_not(guarded):
