@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from kdvfs.tuner.service.app import plan_key
+from kdvfs.tuner.service.schema import plan_key
 from tests.tuner.service_process import ServiceProcess
 
 GRID = [[900, 5000], [1200, 5000], [1500, 9000], [1800, 9000], [2100, 9500]]
@@ -200,6 +200,20 @@ def test_plans_are_versioned_and_a_stale_put_is_refused(service):
         assert stale.status_code == 409
         assert http.get(f"/v1/plans/{key}").json()["plan"]["measurements"] == 20
         assert http.get(f"/v1/plans/{key}/versions/1").json()["plan"]["measurements"] == 12
+
+
+def test_a_job_stores_and_fetches_its_fleets_plan_through_the_client(service):
+    from kdvfs.runtime.types import ClockGrid, ClockPair
+    from kdvfs.tuner.plan import plan_from_dict
+    from kdvfs.tuner.service.client import ServiceClient, fetch_plan, store_plan
+
+    plan = plan_from_dict(plan_doc(signature="sig-client"), "test")
+    client = ServiceClient(service.url)
+    assert fetch_plan(client, plan.gpu_name, plan.grid, "sig-client") is None
+    assert store_plan(client, plan) == 1 and store_plan(client, plan, expected_version=0) is None
+    assert fetch_plan(client, plan.gpu_name, plan.grid, "sig-client") == plan
+    other_grid = ClockGrid((*plan.grid.pairs, ClockPair(600, 5000)))
+    assert fetch_plan(client, plan.gpu_name, other_grid, "sig-client") is None  # another key
 
 
 def test_a_plan_is_refused_as_a_plan_file_would_be(service):
@@ -491,3 +505,9 @@ def test_a_job_whose_token_is_refused_tunes_locally(guarded):
     task = Task("group0@0/0", 0.05, 20.0, 0.02)
     assert policy.ask(task) is not None
     assert policy.answers == {"service": 0, "local": 1} and "401" in policy.refused
+
+
+def test_the_jobs_client_loads_no_server_library():
+    code = "import sys, kdvfs.tuner.service.client; print(sorted({'fastapi', 'uvicorn', 'sqlalchemy'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[]", result.stderr

@@ -53,6 +53,7 @@ from kdvfs.tuner.service.schema import (
     SessionRequest,
     TellReply,
     TellRequest,
+    plan_key,
 )
 from kdvfs.tuner.service.store import Database, StorageError, VersionConflict
 
@@ -504,13 +505,6 @@ def _plan(found: tuple[int, dict] | None, key: str) -> PlanReply:
     if found is None:
         raise HTTPException(404, "no such plan")
     return PlanReply(key=key, version=found[0], plan=found[1])
-
-
-def plan_key(gpu_name: str, grid, signature: str) -> str:
-    """The store key of a plan: the plan store's file name without .json (tuner/plan_store.py)."""
-    from kdvfs.tuner.plan_store import plan_file_name
-
-    return plan_file_name(gpu_name, grid, signature).removesuffix(".json")
 
 
 def checked_plan(key: str, doc: dict) -> dict:

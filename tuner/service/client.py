@@ -10,6 +10,8 @@
   with every tell of the job. Tells wait in an outbox (with their ids, so a retried tell counts
   once) and reach the service when it answers again: the job reports later.
 - `service_policy`: builds one for a job (its session request and its local strategy).
+- `fetch_plan`, `store_plan`: the fleet's plan store (None when the service does not answer:
+  the local PlanStore is the fallback; a served plan that does not fit is refused).
 
 Design: docs/service.md.
 """
@@ -26,7 +28,8 @@ import httpx
 import numpy as np
 
 from kdvfs.policies.base import Policy, SearchSpace, Task
-from kdvfs.runtime.types import ClockPair, Workload
+from kdvfs.runtime.types import ClockGrid, ClockPair, Workload
+from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.service.schema import AskReply, BestReply, SessionReply, SessionRequest, TaskSpec, TellReply
 
 #: How long one call may take before the service counts as down; s.
@@ -277,3 +280,39 @@ def service_policy(
         policy_options={"tol": POLICY_TOL},
     )
     return ServicePolicy(client, session, local, rank)
+
+
+# --- plans ---------------------------------------------------------------------------------------
+def fetch_plan(client: ServiceClient, gpu_name: str, grid: ClockGrid, signature: str) -> Plan | None:
+    """The fleet's newest plan for this GPU, grid and workload; None when it has none or the
+    service does not answer (the caller's local PlanStore is the fallback). A served plan that
+    does not fit is a KdvfsError, as a plan file's would be."""
+    from kdvfs.tuner.plan import check_compatible, plan_from_dict
+    from kdvfs.tuner.service.schema import plan_key
+
+    key = plan_key(gpu_name, grid, signature)
+    try:
+        reply = client.call("GET", f"/v1/plans/{key}")
+    except (ServiceDown, ServiceRefused):
+        return None
+    plan = plan_from_dict(reply["plan"], f"{client.url} plan {key} v{reply['version']}")
+    check_compatible(plan, gpu_name, grid, signature)
+    return plan
+
+
+def store_plan(client: ServiceClient, plan: Plan, expected_version: int | None = None) -> int | None:
+    """Put the plan as its key's next version; the version, or None when the service does not
+    take it (down, refused, or a newer version than expected_version exists)."""
+    from kdvfs.tuner.service.schema import plan_key
+
+    body: dict = {"plan": plan.to_dict()}
+    if expected_version is not None:
+        body["expected_version"] = expected_version
+    try:
+        reply = client.call(
+            "PUT", f"/v1/plans/{plan_key(plan.gpu_name, plan.grid, plan.workload_signature)}", body
+        )
+    except (ServiceDown, ServiceRefused) as exc:
+        _log.warning("tuning service %s did not store the plan: %s", client.url, exc)
+        return None
+    return int(reply["version"])

@@ -4,7 +4,8 @@ Shared by the server (tuner/service/app.py validates every body against these) a
 client (tuner/service/client.py builds them). Every field is bounded and unknown fields are
 refused, so what reaches the database and the strategies is always well formed.
 
-Parts: the limits, the session models, ask / tell / best, the plan store, health.
+Parts: the limits, the session models, ask / tell / best, the plan store (and `plan_key`,
+the key of a plan: the plan store's file name without .json), health.
 """
 
 from __future__ import annotations
@@ -161,3 +162,10 @@ class Health(_Body):
 
 class ErrorReply(_Body):
     detail: str
+
+
+def plan_key(gpu_name: str, grid, signature: str) -> str:
+    """The store key of a plan: the plan store's file name without .json (tuner/plan_store.py)."""
+    from kdvfs.tuner.plan_store import plan_file_name
+
+    return plan_file_name(gpu_name, grid, signature).removesuffix(".json")
