@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -279,7 +280,7 @@ class SessionLog:
 
 
 # --- the app -----------------------------------------------------------------------------------
-def scope(request: Request) -> Scope:
+async def scope(request: Request) -> Scope:
     """The caller's fleet from its bearer token (401 without a valid one), rate-limited (429)."""
     config: ServiceConfig = request.app.state.config
     if config.tokens is None:
@@ -390,6 +391,18 @@ def create_app(config: ServiceConfig) -> FastAPI:
         )
         return SessionReply(session_id=session_id, model_key=key, observations=model.held(), joined=False)
 
+    async def own_session_async(caller: Scope, session_id: str) -> dict:
+        """own_session without holding the event loop: a row read before needs no database."""
+        row = known.get(session_id)
+        if row is not None and row["fleet"] == caller.fleet:
+            return row
+        return await run_in_threadpool(own_session, caller, session_id)
+
+    async def model_async(row: dict):
+        """model_of without holding the event loop: a model built before is at hand."""
+        model = bank.known(row["model_key"])
+        return model if model is not None else await run_in_threadpool(model_of, row)
+
     def model_of(row: dict):
         return bank.get(
             row["model_key"],
@@ -413,22 +426,26 @@ def create_app(config: ServiceConfig) -> FastAPI:
         )
 
     @app.post("/v1/sessions/{session_id}/ask", response_model=AskReply, tags=["ask and tell"])
-    def ask(session_id: SessionId, body: AskRequest, caller: Caller) -> AskReply:
-        row = own_session(caller, session_id)
+    async def ask(session_id: SessionId, body: AskRequest, caller: Caller) -> AskReply:
+        row = await own_session_async(caller, session_id)
         _check_rank(row, body.rank)
-        config, shared = model_of(row).ask(session_id, body.rank, body.task)
+        model = await model_async(row)
+        shared = model.shared_decision(session_id, body.rank, body.task.key)
+        if shared is not False:
+            return AskReply(config=shared, shared=True)
+        config, shared = await run_in_threadpool(model.ask, session_id, body.rank, body.task)
         return AskReply(config=config, shared=shared)
 
     @app.post("/v1/sessions/{session_id}/tell", response_model=TellReply, tags=["ask and tell"])
-    def tell(session_id: SessionId, body: TellRequest, caller: Caller) -> TellReply:
-        row = own_session(caller, session_id)
+    async def tell(session_id: SessionId, body: TellRequest, caller: Caller) -> TellReply:
+        row = await own_session_async(caller, session_id)
         _check_rank(row, body.rank)
         if body.config >= len(row["spec"]["grid"]):
             raise HTTPException(
                 422, f"config: {body.config} is outside the session's grid of {len(row['spec']['grid'])}"
             )
-        model = model_of(row)
-        stored, held = model.tell(
+        model = await model_async(row)
+        stored, held = await model.tell_async(
             session_id,
             body.tell_id,
             body.rank,

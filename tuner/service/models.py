@@ -18,6 +18,7 @@ Design: docs/service.md.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import json
@@ -141,6 +142,13 @@ class FleetModel:
             self.pending[(session_id, task.key)] = Pending(config)
             return config, False
 
+    def shared_decision(self, session_id: str, rank: int, task_key: str) -> int | bool | None:
+        """The decision another rank of the job already has for the task (False: none yet);
+        no database access, so a coroutine may call it."""
+        with self.lock:
+            pending = self.pending.get((session_id, task_key))
+            return pending.config if pending is not None and rank not in pending.told else False
+
     def tell(
         self,
         session_id: str,
@@ -154,8 +162,44 @@ class FleetModel:
     ) -> tuple[bool, int]:
         """Store the measurement (on disk before this returns) and tell the strategy."""
         self.reference(task)
-        obs = Observation(task.key, config, time_s / task.ref_time_s, energy_j / task.ref_energy_j)
+        obs = self._observation(task, config, time_s, energy_j)
         stored = self.db.tell(self.key, session_id, tell_id, rank, obs)
+        return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
+
+    async def tell_async(
+        self,
+        session_id: str,
+        tell_id: str,
+        rank: int,
+        ranks: int,
+        task: TaskSpec,
+        config: int,
+        time_s: float,
+        energy_j: float,
+    ) -> tuple[bool, int]:
+        """tell() for a coroutine: the commit is awaited, not waited for in a thread."""
+        if task.key not in self.references:
+            await asyncio.to_thread(self.reference, task)
+        obs = self._observation(task, config, time_s, energy_j)
+        stored = await self.db.tell_async(self.key, session_id, tell_id, rank, obs)
+        return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
+
+    @staticmethod
+    def _observation(task: TaskSpec, config: int, time_s: float, energy_j: float) -> Observation:
+        return Observation(task.key, config, time_s / task.ref_time_s, energy_j / task.ref_energy_j)
+
+    def _told(
+        self,
+        session_id: str,
+        tell_id: str,
+        rank: int,
+        ranks: int,
+        task: TaskSpec,
+        config: int,
+        obs: Observation,
+        stored: bool,
+    ) -> tuple[bool, int]:
+        """A committed tell: told to the strategy; the rank's share of the pending decision."""
         with self.lock:
             if stored:
                 self._apply((session_id, tell_id), obs)
@@ -190,6 +234,10 @@ class ModelBank:
         self.db = db
         self._models: dict[str, FleetModel] = {}
         self._lock = threading.Lock()
+
+    def known(self, key: str) -> FleetModel | None:
+        """The model if this process built it already."""
+        return self._models.get(key)
 
     def get(self, key: str, spec: dict) -> FleetModel:
         with self._lock:

@@ -17,6 +17,7 @@ Design: docs/service.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import threading
@@ -132,11 +133,28 @@ class _Tell:
 
 
 class _Waiting:
-    def __init__(self, tell: _Tell) -> None:
+    """A tell waiting for its commit: a thread waits on `done`, a coroutine on `future`."""
+
+    def __init__(self, tell: _Tell, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.tell = tell
         self.done = threading.Event()
         self.stored = False
         self.error: BaseException | None = None
+        self.loop = loop
+        self.future = loop.create_future() if loop is not None else None
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if self.future.done():
+            return
+        if self.error is not None:
+            self.future.set_exception(self.error)
+        else:
+            self.future.set_result(self.stored)
 
 
 class GroupCommit:
@@ -161,6 +179,12 @@ class GroupCommit:
             raise waiting.error
         return waiting.stored
 
+    async def submit_async(self, tell: _Tell) -> bool:
+        """submit() for a coroutine: the event loop is not held while the commit runs."""
+        waiting = _Waiting(tell, asyncio.get_running_loop())
+        self._queue.put(waiting)
+        return await waiting.future
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(5.0)
@@ -184,7 +208,7 @@ class GroupCommit:
                 for waiting in batch:
                     waiting.error = exc
             for waiting in batch:
-                waiting.done.set()
+                waiting.finish()
 
 
 probe = Table(
@@ -372,6 +396,12 @@ class Database:
         """Store one observation, committed (on disk) when this returns; False when this
         (session, tell id) was stored before. Tells arriving together share one commit."""
         return self._committer.submit(_Tell(model_key, session_id, tell_id, rank, obs))
+
+    async def tell_async(
+        self, model_key: str, session_id: str, tell_id: str, rank: int, obs: Observation
+    ) -> bool:
+        """tell() for a coroutine."""
+        return await self._committer.submit_async(_Tell(model_key, session_id, tell_id, rank, obs))
 
     def tell_many(self, tells: list[_Tell]) -> list[bool]:
         """Store tells in one transaction (one commit, one fsync); per tell, whether it is new."""
