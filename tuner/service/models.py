@@ -22,7 +22,9 @@ import asyncio
 import hashlib
 import importlib
 import json
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +35,8 @@ from kdvfs.tuner.service.store import Database, Observation
 
 #: Most measurements a task is told before the strategy stops asking (StepTuner's own cap); count.
 MAX_PER_TASK = 20
+#: Longest a model goes without reading the observations other processes stored; s.
+CATCH_UP_S = 1.0
 #: The module of policies/ that holds each strategy (policies/registry.py's names), imported
 #: only when a model uses it: the registry imports BoTorch and torch, seconds of a service's start.
 STRATEGY_MODULES = {
@@ -94,6 +98,7 @@ class FleetModel:
         self.pending: dict[tuple[str, str], Pending] = {}
         self.observations: dict[str, int] = {}  # per task key
         self.applied: set[tuple[str, str]] = set()  # (session id, tell id) told to the strategy
+        self._caught_up_s = -math.inf  # when catch_up last read the database, monotonic s
 
     def reference(self, task: TaskSpec) -> tuple[float, float]:
         ref = self.references.get(task.key)
@@ -107,8 +112,14 @@ class FleetModel:
         return Task(task.key, ref_t, ref_e, task.budget)
 
     def catch_up(self) -> None:
-        """Tell the strategy every stored observation it has not been told: those of other
-        processes and those stored before a restart (call under the lock)."""
+        """Tell the strategy every stored observation it has not been told: those stored before
+        this process (all of them, the first time) and those of other processes on the same
+        database (read at most every CATCH_UP_S: this process's own tells are told at once).
+        Call under the lock."""
+        now_s = time.monotonic()
+        if now_s - self._caught_up_s < CATCH_UP_S:
+            return
+        self._caught_up_s = now_s
         for obs_id, tell, obs in self.db.observations(self.key, self.last_id):
             self.last_id = obs_id
             self._apply(tell, obs)
