@@ -165,7 +165,10 @@ class Connection:
             f"POST {path} HTTP/1.1\r\n{self.head}Content-Length: {len(data)}\r\n\r\n".encode() + data
         )
         await self.writer.drain()
-        status = int((await self.reader.readline()).split()[1])
+        line = await self.reader.readline()
+        if not line:
+            raise ConnectionResetError("closed by the service")
+        status = int(line.split()[1])
         length = 0
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode().partition(":")
