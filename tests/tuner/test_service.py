@@ -511,3 +511,24 @@ def test_the_jobs_client_loads_no_server_library():
     code = "import sys, kdvfs.tuner.service.client; print(sorted({'fastapi', 'uvicorn', 'sqlalchemy'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "cannot read the token file"),
+        ("tok-0123456789abcdef fleet\n", "expected `TOKEN FLEET JOB`"),
+        ("short fleet job\n", "shorter than 16"),
+        ("# nothing\n", "no tokens"),
+    ],
+    ids=["missing", "two-words", "short", "empty"],
+)
+def test_a_bad_token_file_is_one_line_and_exit_2(tmp_path, capsys, content, problem):
+    from kdvfs.tuner import cli
+
+    tokens = tmp_path / "tokens"
+    if content is not None:
+        tokens.write_text(content)
+    code = cli.main(["serve", "--token-file", str(tokens), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and problem in err
