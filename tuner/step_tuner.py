@@ -407,17 +407,15 @@ class StepTuner:
         self.budget = budget
         self.account = StepAccount(budget)
         space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
-        self.policy = (
-            policy
-            if policy is not None
-            else make_policy(
-                strategy,
-                space,
-                seed=seed,
-                max_per_task=MAX_TRIALS_PER_GROUP,
-                **({"tol": POLICY_TOL} | (policy_options or {})),
-            )
+        self.policy = make_policy(
+            strategy,
+            space,
+            seed=seed,
+            max_per_task=MAX_TRIALS_PER_GROUP,
+            **({"tol": POLICY_TOL} | (policy_options or {})),
         )
+        if policy is not None:
+            self.policy = policy
         self.prior = prior
         if prior is not None:
             segments = [s for s, _ in prior.groups]
