@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kdvfs.policies.base import SearchSpace, Task
+from kdvfs.policies.base import Policy, SearchSpace, Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.steps import StepReport
@@ -383,6 +383,8 @@ class StepTuner:
         replan: after a drift alarm, once the card has settled at stock: a plan for the new
             conditions from the report then (its power limit), verified first in place of the
             plan before; None, or it answering None: the plan before is verified.
+        policy: the strategy itself, made elsewhere (the service's client,
+            tuner/service/client.py); None: made here from strategy, seed and policy_options.
     """
 
     def __init__(
@@ -399,6 +401,7 @@ class StepTuner:
         policy_options: dict[str, float] | None = None,
         prior: Schedule | None = None,
         replan: Callable[[StepReport], Schedule | None] | None = None,
+        policy: Policy | None = None,
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
@@ -409,7 +412,7 @@ class StepTuner:
         self.budget = budget
         self.account = StepAccount(budget)
         space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
-        self.policy = make_policy(
+        self.policy = policy or make_policy(
             strategy,
             space,
             seed=seed,

@@ -1,0 +1,318 @@
+"""The tuner's side of the service: a job asks and tells through it, and never waits on it.
+
+- `ServiceClient`: JSON over HTTP with a short timeout, a retry with a short backoff, then a
+  circuit: after a failed call the service is not tried again for a back-off that doubles
+  (FIRST_DOWN_S .. MAX_DOWN_S), so a dead or hung service costs a job at most one timeout per
+  back-off. `ServiceDown` (unreachable, 5xx, 429) and `ServiceRefused` (4xx: the request is wrong,
+  or the token) are its two errors.
+- `ServicePolicy`: a policies.base.Policy for StepTuner(policy=...): asks the fleet's model in
+  the service; when the service is down (or refuses), the job's own local strategy answers, fed
+  with every tell of the job. Tells wait in an outbox (with their ids, so a retried tell counts
+  once) and reach the service when it answers again: the job reports later.
+- `service_policy`: builds one for a job (its session request and its local strategy).
+- `fetch_plan`, `store_plan`: the fleet's plan store (None when the service does not answer:
+  the local PlanStore is the fallback; a served plan that does not fit is refused).
+
+Design: docs/service.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+from kdvfs.policies.base import Policy, SearchSpace, Task
+from kdvfs.runtime.types import ClockGrid, ClockPair, Workload
+from kdvfs.tuner.plan import Plan
+from kdvfs.tuner.service.schema import AskReply, BestReply, SessionReply, SessionRequest, TaskSpec, TellReply
+
+#: How long one call may take before the service counts as down; s.
+TIMEOUT_S = 1.0
+#: Attempts of one call before it fails (the first included); attempts.
+ATTEMPTS = 2
+#: Wait before the second attempt (doubling for any further one); s.
+RETRY_BACKOFF_S = 0.02
+#: First back-off after a failed call, during which the service is not tried; s.
+FIRST_DOWN_S = 1.0
+#: Longest back-off; s.
+MAX_DOWN_S = 60.0
+#: Most tells kept in the outbox while the service is down (the oldest dropped beyond); tells.
+MAX_OUTBOX = 100_000
+
+_log = logging.getLogger("kdvfs.service.client")
+
+
+class ServiceDown(Exception):
+    """The service did not answer (unreachable, timed out, 5xx, 429), or is in its back-off."""
+
+
+class ServiceRefused(Exception):
+    """The service answered that the request is wrong (4xx): retrying will not help."""
+
+
+class ServiceClient:
+    """Calls to one service, with retries, a back-off circuit and a bearer token.
+
+    Args:
+        url: the service's base URL, e.g. http://127.0.0.1:8470.
+        token: the job's bearer token (None: a service without tokens).
+        timeout_s: the longest one attempt may take, s.
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self, url: str, token: str | None = None, *, timeout_s: float = TIMEOUT_S, clock=time.monotonic
+    ) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        self._clock = clock
+        self._down_until_s = -1.0
+        self._down_s = FIRST_DOWN_S
+        self.failures = 0
+
+    @property
+    def up(self) -> bool:
+        """Not in a back-off (the next call will be tried)."""
+        return self._clock() >= self._down_until_s
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        """One call's JSON reply; ServiceDown or ServiceRefused."""
+        if not self.up:
+            raise ServiceDown("in back-off")
+        wait_s = RETRY_BACKOFF_S
+        problem = ""
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(wait_s)
+                wait_s *= 2
+            try:
+                reply = self._http.request(method, path, json=body)
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                continue
+            if reply.status_code == 429 or reply.status_code >= 500:
+                problem = f"HTTP {reply.status_code}: {_detail(reply)}"
+                continue
+            if reply.status_code >= 400:
+                raise ServiceRefused(f"HTTP {reply.status_code}: {_detail(reply)}")
+            self._down_s = FIRST_DOWN_S
+            return reply.json()
+        self.failures += 1
+        self._down_until_s = self._clock() + self._down_s
+        self._down_s = min(2 * self._down_s, MAX_DOWN_S)
+        raise ServiceDown(problem)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _detail(reply: httpx.Response) -> str:
+    try:
+        return str(reply.json().get("detail", ""))[:200]
+    except (ValueError, AttributeError):
+        return reply.text[:200]
+
+
+@dataclass(frozen=True)
+class _Tell:
+    tell_id: str
+    task: TaskSpec
+    config: int
+    time_s: float
+    energy_j: float
+
+
+class ServicePolicy:
+    """A Policy whose strategy runs in the service, with the job's own strategy as fallback.
+
+    Args:
+        client: the service.
+        session: what the job registers (its model: GPU, grid, workload, strategy).
+        local: the job's own strategy over the same grid (told every measurement; answers
+            whenever the service does not).
+        rank: this process's rank in the job.
+    """
+
+    def __init__(self, client: ServiceClient, session: SessionRequest, local: Policy, rank: int = 0) -> None:
+        self.client = client
+        self.session = session
+        self.local = local
+        self.name = getattr(local, "name", "service")
+        self.rank = rank
+        self.session_id: str | None = None
+        self.outbox: list[_Tell] = []
+        self.answers = {"service": 0, "local": 0}
+        self.refused: str | None = None  # why the service refused this job; it is not asked again
+        self._warned = False
+
+    # --- Policy ----------------------------------------------------------------------------------
+    def ask(self, task: Task) -> int | None:
+        try:
+            self._flush()
+            reply = AskReply(**self._call("ask", {"rank": self.rank, "task": _spec(task).model_dump()}))
+        except (ServiceDown, ServiceRefused) as exc:
+            return self._local("ask", exc, task)
+        self.answers["service"] += 1
+        return reply.config
+
+    def tell(self, task: Task, config: int, time_s: float, energy_j: float) -> None:
+        self.local.tell(task, config, time_s, energy_j)
+        self.outbox.append(_Tell(uuid.uuid4().hex, _spec(task), int(config), float(time_s), float(energy_j)))
+        del self.outbox[:-MAX_OUTBOX]
+        try:
+            self._flush()
+        except (ServiceDown, ServiceRefused) as exc:
+            self._note(exc)
+
+    def best(self, task: Task) -> int | None:
+        try:
+            self._flush()
+            reply = BestReply(**self._call("best", {"task": _spec(task).model_dump()}))
+        except (ServiceDown, ServiceRefused) as exc:
+            return self._local("best", exc, task)
+        self.answers["service"] += 1
+        return reply.config
+
+    # --- the session ------------------------------------------------------------------------------
+    def end(self) -> None:
+        """Deliver what waits and end the session (best effort: never raises)."""
+        try:
+            self._flush()
+            if self.session_id is not None:
+                self.client.call("POST", f"/v1/sessions/{self.session_id}/end")
+        except (ServiceDown, ServiceRefused) as exc:
+            self._note(exc)
+
+    def _open(self) -> str:
+        if self.refused is not None:
+            raise ServiceRefused(self.refused)
+        if self.session_id is None:
+            try:
+                reply = SessionReply(
+                    **self.client.call("POST", "/v1/sessions", self.session.model_dump(mode="json"))
+                )
+            except ServiceRefused as exc:
+                self.refused = str(exc)
+                raise
+            self.session_id = reply.session_id
+        return self.session_id
+
+    def _call(self, op: str, body: dict) -> dict:
+        return self.client.call("POST", f"/v1/sessions/{self._open()}/{op}", body)
+
+    def _flush(self) -> None:
+        """Send the outbox in order; a tell the service already has (a retry) counts once."""
+        while self.outbox:
+            t = self.outbox[0]
+            body = {
+                "tell_id": t.tell_id,
+                "rank": self.rank,
+                "task": t.task.model_dump(),
+                "config": t.config,
+                "time_s": t.time_s,
+                "energy_j": t.energy_j,
+            }
+            try:
+                TellReply(**self._call("tell", body))
+            except ServiceRefused as exc:
+                if self.refused is None and "session" not in str(exc):
+                    self.outbox.pop(0)  # this tell is refused (invalid): drop it, keep the rest
+                    self._note(exc)
+                    continue
+                raise
+            self.outbox.pop(0)
+
+    def _local(self, op: str, exc: Exception, task: Task) -> int | None:
+        self._note(exc)
+        self.answers["local"] += 1
+        return self.local.ask(task) if op == "ask" else self.local.best(task)
+
+    def _note(self, exc: Exception) -> None:
+        if not self._warned:
+            _log.warning("tuning service %s: %s; tuning locally until it answers", self.client.url, exc)
+            self._warned = True
+
+
+def _spec(task: Task) -> TaskSpec:
+    return TaskSpec(
+        key=task.key, ref_time_s=task.ref_time_s, ref_energy_j=task.ref_energy_j, budget=task.budget
+    )
+
+
+def service_policy(
+    client: ServiceClient,
+    *,
+    job: str,
+    gpu_name: str,
+    pairs: Sequence[ClockPair],
+    workload: Workload,
+    budget: float,
+    strategy: str | None = None,
+    seed: int = 0,
+    ranks: int = 1,
+    rank: int = 0,
+    parallel: str = "data",
+) -> ServicePolicy:
+    """A ServicePolicy for a StepTuner of this job, its local strategy made as StepTuner makes its own."""
+    from kdvfs.policies.registry import make_policy
+    from kdvfs.tuner.step_tuner import DEFAULT_STRATEGY, MAX_TRIALS_PER_GROUP, POLICY_TOL
+
+    strategy = strategy or DEFAULT_STRATEGY
+    space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in pairs], dtype=float))
+    local = make_policy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, tol=POLICY_TOL)
+    session = SessionRequest(
+        job=job,
+        gpu_name=gpu_name,
+        grid=[(p.core_mhz, p.mem_mhz) for p in pairs],
+        workload_name=workload.name,
+        workload_signature=workload.signature,
+        budget=budget,
+        ranks=ranks,
+        parallel=parallel,
+        strategy=strategy,
+        policy_options={"tol": POLICY_TOL},
+    )
+    return ServicePolicy(client, session, local, rank)
+
+
+# --- plans ---------------------------------------------------------------------------------------
+def fetch_plan(client: ServiceClient, gpu_name: str, grid: ClockGrid, signature: str) -> Plan | None:
+    """The fleet's newest plan for this GPU, grid and workload; None when it has none or the
+    service does not answer (the caller's local PlanStore is the fallback). A served plan that
+    does not fit is a KdvfsError, as a plan file's would be."""
+    from kdvfs.tuner.plan import check_compatible, plan_from_dict
+    from kdvfs.tuner.service.schema import plan_key
+
+    key = plan_key(gpu_name, grid, signature)
+    try:
+        reply = client.call("GET", f"/v1/plans/{key}")
+    except (ServiceDown, ServiceRefused):
+        return None
+    plan = plan_from_dict(reply["plan"], f"{client.url} plan {key} v{reply['version']}")
+    check_compatible(plan, gpu_name, grid, signature)
+    return plan
+
+
+def store_plan(client: ServiceClient, plan: Plan, expected_version: int | None = None) -> int | None:
+    """Put the plan as its key's next version; the version, or None when the service does not
+    take it (down, refused, or a newer version than expected_version exists)."""
+    from kdvfs.tuner.service.schema import plan_key
+
+    body: dict = {"plan": plan.to_dict()}
+    if expected_version is not None:
+        body["expected_version"] = expected_version
+    try:
+        reply = client.call(
+            "PUT", f"/v1/plans/{plan_key(plan.gpu_name, plan.grid, plan.workload_signature)}", body
+        )
+    except (ServiceDown, ServiceRefused) as exc:
+        _log.warning("tuning service %s did not store the plan: %s", client.url, exc)
+        return None
+    return int(reply["version"])

@@ -1,0 +1,258 @@
+"""The strategies the service runs: one per fleet model, fed by every job of that model.
+
+A fleet model is keyed by (fleet, GPU name, clock grid, workload signature, strategy and its
+options): jobs of one GPU model and workload feed one strategy, so a new job starts from what
+the fleet measured. Observations are stored as ratios to the teller's own reference and told
+to the strategy at the task's model reference (the first reference told for it), so jobs
+whose measured stock differs a little pool on one scale.
+
+- `model_key`: the key of a session's model.
+- `FleetModel`: the strategy (rebuilt from the database on first use, then caught up with
+  observations of other processes before each ask), each task's model reference, and each
+  session's pending decision per task: the ranks of one job get the same config until every
+  rank told it (data-parallel readings are pooled as independent samples).
+- `ModelBank`: the models of this process, created on first use.
+
+Design: docs/service.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdvfs.policies.base import Policy, SearchSpace, Task
+from kdvfs.tuner.service.schema import TaskSpec
+from kdvfs.tuner.service.store import Database, Observation
+
+#: Most measurements a task is told before the strategy stops asking (StepTuner's own cap); count.
+MAX_PER_TASK = 20
+#: Longest a model goes without reading the observations other processes stored; s.
+CATCH_UP_S = 1.0
+#: The module of policies/ that holds each strategy (policies/registry.py's names), imported
+#: only when a model uses it: the registry imports BoTorch and torch, seconds of a service's start.
+STRATEGY_MODULES = {
+    "sweep": "sweep",
+    "random": "random_search",
+    "egreedy": "egreedy",
+    "ucb": "bandits",
+    "thompson": "bandits",
+    "botorch": "botorch_bo",
+    "crosskernel": "crosskernel",
+}
+
+
+def make_strategy(name: str, space: SearchSpace, *, seed: int, **opts) -> Policy:
+    """policies.registry.make_policy, importing only the strategy's own module."""
+    module = importlib.import_module(f"kdvfs.policies.{STRATEGY_MODULES[name]}")
+    cls = next(c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", None) == name)
+    return cls(space, seed, **opts)
+
+
+def model_key(fleet: str, spec: dict) -> str:
+    """32 hex digits of SHA-256 over the fleet and what makes jobs share a model."""
+    parts = [fleet, spec["gpu_name"], spec["grid"], spec["workload_signature"], spec["strategy"]]
+    parts.append(sorted(spec.get("policy_options", {}).items()))
+    text = json.dumps(parts, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Pending:
+    """A decision given to a job's ranks: its config and the ranks that told it so far."""
+
+    config: int | None
+    told: set[int] = field(default_factory=set)
+
+
+class FleetModel:
+    """One strategy fed by every session of the model.
+
+    Args:
+        key: the model key.
+        spec: gpu_name, grid ([[core_mhz, mem_mhz], ...]), workload_signature, strategy,
+            policy_options.
+        db: where its observations are.
+    """
+
+    def __init__(self, key: str, spec: dict, db: Database) -> None:
+        self.key = key
+        self.db = db
+        self.grid = [tuple(p) for p in spec["grid"]]
+        space = SearchSpace(np.array(self.grid, dtype=float))
+        seed = int(key[:8], 16)
+        self.policy: Policy = make_strategy(
+            spec["strategy"], space, seed=seed, max_per_task=MAX_PER_TASK, **spec.get("policy_options", {})
+        )
+        self.lock = threading.Lock()
+        self.last_id = 0
+        self.references: dict[str, tuple[float, float]] = {}
+        self.pending: dict[tuple[str, str], Pending] = {}
+        self.observations: dict[str, int] = {}  # per task key
+        self.applied: set[tuple[str, str]] = set()  # (session id, tell id) told to the strategy
+        self._caught_up_s = -math.inf  # when catch_up last read the database, monotonic s
+
+    def reference(self, task: TaskSpec) -> tuple[float, float]:
+        ref = self.references.get(task.key)
+        if ref is None:
+            ref = self.db.task_reference(self.key, task.key, task.ref_time_s, task.ref_energy_j)
+            self.references[task.key] = ref
+        return ref
+
+    def _task(self, task: TaskSpec) -> Task:
+        ref_t, ref_e = self.reference(task)
+        return Task(task.key, ref_t, ref_e, task.budget)
+
+    def catch_up(self) -> None:
+        """Tell the strategy every stored observation it has not been told: those stored before
+        this process (all of them, the first time) and those of other processes on the same
+        database (read at most every CATCH_UP_S: this process's own tells are told at once).
+        Call under the lock."""
+        now_s = time.monotonic()
+        if now_s - self._caught_up_s < CATCH_UP_S:
+            return
+        self._caught_up_s = now_s
+        for obs_id, tell, obs in self.db.observations(self.key, self.last_id):
+            self.last_id = obs_id
+            self._apply(tell, obs)
+
+    def _apply(self, tell: tuple[str, str], obs: Observation) -> None:
+        """Tell the strategy once per (session id, tell id), whoever comes first: the tell
+        itself or a catch-up that read it from the database."""
+        if tell in self.applied:
+            return
+        ref_t, ref_e = self.references.get(obs.task_key) or self._stored_reference(obs.task_key)
+        task = Task(obs.task_key, ref_t, ref_e, 0.0)
+        if 0 <= obs.config < len(self.grid):
+            self.policy.tell(task, obs.config, obs.time_ratio * ref_t, obs.energy_ratio * ref_e)
+        self.observations[obs.task_key] = self.observations.get(obs.task_key, 0) + 1
+        self.applied.add(tell)
+
+    def _stored_reference(self, task_key: str) -> tuple[float, float]:
+        ref = self.db.task_reference(self.key, task_key, 1.0, 1.0)  # stored with its first tell
+        self.references[task_key] = ref
+        return ref
+
+    def ask(self, session_id: str, rank: int, task: TaskSpec) -> tuple[int | None, bool]:
+        """The rank's next config for the task, and whether another rank had it already."""
+        with self.lock:
+            pending = self.pending.get((session_id, task.key))
+            if pending is not None and rank not in pending.told:
+                return pending.config, True
+            self.reference(task)
+            self.catch_up()
+            config = self.policy.ask(self._task(task))
+            self.pending[(session_id, task.key)] = Pending(config)
+            return config, False
+
+    def shared_decision(self, session_id: str, rank: int, task_key: str) -> int | bool | None:
+        """The decision another rank of the job already has for the task (False: none yet);
+        no database access, so a coroutine may call it."""
+        with self.lock:
+            pending = self.pending.get((session_id, task_key))
+            return pending.config if pending is not None and rank not in pending.told else False
+
+    def tell(
+        self,
+        session_id: str,
+        tell_id: str,
+        rank: int,
+        ranks: int,
+        task: TaskSpec,
+        config: int,
+        time_s: float,
+        energy_j: float,
+    ) -> tuple[bool, int]:
+        """Store the measurement (on disk before this returns) and tell the strategy."""
+        self.reference(task)
+        obs = self._observation(task, config, time_s, energy_j)
+        stored = self.db.tell(self.key, session_id, tell_id, rank, obs)
+        return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
+
+    async def tell_async(
+        self,
+        session_id: str,
+        tell_id: str,
+        rank: int,
+        ranks: int,
+        task: TaskSpec,
+        config: int,
+        time_s: float,
+        energy_j: float,
+    ) -> tuple[bool, int]:
+        """tell() for a coroutine: the commit is awaited, not waited for in a thread."""
+        if task.key not in self.references:
+            await asyncio.to_thread(self.reference, task)
+        obs = self._observation(task, config, time_s, energy_j)
+        stored = await self.db.tell_async(self.key, session_id, tell_id, rank, obs)
+        return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
+
+    @staticmethod
+    def _observation(task: TaskSpec, config: int, time_s: float, energy_j: float) -> Observation:
+        return Observation(task.key, config, time_s / task.ref_time_s, energy_j / task.ref_energy_j)
+
+    def _told(
+        self,
+        session_id: str,
+        tell_id: str,
+        rank: int,
+        ranks: int,
+        task: TaskSpec,
+        config: int,
+        obs: Observation,
+        stored: bool,
+    ) -> tuple[bool, int]:
+        """A committed tell: told to the strategy; the rank's share of the pending decision."""
+        with self.lock:
+            if stored:
+                self._apply((session_id, tell_id), obs)
+            pending = self.pending.get((session_id, task.key))
+            if pending is not None and pending.config == config:
+                pending.told.add(rank)
+                if len(pending.told) >= ranks:
+                    del self.pending[(session_id, task.key)]
+            return stored, self.observations.get(task.key, 0)
+
+    def best(self, task: TaskSpec) -> int | None:
+        with self.lock:
+            self.reference(task)
+            self.catch_up()
+            return self.policy.best(self._task(task))
+
+    def held(self) -> int:
+        """Observations the model holds."""
+        with self.lock:
+            self.catch_up()
+            return sum(self.observations.values())
+
+
+class ModelBank:
+    """The fleet models of this process, each built on first use.
+
+    Args:
+        db: the service's database.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._models: dict[str, FleetModel] = {}
+        self._lock = threading.Lock()
+
+    def known(self, key: str) -> FleetModel | None:
+        """The model if this process built it already."""
+        return self._models.get(key)
+
+    def get(self, key: str, spec: dict) -> FleetModel:
+        with self._lock:
+            model = self._models.get(key)
+            if model is None:
+                model = self._models[key] = FleetModel(key, spec, self.db)
+            return model

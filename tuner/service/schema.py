@@ -1,0 +1,171 @@
+"""The service's wire format: pydantic models of every request and reply, with their limits.
+
+Shared by the server (tuner/service/app.py validates every body against these) and the
+client (tuner/service/client.py builds them). Every field is bounded and unknown fields are
+refused, so what reaches the database and the strategies is always well formed.
+
+Parts: the limits, the session models, ask / tell / best, the plan store (and `plan_key`,
+the key of a plan: the plan store's file name without .json), health.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_NAME_CHARS = 200  # longest GPU, workload, job or task name, characters
+MAX_KEY_CHARS = 120  # longest task key or plan key, characters
+MAX_GRID_PAIRS = 4096  # most clock pairs a session's grid may list
+MAX_CLOCK_MHZ = 100_000  # highest clock a request may name, MHz
+MAX_RANKS = 4096  # most ranks a session may declare
+MAX_RANK = MAX_RANKS - 1  # highest rank index
+MAX_FIGURE = 1e9  # largest time (s) or energy (J) a request may carry
+MAX_BUDGET = 1.0  # largest slowdown budget a session may name, a fraction
+MAX_TASK_BUDGET = 1e4  # largest budget of one task (a short group may take a step's whole slack), a fraction
+MAX_PLAN_CHARS = 2_000_000  # longest plan document, characters of its JSON
+WITHOUT_OPTIONS = ("sweep", "random")  # strategies that take neither tol nor margin
+ID_PATTERN = r"^[0-9a-f]{32}$"  # a session id or tell id: 32 hex digits
+NAME_PATTERN = r"^[\w .:@/+=()-]{1,200}$"  # names: letters, digits, spaces and . : @ / + = ( ) - _
+
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN)]
+TaskKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=NAME_PATTERN)]
+Hex32 = Annotated[str, Field(pattern=ID_PATTERN)]
+ClockMhz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
+Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
+Positive = Annotated[float, Field(gt=0.0, le=MAX_FIGURE, allow_inf_nan=False)]
+Budget = Annotated[float, Field(ge=0.0, le=MAX_BUDGET, allow_inf_nan=False)]
+TaskBudget = Annotated[float, Field(ge=0.0, le=MAX_TASK_BUDGET, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SessionRequest(_Body):
+    """A job registers: its GPU model and clock grid, workload, budget and ranks.
+
+    Jobs of one fleet with the same GPU, grid, workload signature and strategy feed one model.
+    `parallel`: "data" (every rank runs the same schedule; each rank's reading is a sample)
+    or "tensor" (the ranks share each decision; each rank's reading is still told)."""
+
+    job: Name
+    gpu_name: Name
+    grid: Annotated[list[tuple[ClockMhz, ClockMhz]], Field(min_length=1, max_length=MAX_GRID_PAIRS)]
+    workload_name: Name
+    workload_signature: Name
+    budget: Budget
+    ranks: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
+    parallel: Literal["data", "tensor"] = "data"
+    strategy: Literal["sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel"] = "botorch"
+    policy_options: dict[Literal["tol", "margin"], Fraction] = {}
+
+    @field_validator("grid")
+    @classmethod
+    def _distinct(cls, grid: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        if len(set(grid)) != len(grid):
+            raise ValueError("clock pairs repeat")
+        return grid
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> SessionRequest:
+        if self.policy_options and self.strategy in WITHOUT_OPTIONS:
+            raise ValueError(f"strategy {self.strategy} takes no policy_options")
+        return self
+
+
+class SessionReply(_Body):
+    session_id: str
+    model_key: str
+    observations: int  # what the fleet's model held when the session opened
+    joined: bool  # an open session of this job existed: this rank joined it
+
+
+class SessionInfo(_Body):
+    session_id: str
+    job: str
+    model_key: str
+    ranks: int
+    parallel: str
+    ended: bool
+    observations: int  # told in this session
+
+
+class TaskSpec(_Body):
+    """A policies.base.Task: the group tuned, its reference time and energy, its budget."""
+
+    key: TaskKey
+    ref_time_s: Positive
+    ref_energy_j: Positive
+    budget: TaskBudget
+
+
+class AskRequest(_Body):
+    rank: Rank = 0
+    task: TaskSpec
+
+
+class AskReply(_Body):
+    config: int | None  # index into the session's grid; None: converged
+    shared: bool  # another rank of this job had already asked: the same decision
+
+
+class TellRequest(_Body):
+    """One measurement of a task at a config, per launch; tell_id makes a retried tell count once."""
+
+    tell_id: Hex32
+    rank: Rank = 0
+    task: TaskSpec
+    config: Annotated[int, Field(ge=0, lt=MAX_GRID_PAIRS)]
+    time_s: Positive
+    energy_j: Positive
+
+
+class TellReply(_Body):
+    stored: bool  # False: this tell_id was stored before (a retry)
+    observations: int  # the task's observations in the fleet's model
+
+
+class BestRequest(_Body):
+    task: TaskSpec
+
+
+class BestReply(_Body):
+    config: int | None
+
+
+class PlanPut(_Body):
+    """A plan document (tuner/plan.py's JSON) and, optionally, the version it replaces: a put
+    whose expected_version is not the newest is refused (409)."""
+
+    plan: Annotated[dict[str, Any], Field(max_length=32)]
+    expected_version: Annotated[int, Field(ge=0)] | None = None
+
+
+class PlanReply(_Body):
+    key: str
+    version: int
+    plan: dict[str, Any]
+
+
+class PlanVersion(_Body):
+    key: str
+    version: int
+
+
+class Health(_Body):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "read-only", "unavailable"]
+    version: str
+
+
+class ErrorReply(_Body):
+    detail: str
+
+
+def plan_key(gpu_name: str, grid, signature: str) -> str:
+    """The store key of a plan: the plan store's file name without .json (tuner/plan_store.py)."""
+    from kdvfs.tuner.plan_store import plan_file_name
+
+    return plan_file_name(gpu_name, grid, signature).removesuffix(".json")
