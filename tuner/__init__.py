@@ -10,6 +10,9 @@ from __future__ import annotations
 from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
+    # a real training job tunes itself
+    "tune": "kdvfs.tuner.job_tuning",
+    "JobTuning": "kdvfs.tuner.job_tuning",
     # the online session
     "OnlineTuner": "kdvfs.tuner.online",
     "TuneState": "kdvfs.tuner.online",

@@ -26,6 +26,7 @@ Design and figures: docs/design-step-tuner.md, docs/gpu-validation.md.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -190,6 +191,10 @@ class JobTuning:
             self._next_metrics_s = -math.inf
             self._next_progress_s = -math.inf
             self._closed = False
+            # one full collection now: the strategy's imports leave many objects, and the first
+            # full collection after them stalled one reference step by 160 ms on the H200
+            # (docs/gpu-validation.md)
+            gc.collect()
             self.trainer = KdvfsTrainer(
                 self.device,
                 self.workload,

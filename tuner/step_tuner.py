@@ -8,6 +8,7 @@ clocks of the next steps. It never runs kernels itself.
   switch settled, energy between two observed counter updates.
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
 - `StepAccount`: the cumulative budget against stock measured in training.
+- `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default.
 - `switchable_groups`: the groups a card can switch between, from segment times and latency,
   where no prior plan gives them (tuner/step_priors.py: `plan_prior`).
 - Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
