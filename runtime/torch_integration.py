@@ -11,7 +11,9 @@ with KdvfsTrainer(device, workload, plan_or_schedule, model=model, optimizer=opt
 - where clocks change: `place_schedule` / `Placement`, `site_schedule`, `schedule_from_plan`;
 - what is measured: `StepRecord`, `EnergyWindow`, `ClockRequest`;
 - `ClockController`: the thread that follows the GPU through each step's sites;
-- `KdvfsTrainer`: the user-facing wrapper; `lightning_callback` / `hf_callback` drive it.
+- `KdvfsTrainer`: the user-facing wrapper; `lightning_callback` / `hf_callback` drive it (or a
+  kdvfs.tune session, which tunes); given a StepController, the controller feeds it a
+  StepReport each step (runtime/step_feed.py).
 How it follows the GPU without slowing it, measures and stays safe: docs/design-runtime.md.
 """
 
@@ -717,7 +719,8 @@ class LightningHooks:
     the site order of a plain loop (step, forward, backward, optimizer).
 
     Args:
-        tuner: the trainer the hooks drive.
+        tuner: the trainer the hooks drive: a KdvfsTrainer, or a kdvfs.tune() session
+            (tuner/job_tuning.py), which tunes while it drives.
     """
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
@@ -750,7 +753,8 @@ class HFTrainerHooks:
     micro-batches of one optimizer step). hf_callback() mixes them into TrainerCallback.
 
     Args:
-        tuner: the trainer the hooks drive.
+        tuner: the trainer the hooks drive: a KdvfsTrainer, or a kdvfs.tune() session
+            (tuner/job_tuning.py), which tunes while it drives.
     """
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
