@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -50,6 +51,8 @@ RECORDS_FILE = "kdvfs_records.json"
 """File name of the step records a trainer writes into its out_dir."""
 PLAN_FILE = "kdvfs_plan.json"
 """File name of the plan a trainer writes beside its records."""
+ANSWERS_KEPT = 10_000
+"""The tuner's answer times kept (the last ones; total and maximum cover all), answers."""
 
 
 # --- where the clocks change -------------------------------------------------------------
@@ -271,8 +274,10 @@ class ClockController:
         self.schedule = schedule
         self.tuner = tuner
         self.tuner_error: BaseException | None = None
-        self.answer_s: list[float] = []
-        """Seconds the tuner took to answer each report (on this thread)."""
+        self.answer_s: deque[float] = deque(maxlen=ANSWERS_KEPT)
+        """Seconds the tuner took to answer each of the last ANSWERS_KEPT reports (this thread)."""
+        self.answer_total_s = 0.0
+        self.answer_max_s = 0.0
         self._next: Schedule | None = None  # the tuner's answer, applied from the next step
         self._poller = CounterPoller(device, poll_s=poll_s) if tuner is not None else None
         self._site_groups = site_groups(schedule, kernel_sites, len(self.placement.sites))
@@ -456,7 +461,10 @@ class ClockController:
             log.error("kdvfs: the tuner failed (%s: %s); stock clocks from now on", type(exc).__name__, exc)
             self.tuner, self.tuner_error = None, exc
             answer = Schedule(tuple((s, None) for s, _ in self.schedule.groups))
-        self.answer_s.append(time.perf_counter() - started)
+        answer_s = time.perf_counter() - started
+        self.answer_s.append(answer_s)
+        self.answer_total_s += answer_s
+        self.answer_max_s = max(self.answer_max_s, answer_s)
         if answer != self.schedule:
             self._next = answer
 

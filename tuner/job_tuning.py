@@ -69,6 +69,9 @@ METRICS_S = 1.0
 DEFAULT_SWITCH_LATENCY_S = 0.030
 #: Update period of the energy counter assumed for a card that does not state its own, s.
 DEFAULT_ENERGY_UPDATE_PERIOD_S = 0.1
+#: The job's first seconds under kdvfs.tune, at stock and not reported to the tuner (lazy
+#: initialisation, first garbage collections: docs/gpu-validation.md); s.
+WARMUP_S = 5.0
 #: File name of the tuning summary written into out_dir.
 SUMMARY_FILE = "kdvfs_tuning.json"
 #: File name of the plan written into out_dir.
@@ -121,6 +124,7 @@ class JobTuning:
             DEFAULT_ENERGY_UPDATE_PERIOD_S).
         progress_s: time between two progress lines in the log, s.
         poll_s: pause between two energy-counter reads, s (runtime/step_feed.py).
+        warmup_s: the first seconds of training, at stock and not reported to the tuner, s.
         run_name: the MLflow run's name.
     """
 
@@ -145,6 +149,7 @@ class JobTuning:
         energy_update_period_s: float | None = None,
         progress_s: float = PROGRESS_S,
         poll_s: float = COUNTER_POLL_S,
+        warmup_s: float = WARMUP_S,
         run_name: str = "kdvfs.tune",
     ) -> None:
         self._owns_device = not hasattr(device, "set_clocks")
@@ -154,6 +159,8 @@ class JobTuning:
         self.strategy = strategy
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.progress_s = progress_s
+        self.warmup_s = warmup_s
+        self._warm_until_s: float | None = None
         try:
             self.workload = workload or site_workload(sites or _default_sites(model, optimizer))
             self.store = _plan_store(plan_store)
@@ -289,6 +296,10 @@ class JobTuning:
     # --- the controller's side (its thread) ----------------------------------------------------
     def on_step_end(self, report: StepReport) -> Schedule:
         """The tuner's answer to one step (StepController), and what it changed kept."""
+        if self._warm_until_s is None:
+            self._warm_until_s = report.end_s + self.warmup_s
+        if report.end_s < self._warm_until_s:
+            return self.tuner.incumbent  # warming up: stock, unmeasured
         answer = self.tuner.on_step_end(report)
         self._watch_outcomes(report.step)
         if len(self.tuner.adoptions) > self._adoptions:
@@ -427,10 +438,10 @@ class JobTuning:
             "alarms": [{"step": a.step, "reasons": list(a.reasons), "held": a.held} for a in t.alarms],
             "mismatched_steps": len(c.mismatched_steps),
             "clock_requests": len(c.requests),
-            "tuner_answer_s": {
+            "tuner_answer_s": {  # the median of the last ANSWERS_KEPT; max and total of all
                 "median": answers[len(answers) // 2] if answers else None,
-                "max": answers[-1] if answers else None,
-                "total": sum(answers),
+                "max": c.answer_max_s,
+                "total": c.answer_total_s,
             },
             "tuner_error": None
             if c.tuner_error is None

@@ -26,6 +26,8 @@ STEP_S = 0.015
 COUNTER_PERIOD_S = 0.01
 #: Pause between two counter reads, s (fewer wake-ups on a busy machine).
 POLL_S = 0.004
+#: Training before the tuner is fed, s (the first steps under kdvfs stall on a busy machine).
+WARMUP_S = 0.3
 #: The tuner's measuring lengths, shortened to a test's seconds.
 FAST_TIMING = StepTiming(
     reference_s=0.45,
@@ -111,6 +113,7 @@ def main() -> None:
         track=False,
         timing=FAST_TIMING,
         poll_s=POLL_S,
+        warmup_s=WARMUP_S,
     ) as tuning:
         step = paced(step)
         while True:

@@ -27,6 +27,7 @@ from tests.tuner.job_loop import (
     BUDGET,
     FAST_TIMING,
     POLL_S,
+    WARMUP_S,
     card_power_mw,
     configure_card,
     in_trial,
@@ -69,6 +70,7 @@ def tuning_of(tmp_path: Path, *, dry_run: bool = False, **options):
         plan_store=tmp_path / "store",
         timing=FAST_TIMING,
         poll_s=POLL_S,
+        warmup_s=WARMUP_S,
         **({"track": False} | options),
     )
     return tuning, paced(step), device
@@ -229,9 +231,11 @@ def test_the_lightning_and_hugging_face_hooks_tune(fake_card, tmp_path, hooks_cl
         track=False,
         timing=FAST_TIMING,
         poll_s=POLL_S,
+        warmup_s=WARMUP_S,
     )
     steps = drive(hooks_class(tuning), model, optimizer, paced(step), lambda: bool(tuning.outcomes))
     device.close()
     assert tuning.trainer.controller.mismatched_steps == []
-    assert tuning.tuner.account.steps == steps and tuning.outcomes[0]["kind"] == "trial"
+    assert 0 < tuning.tuner.account.steps < steps == len(tuning.trainer.records)  # after the warm-up
+    assert tuning.outcomes[0]["kind"] == "trial"
     assert_stock_back(fake_card)
