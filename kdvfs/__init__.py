@@ -3,7 +3,8 @@
 The public names a user needs, importable from `kdvfs` itself (loaded on first use, so that
 `import kdvfs` and `kdvfs --help` stay quick):
 
-- training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`;
+- training integration: `tune` (a job that tunes its own clocks, `JobTuning`), `KdvfsTrainer`,
+  `lightning_callback`, `hf_callback`;
 - the tuner: `StepTuner` (fed each training step, it answers with the clocks), `TuneSession`
   (it on a simulated or replayed job), and `Tracker` for MLflow;
 - devices: `SimulatedDevice`, `ReplayDevice`, `NvmlDevice`, `open_device`, `open_workload`;
@@ -23,6 +24,8 @@ from kdvfs._lazy import lazy_names
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, str] = {
+    "tune": "kdvfs.tuner.job_tuning",
+    "JobTuning": "kdvfs.tuner.job_tuning",
     "KdvfsTrainer": "kdvfs.runtime.torch_integration",
     "lightning_callback": "kdvfs.runtime.torch_integration",
     "hf_callback": "kdvfs.runtime.torch_integration",

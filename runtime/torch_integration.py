@@ -11,17 +11,21 @@ with KdvfsTrainer(device, workload, plan_or_schedule, model=model, optimizer=opt
 - where clocks change: `place_schedule` / `Placement`, `site_schedule`, `schedule_from_plan`;
 - what is measured: `StepRecord`, `EnergyWindow`, `ClockRequest`;
 - `ClockController`: the thread that follows the GPU through each step's sites;
-- `KdvfsTrainer`: the user-facing wrapper; `lightning_callback` / `hf_callback` drive it.
+- `KdvfsTrainer`: the user-facing wrapper; `lightning_callback` / `hf_callback` drive it (or a
+  kdvfs.tune session, which tunes); given a StepController, the controller feeds it a
+  StepReport each step (runtime/step_feed.py).
 How it follows the GPU without slowing it, measures and stays safe: docs/design-runtime.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,6 +38,8 @@ import torch
 from kdvfs.runtime import clock_lease
 from kdvfs.runtime.device import Device, RunnableDevice
 from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.step_feed import COUNTER_POLL_S, CounterPoller, site_groups
+from kdvfs.runtime.steps import StepController, StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, StepSites, workload_sites
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 
@@ -45,6 +51,8 @@ RECORDS_FILE = "kdvfs_records.json"
 """File name of the step records a trainer writes into its out_dir."""
 PLAN_FILE = "kdvfs_plan.json"
 """File name of the plan a trainer writes beside its records."""
+ANSWERS_KEPT = 10_000
+"""The tuner's answer times kept (the last ones; total and maximum cover all), answers."""
 
 
 # --- where the clocks change -------------------------------------------------------------
@@ -168,10 +176,14 @@ class _CpuStamp:
     __slots__ = ("t",)
 
     def __init__(self, timing: bool) -> None:
-        self.t = time.perf_counter()
+        self.t = time.monotonic()
 
     def wait(self) -> None:
         return None
+
+    def reached_s(self, waited_s: float) -> float | None:
+        """Host time (time.monotonic) at which it was reached: when it was taken."""
+        return self.t
 
     def seconds_since(self, earlier: _CpuStamp) -> float:
         return self.t - earlier.t
@@ -180,14 +192,24 @@ class _CpuStamp:
 class _CudaStamp:
     """A CUDA event recorded on the current stream; waiting on it sleeps (blocking sync)."""
 
-    __slots__ = ("event",)
+    __slots__ = ("_pending", "event")
 
     def __init__(self, timing: bool) -> None:
         self.event = torch.cuda.Event(enable_timing=timing, blocking=True)
         self.event.record()
+        self._pending = False
 
     def wait(self) -> None:
         self.event.synchronize()
+
+    def reached_s(self, waited_s: float) -> float | None:
+        """Host time at which the GPU reached it, where known: the end of a wait that began
+        before it was reached (waited_s), else None."""
+        return waited_s if self._pending else None
+
+    def pending(self) -> None:
+        """Note whether the GPU has yet to reach it (before a wait)."""
+        self._pending = not self.event.query()
 
     def seconds_since(self, earlier: _CudaStamp) -> float:
         return earlier.event.elapsed_time(self.event) / 1e3
@@ -211,6 +233,10 @@ class ClockController:
         schedule: the clock groups to apply; every pair must be in the device's grid.
         dry_run: refuse a device that would change a real card's clocks.
         window_steps: training steps per energy-counter window.
+        tuner: answers each step's StepReport with the schedule of the next steps (a
+            tuner.step_tuner.StepTuner); None: the schedule stays. With a tuner, every site
+            is timed and the counter is polled on its own thread (CounterPoller).
+        poll_s: pause between two counter reads of the poller, s.
     """
 
     def __init__(
@@ -221,6 +247,8 @@ class ClockController:
         *,
         dry_run: bool = True,
         window_steps: int = DEFAULT_WINDOW_STEPS,
+        tuner: StepController | None = None,
+        poll_s: float = COUNTER_POLL_S,
     ) -> None:
         if dry_run and device.source == "measured" and not getattr(device, "dry_run", False):
             raise KdvfsError(
@@ -242,6 +270,20 @@ class ClockController:
             for i in range(len(self.placement.sites))
         ]
         self._site_pair = dict(self.placement.requests)
+        self._kernel_sites = kernel_sites
+        self.schedule = schedule
+        self.tuner = tuner
+        self.tuner_error: BaseException | None = None
+        self.answer_s: deque[float] = deque(maxlen=ANSWERS_KEPT)
+        """Seconds the tuner took to answer each of the last ANSWERS_KEPT reports (this thread)."""
+        self.answer_total_s = 0.0
+        self.answer_max_s = 0.0
+        self._next: Schedule | None = None  # the tuner's answer, applied from the next step
+        self._poller = CounterPoller(device, poll_s=poll_s) if tuner is not None else None
+        self._site_groups = site_groups(schedule, kernel_sites, len(self.placement.sites))
+        self._site_stamps: list[Any] = []
+        self._anchor: tuple[Any, float] | None = None  # (stamp, host time the GPU reached it)
+        self._shares: list[float] | None = None  # each group's share of the last matched step
         self._runnable = isinstance(device, RunnableDevice)
         self._stamp = _CudaStamp if torch.cuda.is_available() else _CpuStamp
         self._queue: queue.SimpleQueue[tuple[str, int, str, Any] | None] = queue.SimpleQueue()
@@ -274,6 +316,8 @@ class ClockController:
         # registered before the device's own restore (taken at its first lock, which this
         # controller makes), so a signal halts the controller first, then resets the card
         clock_lease.hold(self, self.halt)
+        if self._poller is not None:
+            self._poller.start()
         self._thread.start()
 
     def halt(self) -> None:
@@ -287,6 +331,8 @@ class ClockController:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        if self._poller is not None:
+            self._poller.stop()
         clock_lease.let_go(self)
 
     @property
@@ -306,7 +352,7 @@ class ClockController:
 
     def site(self, name: str) -> None:
         if self._open:
-            self._queue.put(("site", self._step, name, self._stamp(False)))
+            self._queue.put(("site", self._step, name, self._stamp(self.tuner is not None)))
 
     def end_step(self) -> None:
         if self._open:
@@ -327,7 +373,10 @@ class ClockController:
                 continue  # drain: the training thread raises at its next step
             kind, step, name, stamp = mark
             try:
-                stamp.wait()
+                if kind == "end" and self.tuner is not None:
+                    self._anchor_at(stamp)
+                else:
+                    stamp.wait()
                 self._on_mark(kind, step, name, stamp)
             except Exception as exc:
                 self.error = exc
@@ -346,19 +395,27 @@ class ClockController:
         if kind == "begin":
             if not self._reads:
                 self._boundary(partial=False)  # the first window opens
+            if self._next is not None:
+                self._apply(self._next)
             self._site_index, self._mismatch, self._begin, self._requests_in_step = 0, False, stamp, 0
+            self._site_stamps = [stamp]
             self._at_site(step, name)
         elif kind == "site":
             self._run_segment(self._site_index)
             self._site_index += 1
+            self._site_stamps.append(stamp)
             self._at_site(step, name)
         else:
             self._run_segment(self._site_index)
             if not self._mismatch and self._site_index != len(self.placement.sites) - 1:
+                self._mismatch = True
                 self.mismatched_steps.append(step)  # a site the workload has did not fire
-            self._pending.append((step, stamp.seconds_since(self._begin), self._requests_in_step))
+            step_s = stamp.seconds_since(self._begin)
+            self._pending.append((step, step_s, self._requests_in_step))
             if len(self._pending) >= self.window_steps:
                 self._boundary(partial=False)
+            if self.tuner is not None:
+                self._report(step, stamp, step_s)
 
     def _at_site(self, step: int, name: str) -> None:
         if self._mismatch:
@@ -370,6 +427,74 @@ class ClockController:
             self._request(step, name, None)
         elif self._site_index in self._site_pair:
             self._request(step, name, self._site_pair[self._site_index])
+
+    def _anchor_at(self, end: Any) -> None:
+        """Wait for a step's end; where the host time the GPU reached it is known, it becomes
+        the anchor that maps GPU event times to host times (the counter's clock)."""
+        if hasattr(end, "pending"):
+            end.pending()
+        end.wait()
+        reached_s = end.reached_s(time.monotonic())
+        if reached_s is not None or self._anchor is None:
+            self._anchor = (end, time.monotonic() if reached_s is None else reached_s)
+
+    def _report(self, step: int, end: Any, step_s: float) -> None:
+        """The step's StepReport to the tuner; its answer runs from the next step on. A tuner
+        that fails is logged and dropped: training goes on at stock clocks."""
+        anchor, anchor_s = self._anchor
+        end_s = anchor_s + end.seconds_since(anchor)
+        temperature_c, reasons, limit_w = self._poller.sensors()
+        report = StepReport(
+            step=step,
+            end_s=end_s,
+            step_time_s=step_s,
+            group_times_s=self._group_times(end, step_s),
+            counter_readings=self._poller.take(end_s),
+            temperature_c=temperature_c,
+            throttle_reasons=reasons,
+            power_limit_w=limit_w,
+        )
+        started = time.perf_counter()
+        try:
+            answer = self.tuner.on_step_end(report)
+        except Exception as exc:
+            log.error("kdvfs: the tuner failed (%s: %s); stock clocks from now on", type(exc).__name__, exc)
+            self.tuner, self.tuner_error = None, exc
+            answer = Schedule(tuple((s, None) for s, _ in self.schedule.groups))
+        answer_s = time.perf_counter() - started
+        self.answer_s.append(answer_s)
+        self.answer_total_s += answer_s
+        self.answer_max_s = max(self.answer_max_s, answer_s)
+        if answer != self.schedule:
+            self._next = answer
+
+    def _group_times(self, end: Any, step_s: float) -> tuple[float, ...]:
+        """Each group's time in this step, from its sites' events; a step whose sites did not
+        match the workload's, split as the last matched step was."""
+        groups = len(self.schedule.groups)
+        if not self._mismatch:
+            stamps = [*self._site_stamps, end]
+            times = [0.0] * groups
+            for site, (a, b) in enumerate(itertools.pairwise(stamps)):
+                times[self._site_groups[site]] += b.seconds_since(a)
+            total = sum(times)
+            self._shares = [t / total for t in times] if total > 0 else None
+        shares = self._shares or [1.0 / groups] * groups
+        return tuple(share * step_s for share in shares)
+
+    def _apply(self, schedule: Schedule) -> None:
+        """The tuner's schedule from this step on (its pairs are the device's)."""
+        off_grid = [p for _, p in schedule.groups if p is not None and p not in self.device.grid]
+        if off_grid:
+            raise KdvfsError(
+                f"{self.device.name}: the tuner asked for {off_grid[0]}, not a supported clock pair"
+            )
+        self._next = None
+        self.schedule = schedule
+        self.placement = place_schedule(self.workload, schedule)
+        self._site_pair = dict(self.placement.requests)
+        self._site_groups = site_groups(schedule, self._kernel_sites, len(self.placement.sites))
+        self._shares = None
 
     def _run_segment(self, index: int) -> None:
         """A device that runs kernels itself runs the segment the GPU just passed."""
@@ -435,6 +560,9 @@ class KdvfsTrainer:
         window_steps: training steps per energy-counter window.
         out_dir: where close() writes kdvfs_records.json (and kdvfs_plan.json); None: nowhere.
         dry_run: refuse a device that would change a real card's clocks (the default).
+        tuner: answers each step's report with the next steps' schedule (ClockController);
+            kdvfs.tune builds one.
+        poll_s: pause between two energy-counter reads while a tuner is fed, s.
     """
 
     def __init__(
@@ -448,11 +576,19 @@ class KdvfsTrainer:
         window_steps: int = DEFAULT_WINDOW_STEPS,
         out_dir: Path | str | None = None,
         dry_run: bool = True,
+        tuner: StepController | None = None,
+        poll_s: float = COUNTER_POLL_S,
     ) -> None:
         self.plan = None if isinstance(schedule, Schedule) else schedule
         plan_schedule = schedule if isinstance(schedule, Schedule) else schedule_from_plan(schedule, workload)
         self.controller = ClockController(
-            device, workload, plan_schedule, dry_run=dry_run, window_steps=window_steps
+            device,
+            workload,
+            plan_schedule,
+            dry_run=dry_run,
+            window_steps=window_steps,
+            tuner=tuner,
+            poll_s=poll_s,
         )
         self.device = device
         self.workload = workload
@@ -591,7 +727,8 @@ class LightningHooks:
     the site order of a plain loop (step, forward, backward, optimizer).
 
     Args:
-        tuner: the trainer the hooks drive.
+        tuner: the trainer the hooks drive: a KdvfsTrainer, or a kdvfs.tune() session
+            (tuner/job_tuning.py), which tunes while it drives.
     """
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
@@ -624,7 +761,8 @@ class HFTrainerHooks:
     micro-batches of one optimizer step). hf_callback() mixes them into TrainerCallback.
 
     Args:
-        tuner: the trainer the hooks drive.
+        tuner: the trainer the hooks drive: a KdvfsTrainer, or a kdvfs.tune() session
+            (tuner/job_tuning.py), which tunes while it drives.
     """
 
     def __init__(self, tuner: KdvfsTrainer) -> None:

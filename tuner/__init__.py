@@ -10,6 +10,9 @@ from __future__ import annotations
 from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
+    # a real training job tunes itself
+    "tune": "kdvfs.tuner.job_tuning",
+    "JobTuning": "kdvfs.tuner.job_tuning",
     # the step-driven tuner and a tuning run on a simulated job
     "StepTuner": "kdvfs.tuner.step_tuner",
     "Adoption": "kdvfs.tuner.step_tuner",

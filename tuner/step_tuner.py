@@ -8,6 +8,7 @@ clocks of the next steps. It never runs kernels itself.
   switch settled, energy between two observed counter updates.
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
 - `StepAccount`: the cumulative budget against stock measured in training.
+- `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default.
 - `switchable_groups`: the groups a card can switch between, from segment times and latency,
   where no prior plan gives them (tuner/step_priors.py: `plan_prior`).
 - Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
@@ -75,6 +76,32 @@ WATCH_WARMUP = 10
 RETUNE_SETTLE_MAX_S = 300.0
 #: Stock run after an alarm before the temperature may count as settled; s.
 RETUNE_MIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """How long the tuner measures: the module's constants by default; a short job or a test
+    passes shorter ones (StepTuner's `timing`).
+
+    Attributes:
+        reference_s: training at stock measured as the reference, s.
+        trial_window_s: length of one trial window, s.
+        trial_blocks: A-B-B-A blocks of one trial.
+        verify_window_s: length of one verification window, s.
+        verify_blocks: A-B-B-A blocks of a verification run.
+        verify_max_blocks: most blocks of a verification extended while its time is undecided.
+        max_trials_per_group: most trials of one group before its best is verified.
+        watch_window_s: length of one drift-watch window once Settled, s.
+    """
+
+    reference_s: float = REFERENCE_S
+    trial_window_s: float = TRIAL_WINDOW_S
+    trial_blocks: int = TRIAL_BLOCKS
+    verify_window_s: float = VERIFY_WINDOW_S
+    verify_blocks: int = VERIFY_BLOCKS
+    verify_max_blocks: int = VERIFY_MAX_BLOCKS
+    max_trials_per_group: int = MAX_TRIALS_PER_GROUP
+    watch_window_s: float = WATCH_WINDOW_S
 
 
 # --- groups ----------------------------------------------------------------------------------
@@ -385,6 +412,7 @@ class StepTuner:
             plan before; None, or it answering None: the plan before is verified.
         policy: the strategy itself, made elsewhere (the service's client,
             tuner/service/client.py); None: made here from strategy, seed and policy_options.
+        timing: how long the reference, trials, verifications and watch windows run (StepTiming).
     """
 
     def __init__(
@@ -402,12 +430,14 @@ class StepTuner:
         prior: Schedule | None = None,
         replan: Callable[[StepReport], Schedule | None] | None = None,
         policy: Policy | None = None,
+        timing: StepTiming = StepTiming(),
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
         self.workload = workload
         self.pairs = list(pairs)
         self.switch_latency_s = switch_latency_s
+        self.timing = timing
         self.settle_s = switch_latency_s + energy_update_period_s
         self.budget = budget
         self.account = StepAccount(budget)
@@ -416,7 +446,7 @@ class StepTuner:
             strategy,
             space,
             seed=seed,
-            max_per_task=MAX_TRIALS_PER_GROUP,
+            max_per_task=self.timing.max_trials_per_group,
             **({"tol": POLICY_TOL} | (policy_options or {})),
         )
         self.prior = prior
@@ -489,12 +519,12 @@ class StepTuner:
 
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
         if ref.current is None:
-            ref.current = Window(ref.schedule, TRIAL_WINDOW_S, report.end_s)
+            ref.current = Window(ref.schedule, self.timing.trial_window_s, report.end_s)
         ref.seconds += report.step_time_s
         if ref.current.add(report):
             ref.windows.append(ref.current)
             ref.current = None
-        if ref.seconds < REFERENCE_S or len(ref.windows) < 3:
+        if ref.seconds < self.timing.reference_s or len(ref.windows) < 3:
             return ref.schedule
         self._finish_reference(ref.windows)
         before = self._retune_plan if self.retunes else None
@@ -561,14 +591,15 @@ class StepTuner:
             if ex.config is None and ex.first is not None:
                 ex.config, ex.first = ex.first, None
             if ex.config is None:
-                ex.config = self.policy.ask(ex.task) if ex.trials < MAX_TRIALS_PER_GROUP else None
+                ex.config = self.policy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
                 if ex.config is None:
                     return self._verify_best(ex)
             candidate = self._with_pair(ex.group, self.pairs[ex.config])
             if self.account.slack_s() < self._worst_case_s(candidate):
                 ex.waiting_steps += 1
                 return self.incumbent
-            ex.trial = Trial(self.incumbent, candidate, TRIAL_BLOCKS, TRIAL_WINDOW_S, self.settle_s)
+            t = self.timing
+            ex.trial = Trial(self.incumbent, candidate, t.trial_blocks, t.trial_window_s, self.settle_s)
             ex.trials += 1
             self.trials += 1
         if ex.trial.current is None:
@@ -621,7 +652,8 @@ class StepTuner:
         return self._verify(ex.group, self._with_pair(ex.group, self.pairs[best]))
 
     def _verify(self, group: int | None, candidate: Schedule) -> Schedule:
-        trial = Trial(self.incumbent, candidate, VERIFY_BLOCKS, VERIFY_WINDOW_S, self.settle_s)
+        t = self.timing
+        trial = Trial(self.incumbent, candidate, t.verify_blocks, t.verify_window_s, self.settle_s)
         self.trials += 1
         self._enter(Verifying(group, trial))
         return self._verifying(self.phase, None)
@@ -633,7 +665,9 @@ class StepTuner:
             if trial.current is not None:  # B's window opens only once the slack covers it
                 self._maybe_abandon(trial)
         if trial.done and self._undecided_on_time(trial):
-            trial.blocks += VERIFY_BLOCKS  # a clear saving whose time bound is not yet inside the budget
+            trial.blocks += (
+                self.timing.verify_blocks
+            )  # a clear saving whose time bound is not yet inside the budget
         if trial.done:
             self._judge(ver, trial.outcome())
             if ver.group is None:
@@ -648,7 +682,7 @@ class StepTuner:
     def _undecided_on_time(self, trial: Trial) -> bool:
         """The saving is beyond its bound and the measured slowdown within the budget, but not
         ADOPT_Z time errors inside it: worth more blocks (at most VERIFY_MAX_BLOCKS)."""
-        if trial.abandoned or trial.blocks >= VERIFY_MAX_BLOCKS:
+        if trial.abandoned or trial.blocks >= self.timing.verify_max_blocks:
             return False
         outcome = trial.outcome()
         if outcome.blocks < 2 or not -outcome.energy_diff > ADOPT_Z * outcome.energy_se:
@@ -664,7 +698,9 @@ class StepTuner:
             ver.adopted = False
             return
         predicted_se = (
-            self.window_sd * math.sqrt(TRIAL_WINDOW_S / VERIFY_WINDOW_S) / math.sqrt(outcome.blocks)
+            self.window_sd
+            * math.sqrt(self.timing.trial_window_s / self.timing.verify_window_s)
+            / math.sqrt(outcome.blocks)
         )
         se = max(outcome.energy_se, predicted_se)
         saving = -outcome.energy_diff
@@ -693,7 +729,7 @@ class StepTuner:
         if self._moved:
             return self._condition_alarm(report)
         if settled.window is None:
-            settled.window = Window(self.incumbent, WATCH_WINDOW_S, report.end_s)
+            settled.window = Window(self.incumbent, self.timing.watch_window_s, report.end_s)
             return self.incumbent
         if not settled.window.add(report):
             return self.incumbent

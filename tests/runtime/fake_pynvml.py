@@ -13,9 +13,11 @@ by KDVFS_FAKE_NVML_CALLS.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pynvml as _real
@@ -51,6 +53,11 @@ class FakeState:
     locked_mem_mhz: dict[int, tuple[int, int]] = field(default_factory=dict)
     init_count: int = 0
     start_s: float = field(default_factory=time.monotonic)
+    energy_period_s: float = ENERGY_UPDATE_PERIOD_S  # the counter advances this often, s
+    # power (mW) at the locked (min, max) graphics and memory clocks (None: not locked);
+    # None: power_mw whatever the clocks
+    power_at: Callable[[tuple[int, int] | None, tuple[int, int] | None], int] | None = None
+    power_changes: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, mW from then)
 
 
 STATE = FakeState()
@@ -158,21 +165,47 @@ def nvmlDeviceGetSupportedGraphicsClocks(handle: Handle, mem_mhz: int) -> list[i
 def nvmlDeviceSetGpuLockedClocks(handle: Handle, min_mhz: int, max_mhz: int) -> None:
     _change("nvmlDeviceSetGpuLockedClocks", handle, (min_mhz, max_mhz))
     STATE.locked_gpu_mhz[handle.index] = (min_mhz, max_mhz)
+    _power_changed(handle)
 
 
 def nvmlDeviceSetMemoryLockedClocks(handle: Handle, min_mhz: int, max_mhz: int) -> None:
     _change("nvmlDeviceSetMemoryLockedClocks", handle, (min_mhz, max_mhz))
     STATE.locked_mem_mhz[handle.index] = (min_mhz, max_mhz)
+    _power_changed(handle)
 
 
 def nvmlDeviceResetGpuLockedClocks(handle: Handle) -> None:
     _change("nvmlDeviceResetGpuLockedClocks", handle, ())
     STATE.locked_gpu_mhz.pop(handle.index, None)
+    _power_changed(handle)
 
 
 def nvmlDeviceResetMemoryLockedClocks(handle: Handle) -> None:
     _change("nvmlDeviceResetMemoryLockedClocks", handle, ())
     STATE.locked_mem_mhz.pop(handle.index, None)
+    _power_changed(handle)
+
+
+def _power_mw(index: int = 0) -> int:
+    """The card's power now: power_at(the locked clocks), else power_mw."""
+    if STATE.power_at is None:
+        return STATE.power_mw
+    return STATE.power_at(STATE.locked_gpu_mhz.get(index), STATE.locked_mem_mhz.get(index))
+
+
+def _power_changed(handle: Handle) -> None:
+    if STATE.power_at is not None:
+        STATE.power_changes.append((time.monotonic(), _power_mw(handle.index)))
+
+
+def _energy_mj(at_s: float) -> float:
+    """Energy since start_s up to at_s, each stretch at the power set at its start."""
+    first_mw = STATE.power_mw if STATE.power_at is None else STATE.power_at(None, None)
+    points = [(STATE.start_s, first_mw), *STATE.power_changes, (at_s, 0)]
+    energy_mj = 0.0
+    for (t0, mw), (t1, _) in itertools.pairwise(points):
+        energy_mj += mw * max(0.0, min(t1, at_s) - t0)
+    return energy_mj
 
 
 def nvmlDeviceGetClockInfo(handle: Handle, clock_type: int) -> int:
@@ -194,16 +227,18 @@ def nvmlDeviceGetCurrentClocksThrottleReasons(handle: Handle) -> int:
 
 # --- sensors ---------------------------------------------------------------------------------
 def nvmlDeviceGetTotalEnergyConsumption(handle: Handle) -> int:
-    """mJ at constant power, advancing only every ENERGY_UPDATE_PERIOD_S as on a real card."""
+    """mJ, advancing only every energy_period_s as on a real card."""
     _check("nvmlDeviceGetTotalEnergyConsumption")
-    elapsed_s = time.monotonic() - STATE.start_s
-    ticks = int(elapsed_s / ENERGY_UPDATE_PERIOD_S)
-    return 2_760_605 + int(STATE.power_mw * ticks * ENERGY_UPDATE_PERIOD_S)
+    period_s = STATE.energy_period_s
+    ticks = int((time.monotonic() - STATE.start_s) / period_s)
+    if STATE.power_at is None:
+        return 2_760_605 + int(STATE.power_mw * ticks * period_s)
+    return 2_760_605 + int(_energy_mj(STATE.start_s + ticks * period_s))
 
 
 def nvmlDeviceGetPowerUsage(handle: Handle) -> int:
     _check("nvmlDeviceGetPowerUsage")
-    return STATE.power_mw
+    return _power_mw(handle.index)
 
 
 def nvmlDeviceGetTemperature(handle: Handle, sensor: int) -> int:

@@ -1,0 +1,138 @@
+"""What a real training loop hands the tuner each step: the counter and sensors, read aside.
+
+- `CounterPoller`: reads the energy counter back to back on a thread of its own and keeps
+  every update it sees, as (host time it was seen, J); the sensors (temperature, throttle
+  reasons, enforced power limit) every `sensor_period_s`. The controller takes the updates
+  seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
+  windows close at observed updates (../shared/data/h200-window-noise/README.md: polling
+  sees an update within ~2 ms; the NVML field-value timestamp is no better a clock).
+- `site_groups`: which schedule group each step site's time belongs to.
+- `site_workload`: a workload of one segment per site, for a job whose kernels were not
+  discovered (kdvfs.tune does not need them: clocks change only at sites).
+
+ClockController (torch_integration.py) builds the reports; the host clock is time.monotonic.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+from kdvfs.runtime.device import Device
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.types import PASSES, Kernel, Workload
+
+log = logging.getLogger(__name__)
+
+#: Pause between two counter reads, s (an H200 read itself takes ~4 ms).
+COUNTER_POLL_S = 0.001
+#: Time between two reads of temperature, throttle reasons and power limit, s.
+SENSOR_PERIOD_S = 0.5
+
+
+class CounterPoller:
+    """The energy counter's updates and the card's sensors, read on their own thread.
+
+    Args:
+        device: the card (energy_j; temperature_c, throttle_reasons, power_limit_w where it has them).
+        poll_s: pause between two counter reads, s.
+        sensor_period_s: time between two sensor reads, s.
+    """
+
+    def __init__(
+        self, device: Device, *, poll_s: float = COUNTER_POLL_S, sensor_period_s: float = SENSOR_PERIOD_S
+    ) -> None:
+        self.device = device
+        self.poll_s = poll_s
+        self.sensor_period_s = sensor_period_s
+        self.reads = 0
+        self.error: BaseException | None = None
+        self._updates: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_j = device.energy_j()
+        self._sensors = self._read_sensors()
+        self._sensors_s = time.monotonic()
+        self._thread = threading.Thread(target=self._poll, name="kdvfs-counter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def take(self, until_s: float) -> tuple[tuple[float, float], ...]:
+        """The updates seen at or before until_s (host time), oldest first; they are handed out once."""
+        with self._lock:
+            n = next((i for i, (t, _) in enumerate(self._updates) if t > until_s), len(self._updates))
+            taken, self._updates = self._updates[:n], self._updates[n:]
+        return tuple(taken)
+
+    def sensors(self) -> tuple[float, frozenset[str], float]:
+        """(temperature C, throttle reasons, power limit W) as last read."""
+        return self._sensors
+
+    def _poll(self) -> None:
+        try:
+            while not self._stop.wait(self.poll_s):
+                value_j = self.device.energy_j()
+                now = time.monotonic()
+                self.reads += 1
+                if value_j != self._last_j:
+                    self._last_j = value_j
+                    with self._lock:
+                        self._updates.append((now, value_j))
+                if now - self._sensors_s >= self.sensor_period_s:
+                    self._sensors, self._sensors_s = self._read_sensors(), now
+        except Exception as exc:  # the card stopped answering: the tuner sees no more updates
+            self.error = exc
+            log.warning("kdvfs: energy counter poller stopped: %s", exc)
+
+    def _read_sensors(self) -> tuple[float, frozenset[str], float]:
+        return (
+            float(_sensor(self.device, "temperature_c", math.nan)),
+            frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
+            float(_sensor(self.device, "power_limit_w", math.nan)),
+        )
+
+
+def _sensor(device: Device, name: str, default: object) -> object:
+    """A sensor the device may not have (a replayed table has no temperature)."""
+    read = getattr(device, name, None)
+    return read() if callable(read) else default
+
+
+def site_groups(schedule: Schedule, kernel_sites: Sequence[int], sites: int) -> list[int]:
+    """The schedule group each site's segment belongs to: the group of the site's first
+    kernel; a site followed by no kernel, the group of the site before (0 for the first)."""
+    starts = [s for s, _ in schedule.groups]
+    first = {}
+    for k, site in enumerate(kernel_sites):
+        first.setdefault(site, k)
+    groups, current = [], 0
+    for site in range(sites):
+        if site in first:
+            current = max(i for i, s in enumerate(starts) if s <= first[site])
+        groups.append(current)
+    return groups
+
+
+def site_workload(sites: Sequence[str], name: str = "torch_sites") -> Workload:
+    """One segment per step site (`NNN.site`), each the kernels between its site and the next,
+    in the meta that torch_discovery.workload_sites reads."""
+    kernels = []
+    pass_name = "forward"
+    for i, site in enumerate(sites):
+        pass_name = site if site in PASSES else pass_name
+        kernels.append(Kernel(f"{i:03d}.{site.replace(':', '_')}", pass_name=pass_name))
+    meta = (
+        ("source", "step sites (kernels not discovered)"),
+        ("sites", "|".join(sites)),
+        ("kernel_sites", ",".join(str(i) for i in range(len(sites)))),
+    )
+    return Workload(name, tuple(kernels), meta=meta)
