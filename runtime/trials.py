@@ -8,6 +8,9 @@ Gymnasium environment (envs/iteration_env.py) both measure through it.
   switch settled, energy between two observed counter updates.
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
 - `StepAccount`: the cumulative budget against stock measured in training.
+- `StockReference` -> `StockFigures`: stock measured in training; `judge` -> `Judgement`: a
+  trial's outcome against stock and the budget, the one judgement the tuner adopts by and
+  the environment's reward is paid from (envs/reward.py: `trial_reward`).
 
 Design and findings: docs/design-step-tuner.md.
 """
@@ -23,6 +26,16 @@ from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import Workload
 
+#: Training at stock measured as the reference; s.
+REFERENCE_S = 20.0
+#: Share of the measured stock step time taken off it in the account (the reference's noise); a fraction.
+REFERENCE_MARGIN = 0.002
+#: Length of one trial window before it closes at the next observed counter update; s.
+TRIAL_WINDOW_S = 2.0
+#: A-B-B-A blocks of one trial; blocks.
+TRIAL_BLOCKS = 4
+#: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
+ADOPT_Z = 3.0
 #: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
 MIN_GROUP_LATENCIES = 4.0
 
@@ -232,3 +245,127 @@ class StepAccount:
         since = self.steps - self.before_steps
         stock_s = self.before_allowed_s / (1.0 + self.budget) + self.stock_step_s * since
         return self.spent_s / stock_s - 1.0
+
+
+# --- the reference and the judgement -------------------------------------------------------
+@dataclass(frozen=True)
+class StockFigures:
+    """Stock as measured in training by `StockReference`.
+
+    Attributes:
+        step_s: the mean stock step time (windows weighted by their steps), s.
+        account_step_s: the stock the budget is counted against: step_s less
+            REFERENCE_MARGIN (the reference's noise), s.
+        energy_per_step_j: the mean stock energy per step, J.
+        window_sd: relative s.d. of one window's energy per step (no unit).
+        time_sd_per_root_s: relative s.d. of a step time mean over 1 s (no unit).
+        segment_times_s: each segment's mean time per step at stock, s (in its order).
+        window_s: the length of the reference's windows, s.
+    """
+
+    step_s: float
+    account_step_s: float
+    energy_per_step_j: float
+    window_sd: float
+    time_sd_per_root_s: float
+    segment_times_s: np.ndarray
+    window_s: float
+
+
+@dataclass
+class StockReference:
+    """Windows of whole steps at stock until at least REFERENCE_S of steps and three windows.
+
+    Args:
+        schedule: the stock schedule (every segment its own group, no pair).
+        window_s: length of one window, s.
+        min_s: training at stock measured at least, s.
+    """
+
+    schedule: Schedule
+    window_s: float = TRIAL_WINDOW_S
+    min_s: float = REFERENCE_S
+    windows: list[Window] = field(default_factory=list)
+    current: Window | None = None
+    seconds: float = 0.0
+
+    def add(self, report: StepReport) -> bool:
+        """Count a step run at stock; True once the reference is complete."""
+        if self.current is None:
+            self.current = Window(self.schedule, self.window_s, report.end_s)
+        self.seconds += report.step_time_s
+        if self.current.add(report):
+            self.windows.append(self.current)
+            self.current = None
+        return self.seconds >= self.min_s and len(self.windows) >= 3
+
+    def figures(self) -> StockFigures:
+        windows = self.windows
+        steps = np.array([w.step_s for w in windows])
+        energy = np.array([w.energy_per_step_j for w in windows])
+        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
+        stock_s = float(np.average(steps, weights=weights))
+        mean_window_s = float(np.mean([w.settled_s for w in windows]))
+        return StockFigures(
+            step_s=stock_s,
+            account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
+            energy_per_step_j=float(np.mean(energy)),
+            window_sd=float(np.std(energy / np.mean(energy), ddof=1)),
+            time_sd_per_root_s=max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4),
+            segment_times_s=np.average([w.group_times_s for w in windows], axis=0, weights=weights),
+            window_s=self.window_s,
+        )
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A trial's candidate (B) judged against stock and the budget.
+
+    Attributes:
+        saving: B's step energy below the incumbent's, a fraction of the incumbent's (NaN
+            when no block completed).
+        saving_se: its standard error: the blocks' own, no less than the reference's window
+            noise predicts (no unit).
+        slowdown: B's step time against the account's stock, a fraction (from the blocks'
+            time difference; from B's own steps when no block completed; NaN when none ran).
+        time_se: the standard error of the blocks' time difference (no unit).
+        energy_ratio: B's step energy / stock's (NaN when no block completed).
+        adopted: the saving exceeds ADOPT_Z standard errors and the slowdown, ADOPT_Z time
+            errors added, is within the budget (never for an abandoned trial or under two blocks).
+    """
+
+    saving: float
+    saving_se: float
+    slowdown: float
+    time_se: float
+    energy_ratio: float
+    adopted: bool
+
+
+def judge(
+    outcome: Outcome,
+    stock: StockFigures,
+    *,
+    incumbent_step_s: float,
+    incumbent_energy_j: float,
+    budget: float,
+    window_s: float,
+) -> Judgement:
+    """The judgement of a trial whose windows were window_s long, against the incumbent it ran
+    beside (its measured step time, s, and energy per step, J) and the measured stock."""
+    blocks = max(outcome.blocks, 1)
+    predicted_se = stock.window_sd * math.sqrt(stock.window_s / window_s) / math.sqrt(blocks)
+    se = max(outcome.energy_se, predicted_se)
+    saving = -outcome.energy_diff
+    if outcome.blocks > 0:
+        slowdown = (incumbent_step_s * (1.0 + outcome.time_diff)) / stock.account_step_s - 1.0
+    else:
+        slowdown = outcome.b_step_s / stock.account_step_s - 1.0
+    adopted = (
+        not outcome.abandoned
+        and outcome.blocks >= 2
+        and saving > ADOPT_Z * se
+        and slowdown + ADOPT_Z * outcome.time_se <= budget
+    )
+    energy_ratio = incumbent_energy_j * (1.0 - saving) / stock.energy_per_step_j
+    return Judgement(saving, se, slowdown, outcome.time_se, energy_ratio, bool(adopted))

@@ -27,38 +27,35 @@ from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
+    ADOPT_Z,
+    TRIAL_BLOCKS,
+    TRIAL_WINDOW_S,
+    Judgement,
     Outcome,
     StepAccount,
+    StockFigures,
+    StockReference,
     Trial,
     Window,
+    judge,
     pass_boundaries,
     switchable_groups,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
 
-#: Training at stock measured as the reference; s.
-REFERENCE_S = 20.0
-#: Length of one trial window before it closes at the next observed counter update; s.
-TRIAL_WINDOW_S = 2.0
-#: A-B-B-A blocks of one trial; blocks.
-TRIAL_BLOCKS = 4
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
 VERIFY_BLOCKS = 4
 #: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
 VERIFY_MAX_BLOCKS = 12
-#: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
-ADOPT_Z = 3.0
 #: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
 ABANDON_Z = 3.0
 #: Candidate time measured before it may be abandoned on time (the guard acts at once); s.
 ABANDON_MIN_S = 0.3
 #: Slack kept back in the budget account at all times, as seconds per step of the worst case.
 GUARD_STEPS = 2
-#: Share of the measured stock step time taken off it in the account (the reference's noise); a fraction.
-REFERENCE_MARGIN = 0.002
 #: Most trials of one group before its best is verified; trials.
 MAX_TRIALS_PER_GROUP = 20
 #: The search strategy by default (policies/registry.py); why: docs/design-step-tuner.md.
@@ -85,9 +82,10 @@ class Reference:
     """Stock measured in training: windows of whole steps at stock, every segment its own group."""
 
     schedule: Schedule
-    windows: list[Window] = field(default_factory=list)
-    current: Window | None = None
-    seconds: float = 0.0
+    measured: StockReference = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.measured = StockReference(self.schedule)
 
 
 @dataclass
@@ -219,6 +217,7 @@ class StepTuner:
         self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
         self.incumbent_step_s = math.nan
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
+        self.stock: StockFigures | None = None  # stock as the reference measured it
         self.time_sd_per_root_s = 0.005  # relative s.d. of a step time mean over 1 s (measured)
         self.adoptions: list[Adoption] = []
         self.phase: Phase = Reference(self.incumbent)
@@ -274,33 +273,23 @@ class StepTuner:
             self.phases.append(name)
 
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
-        if ref.current is None:
-            ref.current = Window(ref.schedule, TRIAL_WINDOW_S, report.end_s)
-        ref.seconds += report.step_time_s
-        if ref.current.add(report):
-            ref.windows.append(ref.current)
-            ref.current = None
-        if ref.seconds < REFERENCE_S or len(ref.windows) < 3:
+        if not ref.measured.add(report):
             return ref.schedule
-        self._finish_reference(ref.windows)
+        self._finish_reference(ref.measured.figures())
         before = self._retune_plan if self.retunes else None
         plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
         if plan is not None and any(p is not None for _, p in plan.groups):
             return self._verify(None, plan)
         return self._start_group(0)
 
-    def _finish_reference(self, windows: list[Window]) -> None:
-        steps = np.array([w.step_s for w in windows])
-        energy = np.array([w.energy_per_step_j for w in windows])
-        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
-        stock_s = float(np.average(steps, weights=weights))
-        self.account.stock_step_s = stock_s * (1.0 - REFERENCE_MARGIN)
-        self.stock_energy_j = self.incumbent_energy_j = float(np.mean(energy))
-        self.incumbent_step_s = stock_s
-        self.window_sd = float(np.std(energy / np.mean(energy), ddof=1))
-        mean_window_s = float(np.mean([w.settled_s for w in windows]))
-        self.time_sd_per_root_s = max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4)
-        segment_times = np.average([w.group_times_s for w in windows], axis=0, weights=weights)
+    def _finish_reference(self, stock: StockFigures) -> None:
+        self.stock = stock
+        self.account.stock_step_s = stock.account_step_s
+        self.stock_energy_j = self.incumbent_energy_j = stock.energy_per_step_j
+        self.incumbent_step_s = stock.step_s
+        self.window_sd = stock.window_sd
+        self.time_sd_per_root_s = stock.time_sd_per_root_s
+        segment_times = stock.segment_times_s
         starts = (
             self.segments
             if self.prior is not None or self.retunes
@@ -440,20 +429,26 @@ class StepTuner:
         slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
         return slowdown <= self.budget < slowdown + ADOPT_Z * outcome.time_se
 
+    def judge(self, outcome: Outcome, window_s: float) -> Judgement:
+        """A trial's outcome (windows window_s long) judged against this run's stock, the
+        incumbent and the budget: runtime/trials.py's `judge`, the one the environment pays
+        its reward from."""
+        return judge(
+            outcome,
+            self.stock,
+            incumbent_step_s=self.incumbent_step_s,
+            incumbent_energy_j=self.incumbent_energy_j,
+            budget=self.budget,
+            window_s=window_s,
+        )
+
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
         """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
         no less than the reference's window noise predicts) and the candidate's slowdown, ADOPT_Z
         time errors added, is within the budget."""
-        if outcome.abandoned or outcome.blocks < 2:
-            ver.adopted = False
-            return
-        predicted_se = (
-            self.window_sd * math.sqrt(TRIAL_WINDOW_S / VERIFY_WINDOW_S) / math.sqrt(outcome.blocks)
-        )
-        se = max(outcome.energy_se, predicted_se)
-        saving = -outcome.energy_diff
-        slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
-        ver.adopted = saving > ADOPT_Z * se and slowdown + ADOPT_Z * outcome.time_se <= self.budget
+        judgement = self.judge(outcome, ver.trial.window_s)
+        ver.adopted = judgement.adopted
+        se, saving, slowdown = judgement.saving_se, judgement.saving, judgement.slowdown
         if ver.adopted:
             self.incumbent = ver.trial.candidate
             self.incumbent_energy_j *= 1.0 - saving
