@@ -2,7 +2,9 @@
 
 The full sweep runs once per seed as the target; every strategy runs on a fresh device per
 seed (same seed: same noise draws for every strategy). Each run is logged as a nested MLflow
-run under one parent when a Tracker is given.
+run under one parent when a Tracker is given. The learning agent ("ppo") is trained once,
+before the seeds, through kdvfs/IterationDVFS-v1 on a card of its own seed (`train_agent_on`),
+or loaded; it then serves every seed (docs/agent-strategy.md).
 """
 
 from __future__ import annotations
@@ -12,10 +14,61 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.policies.agent import AgentPolicy, load_agent, train_agent
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.commands._common import plan_json
-from kdvfs.tuner.search import SearchResult, run_search
+from kdvfs.tuner.search import SearchResult, run_search, search_space
 from kdvfs.tuner.sweep import evaluate, run_sweep
+
+#: Trials the ppo strategy is trained through kdvfs/IterationDVFS-v1 when no agent is given; trials.
+AGENT_STEPS = 256
+#: Seed of the card the agent trains on: none of the compared seeds (0 .. seeds - 1).
+AGENT_TRAIN_SEED = 1000
+#: A training trial's window, s, and A-B-B-A blocks: shorter than the tuner's (2 s, 4 blocks)
+#: so that training takes minutes of CPU; the judgement scales its noise to them.
+AGENT_WINDOW_S = 0.5
+AGENT_BLOCKS = 2
+#: Training at stock measured as each training episode's reference, s.
+AGENT_REFERENCE_S = 5.0
+
+
+def train_agent_on(
+    device_spec: str,
+    workload_spec: str,
+    *,
+    budget: float,
+    steps: int = AGENT_STEPS,
+    noise: float | None = None,
+    full_grid: bool = False,
+):
+    """A MaskablePPO agent trained `steps` trials through kdvfs/IterationDVFS-v1 on a fresh card
+    of AGENT_TRAIN_SEED; (model, what the training cost: trials, device s, CPU s)."""
+    import time
+
+    import gymnasium
+
+    import kdvfs.envs  # noqa: F401  (registers the envs)
+
+    start = time.process_time()
+    device = open_device(device_spec, seed=AGENT_TRAIN_SEED, noise=noise, full_grid=full_grid)
+    env = gymnasium.make(
+        "kdvfs/IterationDVFS-v1",
+        device=device,
+        workload=open_workload(workload_spec, device),
+        budget=budget,
+        window_s=AGENT_WINDOW_S,
+        blocks=AGENT_BLOCKS,
+        reference_s=AGENT_REFERENCE_S,
+    )
+    model = train_agent(env, steps, seed=AGENT_TRAIN_SEED)
+    cost = {
+        "trials": steps,
+        "device_seconds": float(device.now_s()),
+        "cpu_seconds": time.process_time() - start,
+        "train_seed": AGENT_TRAIN_SEED,
+    }
+    return model, cost
 
 
 def result_json(r: SearchResult) -> dict[str, Any]:
@@ -43,15 +96,31 @@ def compare_strategies(
     noise: float | None = None,
     full_grid: bool = False,
     window_s: float = 1.0,
+    agent=None,
+    agent_steps: int = AGENT_STEPS,
     tracker=None,
     progress: Callable[[str, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document of a comparison (see the README for its fields)."""
+    """The JSON document of a comparison (see the README for its fields). agent: the "ppo"
+    strategy's model or the path of a saved one (None: trained here, agent_steps trials)."""
 
     def fresh(seed: int):
         device = open_device(device_spec, seed=seed, noise=noise, full_grid=full_grid)
         return device, open_workload(workload_spec, device)
 
+    agent_doc = None
+    if "ppo" in strategies:
+        if agent is None:
+            agent, cost = train_agent_on(
+                device_spec, workload_spec, budget=budget, steps=agent_steps, noise=noise, full_grid=full_grid
+            )
+            agent_doc = {"trained": True, **cost}
+        else:
+            agent_doc = {
+                "trained": False,
+                "loaded": str(agent) if not hasattr(agent, "predict") else "object",
+            }
+            agent = agent if hasattr(agent, "predict") else _load(agent)
     parent = (
         tracker.start_run(
             "compare",
@@ -90,10 +159,11 @@ def compare_strategies(
         results[name] = []
         for seed in range(seeds):
             device, workload = fresh(seed)
+            strategy = _agent_policy(device, seed, agent) if name == "ppo" else name
             r = run_search(
                 device,
                 workload,
-                name,
+                strategy,
                 budget=budget,
                 seed=seed,
                 max_per_kernel=max_per_kernel,
@@ -121,6 +191,8 @@ def compare_strategies(
         "strategies": results,
         "summary": summarize(results, sweep),
     }
+    if agent_doc is not None:
+        doc["agent"] = agent_doc
     if parent is not None:
         from kdvfs.tuner.plots import convergence_figure
 
@@ -132,6 +204,25 @@ def compare_strategies(
         parent.end()
         doc["mlflow"] = parent.url_or_path
     return doc
+
+
+def _load(path):
+    """A saved agent, or a KdvfsError naming the file."""
+    from pathlib import Path
+
+    if not Path(path).exists() and not Path(f"{path}.zip").exists():
+        raise KdvfsError(f"agent {path}: no such file")
+    try:
+        return load_agent(path)
+    except Exception as e:  # a zip that is not a saved MaskablePPO model
+        raise KdvfsError(f"agent {path}: not a saved MaskablePPO model ({e})") from None
+
+
+def _agent_policy(device, seed: int, agent) -> AgentPolicy:
+    try:
+        return AgentPolicy(search_space(device), seed, model=agent)
+    except ValueError as e:  # trained on another grid
+        raise KdvfsError(str(e)) from None
 
 
 def summarize(results: dict[str, list[dict[str, Any]]], sweep: dict[str, Any]) -> dict[str, dict[str, float]]:
