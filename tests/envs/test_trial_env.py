@@ -132,8 +132,12 @@ def test_ppo_trains_a_few_hundred_steps_and_the_agent_is_a_strategy() -> None:
     assert result.energy_saving >= 0.0
 
 
-def test_an_agent_trained_on_another_grid_is_refused() -> None:
+def test_a_saved_agent_loads_on_its_grid_and_is_refused_on_another(tmp_path: Path) -> None:
     model = train_agent(make(workload=LONG, **TRAIN), 8, seed=0)
+    model.save(tmp_path / "agent.zip")
+    loaded = AgentPolicy(search_space(open_device("sim:rtx3080ti")), 0, model=tmp_path / "agent.zip")
+    obs = np.zeros(model.observation_space.shape, dtype=np.float32)
+    assert loaded.model.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
     space = SearchSpace(np.array([[1000.0, 5000.0], [2000.0, 7000.0]]))
     with pytest.raises(ValueError, match="trained on 50 clock pairs"):
         AgentPolicy(space, 0, model=model)
