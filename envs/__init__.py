@@ -3,9 +3,12 @@
 - `kdvfs/KernelDVFS-v0` (`KernelDVFSEnv`, kernel_env.py): one step = one isolated measurement
   of the current kernel at the clock pair the action picks;
 - `kdvfs/IterationDVFS-v0` (`IterationDVFSEnv`, iteration_env.py): one step = training
-  iterations run with a clock pair per kernel (`measure_iterations`, `IterationMeasurement`).
+  iterations run with a clock pair per kernel (`measure_iterations`, `IterationMeasurement`);
+- `kdvfs/IterationDVFS-v1` (`TrialDVFSEnv`, trial_env.py): the step-driven tuner's loop, one
+  step = one trial in training of a pair for one group, judged by the tuner's own judgement
+  (runtime/trials.py); the view a learning agent strategy is trained through.
 
-Both pay `compute_waste_reward` (reward.py). Importing this package imports only Gymnasium:
+All pay `compute_waste_reward` (reward.py; v1 through `trial_reward`). Importing this package imports only Gymnasium:
 the environments and the names above load when first made or used. Why they are built so:
 docs/design-envs.md.
 """
@@ -26,13 +29,20 @@ gymnasium.register(
     entry_point="kdvfs.envs.iteration_env:IterationDVFSEnv",
     max_episode_steps=200,
 )
+gymnasium.register(
+    id="kdvfs/IterationDVFS-v1",
+    entry_point="kdvfs.envs.trial_env:TrialDVFSEnv",
+    max_episode_steps=200,
+)
 
 _PUBLIC: dict[str, str] = {
     "KernelDVFSEnv": "kernel_env",
     "IterationDVFSEnv": "iteration_env",
     "IterationMeasurement": "iteration_env",
     "measure_iterations": "iteration_env",
+    "TrialDVFSEnv": "trial_env",
     "compute_waste_reward": "reward",
+    "trial_reward": "reward",
 }
 
 __all__ = list(_PUBLIC)

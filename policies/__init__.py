@@ -4,7 +4,8 @@ Public names (loaded on first use: the BoTorch strategies pull in torch; this pa
 imports kdvfs.runtime):
 - the interface: `Policy`, `SearchSpace`, `Task`;
 - the strategies: `SweepPolicy`, `RandomPolicy`, `EpsilonGreedyPolicy`, `UcbPolicy`,
-  `ThompsonPolicy`, `BotorchPolicy`, `CrossKernelPolicy`, and by name `make_policy`, `POLICIES`;
+  `ThompsonPolicy`, `BotorchPolicy`, `CrossKernelPolicy`, `AgentPolicy` (a trained PPO agent:
+  `train_agent`, `load_agent`), and by name `make_policy`, `POLICIES`;
 - for writing a strategy: `BasePolicy`, `SafeExplorer`, `TaskLog`, `GridFacts`, `BeliefModel`.
 
 How each strategy searches and why: docs/design-policies.md.
@@ -25,6 +26,9 @@ _PUBLIC: dict[str, str] = {
     "ThompsonPolicy": "bandits",
     "BotorchPolicy": "botorch_bo",
     "CrossKernelPolicy": "crosskernel",
+    "AgentPolicy": "agent",
+    "train_agent": "agent",
+    "load_agent": "agent",
     "make_policy": "registry",
     "POLICIES": "registry",
     "BasePolicy": "_common",

@@ -3,7 +3,9 @@
 The full sweep runs once per seed as the target; every strategy runs on a fresh device per
 seed (same seed: same noise draws for every strategy). Comparison holds what is done so far
 (an interrupted comparison keeps it); compare_strategies runs one to the end. Each search is
-logged as a nested MLflow run under one parent when a Tracker is given.
+logged as a nested MLflow run under one parent when a Tracker is given. The learning agent
+("ppo") is trained once, before the seeds, through kdvfs/IterationDVFS-v1 on a card of its own
+seed (`train_agent_on`), or loaded; it then serves every seed (docs/agent-strategy.md).
 """
 
 from __future__ import annotations
@@ -13,10 +15,61 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.policies.agent import AgentPolicy, load_agent, train_agent
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.commands._common import plan_json
-from kdvfs.tuner.search import SearchResult, run_search
+from kdvfs.tuner.search import SearchResult, run_search, search_space
 from kdvfs.tuner.sweep import evaluate, run_sweep
+
+#: Trials the ppo strategy is trained through kdvfs/IterationDVFS-v1 when no agent is given; trials.
+AGENT_STEPS = 256
+#: Seed of the card the agent trains on: none of the compared seeds (0 .. seeds - 1).
+AGENT_TRAIN_SEED = 1000
+#: A training trial's window, s, and A-B-B-A blocks: shorter than the tuner's (2 s, 4 blocks)
+#: so that training takes minutes of CPU; the judgement scales its noise to them.
+AGENT_WINDOW_S = 0.5
+AGENT_BLOCKS = 2
+#: Training at stock measured as each training episode's reference, s.
+AGENT_REFERENCE_S = 5.0
+
+
+def train_agent_on(
+    device_spec: str,
+    workload_spec: str,
+    *,
+    budget: float,
+    steps: int = AGENT_STEPS,
+    noise: float | None = None,
+    full_grid: bool = False,
+):
+    """A MaskablePPO agent trained `steps` trials through kdvfs/IterationDVFS-v1 on a fresh card
+    of AGENT_TRAIN_SEED; (model, what the training cost: trials, device s, CPU s)."""
+    import time
+
+    import gymnasium
+
+    import kdvfs.envs  # noqa: F401  (registers the envs)
+
+    start = time.process_time()
+    device = open_device(device_spec, seed=AGENT_TRAIN_SEED, noise=noise, full_grid=full_grid)
+    env = gymnasium.make(
+        "kdvfs/IterationDVFS-v1",
+        device=device,
+        workload=open_workload(workload_spec, device),
+        budget=budget,
+        window_s=AGENT_WINDOW_S,
+        blocks=AGENT_BLOCKS,
+        reference_s=AGENT_REFERENCE_S,
+    )
+    model = train_agent(env, steps, seed=AGENT_TRAIN_SEED)
+    cost = {
+        "trials": steps,
+        "device_seconds": float(device.now_s()),
+        "cpu_seconds": time.process_time() - start,
+        "train_seed": AGENT_TRAIN_SEED,
+    }
+    return model, cost
 
 
 def result_json(r: SearchResult) -> dict[str, Any]:
@@ -44,6 +97,8 @@ def compare_strategies(
     noise: float | None = None,
     full_grid: bool = False,
     window_s: float = 1.0,
+    agent=None,
+    agent_steps: int = AGENT_STEPS,
     tracker=None,
     progress: Callable[[str, int, int, int], None] | None = None,
 ) -> dict[str, Any]:
@@ -59,6 +114,8 @@ def compare_strategies(
         noise=noise,
         full_grid=full_grid,
         window_s=window_s,
+        agent=agent,
+        agent_steps=agent_steps,
         tracker=tracker,
         progress=progress,
     )
@@ -86,6 +143,8 @@ class Comparison:
         noise: measurement-noise scale; None: the device's.
         full_grid: search every supported clock pair, not the preset's grid.
         window_s: seconds of repeats per measurement.
+        agent: the "ppo" strategy's model, or the path of a saved one; None: trained here.
+        agent_steps: trials the agent is trained when none is given; trials.
         tracker: a tuner.tracking.Tracker, or None for no MLflow.
         progress: called (run label, kernels done, kernels, measurements) as a sweep or search goes.
         on_phase: called with each phase, in plain words, as it starts.
@@ -103,6 +162,8 @@ class Comparison:
         noise: float | None = None,
         full_grid: bool = False,
         window_s: float = 1.0,
+        agent=None,
+        agent_steps: int = AGENT_STEPS,
         tracker=None,
         progress: Callable[[str, int, int, int], None] | None = None,
         on_phase: Callable[[str], None] | None = None,
@@ -111,6 +172,8 @@ class Comparison:
         self.budget, self.seeds, self.max_per_kernel = budget, seeds, max_per_kernel
         self.noise, self.full_grid, self.window_s = noise, full_grid, window_s
         self.tracker, self._progress, self._on_phase = tracker, progress, on_phase
+        self.agent, self.agent_steps = agent, agent_steps
+        self.agent_doc: dict[str, Any] | None = None
         self.device, self.workload = self._fresh(0)
         self.sweeps: list[dict[str, Any]] = []
         self.results: dict[str, list[dict[str, Any]]] = {}
@@ -154,6 +217,8 @@ class Comparison:
             self._parent = self.tracker.start_run(
                 "compare", params, tags=run_identity(self.device, self.workload)
             )
+        if "ppo" in self.strategies:
+            self._prepare_agent()
         for seed in range(self.seeds):
             self._phase(f"running the full sweep, seed {seed}")
             device, workload = self._fresh(seed)
@@ -176,6 +241,25 @@ class Comparison:
                 self._phase(f"running {name}, seed {seed}")
                 self._search(name, seed)
 
+    def _prepare_agent(self) -> None:
+        """The ppo strategy's agent: loaded from its file, or trained through the env first."""
+        if self.agent is None:
+            self._phase(f"training the ppo agent ({self.agent_steps} trials)")
+            self.agent, cost = train_agent_on(
+                self.device_spec,
+                self.workload_spec,
+                budget=self.budget,
+                steps=self.agent_steps,
+                noise=self.noise,
+                full_grid=self.full_grid,
+            )
+            self.agent_doc = {"trained": True, **cost}
+        elif not hasattr(self.agent, "predict"):
+            self.agent_doc = {"trained": False, "loaded": str(self.agent)}
+            self.agent = _load(self.agent)
+        else:
+            self.agent_doc = {"trained": False, "loaded": "object"}
+
     def _sweep_progress(self, seed: int, pairs: int) -> Callable[[int, int], None] | None:
         """The sweep's progress (measurements) as the searches' (kernels done, kernels, measurements)."""
         progress = self._progress
@@ -195,10 +279,11 @@ class Comparison:
                 parent=self._parent,
             )
         progress = self._progress
+        strategy = _agent_policy(device, seed, self.agent) if name == "ppo" else name
         r = run_search(
             device,
             workload,
-            name,
+            strategy,
             budget=self.budget,
             seed=seed,
             max_per_kernel=self.max_per_kernel,
@@ -234,6 +319,8 @@ class Comparison:
                 "runs": self.sweeps,
             }
             doc["summary"] = summarize(results, doc["sweep"])
+        if self.agent_doc is not None:
+            doc["agent"] = self.agent_doc
         return doc
 
     def end(self, status: str = "FINISHED") -> dict[str, Any]:
@@ -273,6 +360,25 @@ def _headline(doc: dict[str, Any]) -> dict[str, float]:
         for key in ("energy_saving", "share_of_sweep_saving", "measurements", "max_slowdown"):
             metrics[f"{name}.{key}"] = s[key]
     return {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
+
+
+def _load(path):
+    """A saved agent, or a KdvfsError naming the file."""
+    from pathlib import Path
+
+    if not Path(path).exists() and not Path(f"{path}.zip").exists():
+        raise KdvfsError(f"agent {path}: no such file")
+    try:
+        return load_agent(path)
+    except Exception as e:  # a zip that is not a saved MaskablePPO model
+        raise KdvfsError(f"agent {path}: not a saved MaskablePPO model ({e})") from None
+
+
+def _agent_policy(device, seed: int, agent) -> AgentPolicy:
+    try:
+        return AgentPolicy(search_space(device), seed, model=agent)
+    except ValueError as e:  # trained on another grid
+        raise KdvfsError(str(e)) from None
 
 
 def summarize(results: dict[str, list[dict[str, Any]]], sweep: dict[str, Any]) -> dict[str, dict[str, float]]:

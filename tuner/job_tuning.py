@@ -47,12 +47,12 @@ from kdvfs.runtime.step_feed import COUNTER_POLL_S, site_workload
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, workload_sites
 from kdvfs.runtime.torch_integration import KdvfsTrainer
+from kdvfs.runtime.trials import REFERENCE_MARGIN
 from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import Plan, plan_schedule, save_plan
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.step_tuner import (
     DEFAULT_STRATEGY,
-    REFERENCE_MARGIN,
     Settled,
     StepTiming,
     StepTuner,

@@ -4,13 +4,10 @@ clocks of the next steps. It never runs kernels itself.
 - `StepTuner.on_step_end(report) -> Schedule`: the one entry point; `phase` is the phase object
   now (Zeus's power_limit.py shape): `Reference` -> `Exploring` -> `Verifying` -> ... ->
   `Settled`, each a small dataclass holding its own data; `phases` lists those passed.
-- `Window`: whole steps under one schedule, figures from the steps that began after its
-  switch settled, energy between two observed counter updates.
-- `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
-- `StepAccount`: the cumulative budget against stock measured in training.
+- The measuring core (`Window`, `Trial`, `Outcome`, `StepAccount`, `switchable_groups`,
+  `pass_boundaries`) is runtime/trials.py's, shared with the Gymnasium environment; groups
+  come from `switchable_groups` where no prior plan gives them (tuner/step_priors.py).
 - `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default.
-- `switchable_groups`: the groups a card can switch between, from segment times and latency,
-  where no prior plan gives them (tuner/step_priors.py: `plan_prior`).
 - Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
   on watch windows of group times and energy); an alarm enters `Retuning` (stock until the
   temperature is flat), then `Reference` again, the plan before verified first, then the
@@ -31,35 +28,39 @@ from kdvfs.policies.base import Policy, SearchSpace, Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.steps import StepReport
+from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
+    ADOPT_Z,
+    REFERENCE_S,
+    TRIAL_BLOCKS,
+    TRIAL_WINDOW_S,
+    Judgement,
+    Outcome,
+    StepAccount,
+    StockFigures,
+    StockReference,
+    Trial,
+    Window,
+    judge,
+    pass_boundaries,
+    switchable_groups,
+)
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
 
-#: Training at stock measured as the reference; s.
-REFERENCE_S = 20.0
-#: Length of one trial window before it closes at the next observed counter update; s.
-TRIAL_WINDOW_S = 2.0
-#: A-B-B-A blocks of one trial; blocks.
-TRIAL_BLOCKS = 4
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
 VERIFY_BLOCKS = 4
 #: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
 VERIFY_MAX_BLOCKS = 12
-#: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
-ADOPT_Z = 3.0
 #: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
 ABANDON_Z = 3.0
 #: Candidate time measured before it may be abandoned on time (the guard acts at once); s.
 ABANDON_MIN_S = 0.3
 #: Slack kept back in the budget account at all times, as seconds per step of the worst case.
 GUARD_STEPS = 2
-#: Share of the measured stock step time taken off it in the account (the reference's noise); a fraction.
-REFERENCE_MARGIN = 0.002
 #: Most trials of one group before its best is verified; trials.
 MAX_TRIALS_PER_GROUP = 20
-#: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
-MIN_GROUP_LATENCIES = 4.0
 #: The search strategy by default (policies/registry.py); why: docs/design-step-tuner.md.
 DEFAULT_STRATEGY = "botorch"
 #: The strategy's stopping tolerance (relative expected improvement); BoTorch's own 0.002 stops
@@ -104,222 +105,18 @@ class StepTiming:
     watch_window_s: float = WATCH_WINDOW_S
 
 
-# --- groups ----------------------------------------------------------------------------------
-def pass_boundaries(workload: Workload) -> list[int]:
-    """Where a job can switch clocks: the step's start and each pass's first kernel."""
-    kernels = workload.kernels
-    return [0] + [i for i in range(1, len(kernels)) if kernels[i].pass_name != kernels[i - 1].pass_name]
-
-
-def switchable_groups(starts: list[int], segment_times_s: list[float], latency_s: float) -> list[int]:
-    """The group starts kept from segment starts: the shortest group shorter than
-    MIN_GROUP_LATENCIES switch latencies merges into its shorter neighbour until none is (a
-    group that short runs mostly at the clocks before it). One group never switches."""
-    starts, times = list(starts), list(segment_times_s)
-    while len(starts) > 1:
-        i = int(np.argmin(times))
-        if times[i] >= MIN_GROUP_LATENCIES * latency_s:
-            break
-        if i == 0:
-            j = 1
-        elif i == len(times) - 1:
-            j = i - 1
-        else:
-            j = i - 1 if times[i - 1] <= times[i + 1] else i + 1
-        a, b = min(i, j), max(i, j)
-        times[a] += times[b]
-        del times[b], starts[b]
-    return starts
-
-
-# --- measuring ------------------------------------------------------------------------------
-@dataclass
-class Window:
-    """Whole steps under one schedule. Steps that began before settle_s (the switch and one
-    counter period after the window opened) are not counted; energy is taken between the
-    first and last counter updates observed after settle_s."""
-
-    schedule: Schedule
-    length_s: float
-    settle_s: float
-    step_times_s: list[float] = field(default_factory=list)
-    group_sums_s: np.ndarray | None = None
-    first: tuple[float, float] | None = None
-    last: tuple[float, float] | None = None
-
-    def add(self, report: StepReport) -> bool:
-        """Count a step; True when the window is closed (long enough, at an observed update)."""
-        if report.end_s - report.step_time_s >= self.settle_s:
-            self.step_times_s.append(report.step_time_s)
-            g = np.asarray(report.group_times_s)
-            self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
-        for reading in report.counter_readings:
-            if reading[0] >= self.settle_s:
-                self.first = self.first or reading
-                self.last = reading
-        return bool(report.counter_readings) and self.span_s >= self.length_s and len(self.step_times_s) > 0
-
-    @property
-    def span_s(self) -> float:
-        return 0.0 if self.first is None or self.last is None else self.last[0] - self.first[0]
-
-    @property
-    def settled_s(self) -> float:
-        return float(sum(self.step_times_s))
-
-    @property
-    def step_s(self) -> float:
-        return float(np.mean(self.step_times_s))
-
-    @property
-    def group_times_s(self) -> np.ndarray:
-        return self.group_sums_s / len(self.step_times_s)
-
-    @property
-    def power_w(self) -> float:
-        return (self.last[1] - self.first[1]) / self.span_s if self.span_s > 0 else math.nan
-
-    @property
-    def energy_per_step_j(self) -> float:
-        """Mean power over the counter span x mean step time (in-training-trials.md)."""
-        return self.power_w * self.step_s
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A trial's result: B against A as relative differences (fractions of A), the standard
-    error of the energy difference over the blocks, B's figures."""
-
-    energy_diff: float
-    energy_se: float
-    time_diff: float
-    time_se: float
-    b_step_s: float
-    b_group_times_s: np.ndarray
-    blocks: int
-    abandoned: bool
-
-
-@dataclass
-class Trial:
-    """A candidate (B) against the incumbent (A) in A-B-B-A blocks of windows."""
-
-    incumbent: Schedule
-    candidate: Schedule
-    blocks: int
-    window_s: float
-    settle_s: float
-    closed: list[Window] = field(default_factory=list)
-    current: Window | None = None
-    abandoned: bool = False
-
-    @property
-    def arm(self) -> str:
-        """'A' or 'B': whose window is open (or opens next)."""
-        return "ABBA"[len(self.closed) % 4]
-
-    @property
-    def done(self) -> bool:
-        return self.abandoned or len(self.closed) >= 4 * self.blocks
-
-    def schedule(self) -> Schedule:
-        return self.candidate if self.arm == "B" else self.incumbent
-
-    def open(self, now_s: float) -> None:
-        self.current = Window(self.schedule(), self.window_s, now_s + self.settle_s)
-
-    def add(self, report: StepReport) -> None:
-        if self.current.add(report):
-            self.closed.append(self.current)
-            self.current = None
-
-    def b_windows(self) -> list[Window]:
-        arms = ["ABBA"[i % 4] for i in range(len(self.closed))]
-        done = [w for w, a in zip(self.closed, arms) if a == "B"]
-        return done + ([self.current] if self.current and self.arm == "B" else [])
-
-    def outcome(self) -> Outcome:
-        blocks = len(self.closed) // 4
-        e_diff, t_diff = [], []
-        for k in range(blocks):
-            a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
-            e_a = 0.5 * (a1.energy_per_step_j + a2.energy_per_step_j)
-            t_a = 0.5 * (a1.step_s + a2.step_s)
-            e_diff.append(0.5 * (b1.energy_per_step_j + b2.energy_per_step_j) / e_a - 1.0)
-            t_diff.append(0.5 * (b1.step_s + b2.step_s) / t_a - 1.0)
-        b = [w for w in self.b_windows() if w.step_times_s]
-        b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
-        b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])
-        return Outcome(
-            energy_diff=float(np.mean(e_diff)) if e_diff else math.nan,
-            energy_se=_se(e_diff),
-            time_diff=float(np.mean(t_diff)) if t_diff else math.nan,
-            time_se=_se(t_diff),
-            b_step_s=b_step,
-            b_group_times_s=b_groups,
-            blocks=blocks,
-            abandoned=self.abandoned,
-        )
-
-
-def _se(values: list[float]) -> float:
-    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.inf
-
-
-# --- budget -----------------------------------------------------------------------------------
-@dataclass
-class StepAccount:
-    """Time allowed, (1 + budget) x stock x steps, against the steps' measured time.
-
-    Args:
-        budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
-    """
-
-    budget: float
-    stock_step_s: float = math.nan
-    steps: int = 0
-    spent_s: float = 0.0
-
-    before_allowed_s: float = 0.0  # allowed time of the steps before the last rebase, s
-    before_steps: int = 0
-
-    def charge(self, step_s: float) -> None:
-        self.steps += 1
-        self.spent_s += step_s
-
-    def slack_s(self) -> float:
-        """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
-        if math.isnan(self.stock_step_s):
-            return math.inf
-        since = self.steps - self.before_steps
-        return self.before_allowed_s + (1.0 + self.budget) * self.stock_step_s * since - self.spent_s
-
-    def rebase(self) -> None:
-        """Stock is to be measured again (after an alarm): the steps so far keep the allowance
-        of the stock they ran against; the next ones are allowed against the new stock."""
-        if not math.isnan(self.stock_step_s):
-            self.before_allowed_s += (
-                (1.0 + self.budget) * self.stock_step_s * (self.steps - self.before_steps)
-            )
-        self.before_steps = self.steps
-        self.stock_step_s = math.nan
-
-    def slowdown(self) -> float:
-        """The run's slowdown against the stock steps it was allowed against."""
-        since = self.steps - self.before_steps
-        stock_s = self.before_allowed_s / (1.0 + self.budget) + self.stock_step_s * since
-        return self.spent_s / stock_s - 1.0
-
-
 # --- phases -----------------------------------------------------------------------------------
 @dataclass
 class Reference:
     """Stock measured in training: windows of whole steps at stock, every segment its own group."""
 
     schedule: Schedule
-    windows: list[Window] = field(default_factory=list)
-    current: Window | None = None
-    seconds: float = 0.0
+    window_s: float = TRIAL_WINDOW_S
+    min_s: float = REFERENCE_S
+    measured: StockReference = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.measured = StockReference(self.schedule, self.window_s, self.min_s)
 
 
 @dataclass
@@ -462,10 +259,11 @@ class StepTuner:
         self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
         self.incumbent_step_s = math.nan
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
+        self.stock: StockFigures | None = None  # stock as the reference measured it
         self.time_sd_per_root_s = 0.005  # relative s.d. of a step time mean over 1 s (measured)
         self.adoptions: list[Adoption] = []
         self.trials = 0  # trials started, verifications included
-        self.phase: Phase = Reference(self.incumbent)
+        self.phase: Phase = Reference(self.incumbent, timing.trial_window_s, timing.reference_s)
         self.phases: list[str] = ["Reference"]
         self.group_times_s: list[float] = []  # each group's stock time per step, s
         self._order: list[int] = []
@@ -518,33 +316,23 @@ class StepTuner:
             self.phases.append(name)
 
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
-        if ref.current is None:
-            ref.current = Window(ref.schedule, self.timing.trial_window_s, report.end_s)
-        ref.seconds += report.step_time_s
-        if ref.current.add(report):
-            ref.windows.append(ref.current)
-            ref.current = None
-        if ref.seconds < self.timing.reference_s or len(ref.windows) < 3:
+        if not ref.measured.add(report):
             return ref.schedule
-        self._finish_reference(ref.windows)
+        self._finish_reference(ref.measured.figures())
         before = self._retune_plan if self.retunes else None
         plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
         if plan is not None and any(p is not None for _, p in plan.groups):
             return self._verify(None, plan)
         return self._start_group(0)
 
-    def _finish_reference(self, windows: list[Window]) -> None:
-        steps = np.array([w.step_s for w in windows])
-        energy = np.array([w.energy_per_step_j for w in windows])
-        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
-        stock_s = float(np.average(steps, weights=weights))
-        self.account.stock_step_s = stock_s * (1.0 - REFERENCE_MARGIN)
-        self.stock_energy_j = self.incumbent_energy_j = float(np.mean(energy))
-        self.incumbent_step_s = stock_s
-        self.window_sd = float(np.std(energy / np.mean(energy), ddof=1))
-        mean_window_s = float(np.mean([w.settled_s for w in windows]))
-        self.time_sd_per_root_s = max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4)
-        segment_times = np.average([w.group_times_s for w in windows], axis=0, weights=weights)
+    def _finish_reference(self, stock: StockFigures) -> None:
+        self.stock = stock
+        self.account.stock_step_s = stock.account_step_s
+        self.stock_energy_j = self.incumbent_energy_j = stock.energy_per_step_j
+        self.incumbent_step_s = stock.step_s
+        self.window_sd = stock.window_sd
+        self.time_sd_per_root_s = stock.time_sd_per_root_s
+        segment_times = stock.segment_times_s
         starts = (
             self.segments
             if self.prior is not None or self.retunes
@@ -690,22 +478,26 @@ class StepTuner:
         slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
         return slowdown <= self.budget < slowdown + ADOPT_Z * outcome.time_se
 
+    def judge(self, outcome: Outcome, window_s: float) -> Judgement:
+        """A trial's outcome (windows window_s long) judged against this run's stock, the
+        incumbent and the budget: runtime/trials.py's `judge`, the one the environment pays
+        its reward from."""
+        return judge(
+            outcome,
+            self.stock,
+            incumbent_step_s=self.incumbent_step_s,
+            incumbent_energy_j=self.incumbent_energy_j,
+            budget=self.budget,
+            window_s=window_s,
+        )
+
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
         """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
         no less than the reference's window noise predicts) and the candidate's slowdown, ADOPT_Z
         time errors added, is within the budget."""
-        if outcome.abandoned or outcome.blocks < 2:
-            ver.adopted = False
-            return
-        predicted_se = (
-            self.window_sd
-            * math.sqrt(self.timing.trial_window_s / self.timing.verify_window_s)
-            / math.sqrt(outcome.blocks)
-        )
-        se = max(outcome.energy_se, predicted_se)
-        saving = -outcome.energy_diff
-        slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
-        ver.adopted = saving > ADOPT_Z * se and slowdown + ADOPT_Z * outcome.time_se <= self.budget
+        judgement = self.judge(outcome, ver.trial.window_s)
+        ver.adopted = judgement.adopted
+        se, saving, slowdown = judgement.saving_se, judgement.saving, judgement.slowdown
         if ver.adopted:
             self.incumbent = ver.trial.candidate
             self.incumbent_energy_j *= 1.0 - saving
@@ -781,7 +573,7 @@ class StepTuner:
         self.segments = [s for s, _ in plan.groups]
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         self._moved = []
-        self._enter(Reference(self.incumbent))
+        self._enter(Reference(self.incumbent, self.timing.trial_window_s, self.timing.reference_s))
         return self.incumbent
 
     # --- helpers -----------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from kdvfs.tuner.commands._common import (
 
 SCENARIOS = ("ambient-step", "power-cap", "gpu-swap", "workload-change")
 STRATEGIES = ("sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel")
+#: What --strategies takes: the strategies and the learning agent (ppo: compared only when named).
+COMPARED = (*STRATEGIES, "ppo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +43,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--strategies",
         type=_strategies,
         default=list(STRATEGIES[1:]),
-        help=f"comma-separated, of {','.join(STRATEGIES)} (default: all but sweep, which runs as the target anyway)",
+        help=f"comma-separated, of {','.join(COMPARED)} (default: all but sweep, which runs as the "
+        "target anyway, and ppo, the learning agent, which trains first)",
+    )
+    parser.add_argument(
+        "--agent",
+        type=Path,
+        default=None,
+        metavar="ZIP",
+        help="ppo: a trained agent saved by model.save (default: train one through kdvfs/IterationDVFS-v1 first)",
+    )
+    parser.add_argument(
+        "--agent-steps",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="ppo without --agent: trials to train it (default %(default)s)",
     )
     add_budget(parser)
     parser.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 (default %(default)s)")
@@ -127,10 +144,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _strategies(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [n for n in names if n not in STRATEGIES]
+    bad = [n for n in names if n not in COMPARED]
     if bad or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown strategy {bad[0] if bad else text!r} (known: {','.join(STRATEGIES)})"
+            f"unknown strategy {bad[0] if bad else text!r} (known: {','.join(COMPARED)})"
         )
     return names
 
@@ -164,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         noise=args.noise,
         full_grid=args.full_grid,
         window_s=args.window_s,
+        agent=args.agent,
+        agent_steps=args.agent_steps,
         tracker=tracker,
         progress=lambda label, done, total, n: bar.update(done, total, run=label, measurements=n),
         on_phase=phases.enter,
@@ -202,6 +221,12 @@ def _print_comparison(args: argparse.Namespace, doc: dict) -> None:
                 f" {100 * s['share_of_sweep_measurements']:8.1f}% {pct(s['max_slowdown']):>13s} {s['ask_cpu_ms_median']:7.1f}"
             )
         print(f"  (medians over seeds; savings and slowdowns: noiseless evaluation of each plan [{label}])")
+    if doc.get("agent", {}).get("trained"):
+        a = doc["agent"]
+        print(
+            f"  ppo trained first: {a['trials']} trials through kdvfs/IterationDVFS-v1, {a['device_seconds']:.0f} s of "
+            f"training on a card of seed {a['train_seed']} [{label}], {a['cpu_seconds']:.0f} s CPU (not in its measurements)"
+        )
     if "mlflow" in doc:
         print(f"  MLflow: {doc['mlflow']}")
 

@@ -1,0 +1,371 @@
+"""Measurement in training: the core a step-driven controller measures candidates with, fed
+by the job's StepReports (runtime/steps.py). The tuner (tuner/step_tuner.py) and the
+Gymnasium environment (envs/iteration_env.py) both measure through it.
+
+- `pass_boundaries`, `switchable_groups`: where a job can switch clocks, and the groups a card
+  can switch between from segment times and its switch latency.
+- `Window`: whole steps under one schedule, figures from the steps that began after its
+  switch settled, energy between two observed counter updates.
+- `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
+- `StepAccount`: the cumulative budget against stock measured in training.
+- `StockReference` -> `StockFigures`: stock measured in training; `judge` -> `Judgement`: a
+  trial's outcome against stock and the budget, the one judgement the tuner adopts by and
+  the environment's reward is paid from (envs/reward.py: `trial_reward`).
+
+Design and findings: docs/design-step-tuner.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.steps import StepReport
+from kdvfs.runtime.types import Workload
+
+#: Training at stock measured as the reference; s.
+REFERENCE_S = 20.0
+#: Share of the measured stock step time taken off it in the account (the reference's noise); a fraction.
+REFERENCE_MARGIN = 0.002
+#: Length of one trial window before it closes at the next observed counter update; s.
+TRIAL_WINDOW_S = 2.0
+#: A-B-B-A blocks of one trial; blocks.
+TRIAL_BLOCKS = 4
+#: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
+ADOPT_Z = 3.0
+#: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
+MIN_GROUP_LATENCIES = 4.0
+
+
+# --- groups ----------------------------------------------------------------------------------
+def pass_boundaries(workload: Workload) -> list[int]:
+    """Where a job can switch clocks: the step's start and each pass's first kernel."""
+    kernels = workload.kernels
+    return [0] + [i for i in range(1, len(kernels)) if kernels[i].pass_name != kernels[i - 1].pass_name]
+
+
+def switchable_groups(starts: list[int], segment_times_s: list[float], latency_s: float) -> list[int]:
+    """The group starts kept from segment starts: the shortest group shorter than
+    MIN_GROUP_LATENCIES switch latencies merges into its shorter neighbour until none is (a
+    group that short runs mostly at the clocks before it). One group never switches."""
+    starts, times = list(starts), list(segment_times_s)
+    while len(starts) > 1:
+        i = int(np.argmin(times))
+        if times[i] >= MIN_GROUP_LATENCIES * latency_s:
+            break
+        if i == 0:
+            j = 1
+        elif i == len(times) - 1:
+            j = i - 1
+        else:
+            j = i - 1 if times[i - 1] <= times[i + 1] else i + 1
+        a, b = min(i, j), max(i, j)
+        times[a] += times[b]
+        del times[b], starts[b]
+    return starts
+
+
+# --- measuring ------------------------------------------------------------------------------
+@dataclass
+class Window:
+    """Whole steps under one schedule. Steps that began before settle_s (the switch and one
+    counter period after the window opened) are not counted; energy is taken between the
+    first and last counter updates observed after settle_s."""
+
+    schedule: Schedule
+    length_s: float
+    settle_s: float
+    step_times_s: list[float] = field(default_factory=list)
+    group_sums_s: np.ndarray | None = None
+    first: tuple[float, float] | None = None
+    last: tuple[float, float] | None = None
+
+    def add(self, report: StepReport) -> bool:
+        """Count a step; True when the window is closed (long enough, at an observed update)."""
+        if report.end_s - report.step_time_s >= self.settle_s:
+            self.step_times_s.append(report.step_time_s)
+            g = np.asarray(report.group_times_s)
+            self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
+        for reading in report.counter_readings:
+            if reading[0] >= self.settle_s:
+                self.first = self.first or reading
+                self.last = reading
+        return bool(report.counter_readings) and self.span_s >= self.length_s and len(self.step_times_s) > 0
+
+    @property
+    def span_s(self) -> float:
+        return 0.0 if self.first is None or self.last is None else self.last[0] - self.first[0]
+
+    @property
+    def settled_s(self) -> float:
+        return float(sum(self.step_times_s))
+
+    @property
+    def step_s(self) -> float:
+        return float(np.mean(self.step_times_s))
+
+    @property
+    def group_times_s(self) -> np.ndarray:
+        return self.group_sums_s / len(self.step_times_s)
+
+    @property
+    def power_w(self) -> float:
+        return (self.last[1] - self.first[1]) / self.span_s if self.span_s > 0 else math.nan
+
+    @property
+    def energy_per_step_j(self) -> float:
+        """Mean power over the counter span x mean step time (in-training-trials.md)."""
+        return self.power_w * self.step_s
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A trial's result: B against A as relative differences (fractions of A), the standard
+    error of the energy difference over the blocks, B's figures."""
+
+    energy_diff: float
+    energy_se: float
+    time_diff: float
+    time_se: float
+    b_step_s: float
+    b_group_times_s: np.ndarray
+    blocks: int
+    abandoned: bool
+
+
+@dataclass
+class Trial:
+    """A candidate (B) against the incumbent (A) in A-B-B-A blocks of windows."""
+
+    incumbent: Schedule
+    candidate: Schedule
+    blocks: int
+    window_s: float
+    settle_s: float
+    closed: list[Window] = field(default_factory=list)
+    current: Window | None = None
+    abandoned: bool = False
+
+    @property
+    def arm(self) -> str:
+        """'A' or 'B': whose window is open (or opens next)."""
+        return "ABBA"[len(self.closed) % 4]
+
+    @property
+    def done(self) -> bool:
+        return self.abandoned or len(self.closed) >= 4 * self.blocks
+
+    def schedule(self) -> Schedule:
+        return self.candidate if self.arm == "B" else self.incumbent
+
+    def open(self, now_s: float) -> None:
+        self.current = Window(self.schedule(), self.window_s, now_s + self.settle_s)
+
+    def add(self, report: StepReport) -> None:
+        if self.current.add(report):
+            self.closed.append(self.current)
+            self.current = None
+
+    def b_windows(self) -> list[Window]:
+        arms = ["ABBA"[i % 4] for i in range(len(self.closed))]
+        done = [w for w, a in zip(self.closed, arms) if a == "B"]
+        return done + ([self.current] if self.current and self.arm == "B" else [])
+
+    def outcome(self) -> Outcome:
+        blocks = len(self.closed) // 4
+        e_diff, t_diff = [], []
+        for k in range(blocks):
+            a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
+            e_a = 0.5 * (a1.energy_per_step_j + a2.energy_per_step_j)
+            t_a = 0.5 * (a1.step_s + a2.step_s)
+            e_diff.append(0.5 * (b1.energy_per_step_j + b2.energy_per_step_j) / e_a - 1.0)
+            t_diff.append(0.5 * (b1.step_s + b2.step_s) / t_a - 1.0)
+        b = [w for w in self.b_windows() if w.step_times_s]
+        b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
+        b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])
+        return Outcome(
+            energy_diff=float(np.mean(e_diff)) if e_diff else math.nan,
+            energy_se=_se(e_diff),
+            time_diff=float(np.mean(t_diff)) if t_diff else math.nan,
+            time_se=_se(t_diff),
+            b_step_s=b_step,
+            b_group_times_s=b_groups,
+            blocks=blocks,
+            abandoned=self.abandoned,
+        )
+
+
+def _se(values: list[float]) -> float:
+    return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.inf
+
+
+# --- budget -----------------------------------------------------------------------------------
+@dataclass
+class StepAccount:
+    """Time allowed, (1 + budget) x stock x steps, against the steps' measured time.
+
+    Args:
+        budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
+    """
+
+    budget: float
+    stock_step_s: float = math.nan
+    steps: int = 0
+    spent_s: float = 0.0
+
+    before_allowed_s: float = 0.0  # allowed time of the steps before the last rebase, s
+    before_steps: int = 0
+
+    def charge(self, step_s: float) -> None:
+        self.steps += 1
+        self.spent_s += step_s
+
+    def slack_s(self) -> float:
+        """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
+        if math.isnan(self.stock_step_s):
+            return math.inf
+        since = self.steps - self.before_steps
+        return self.before_allowed_s + (1.0 + self.budget) * self.stock_step_s * since - self.spent_s
+
+    def rebase(self) -> None:
+        """Stock is to be measured again (after an alarm): the steps so far keep the allowance
+        of the stock they ran against; the next ones are allowed against the new stock."""
+        if not math.isnan(self.stock_step_s):
+            self.before_allowed_s += (
+                (1.0 + self.budget) * self.stock_step_s * (self.steps - self.before_steps)
+            )
+        self.before_steps = self.steps
+        self.stock_step_s = math.nan
+
+    def slowdown(self) -> float:
+        """The run's slowdown against the stock steps it was allowed against."""
+        since = self.steps - self.before_steps
+        stock_s = self.before_allowed_s / (1.0 + self.budget) + self.stock_step_s * since
+        return self.spent_s / stock_s - 1.0
+
+
+# --- the reference and the judgement -------------------------------------------------------
+@dataclass(frozen=True)
+class StockFigures:
+    """Stock as measured in training by `StockReference`.
+
+    Attributes:
+        step_s: the mean stock step time (windows weighted by their steps), s.
+        account_step_s: the stock the budget is counted against: step_s less
+            REFERENCE_MARGIN (the reference's noise), s.
+        energy_per_step_j: the mean stock energy per step, J.
+        window_sd: relative s.d. of one window's energy per step (no unit).
+        time_sd_per_root_s: relative s.d. of a step time mean over 1 s (no unit).
+        segment_times_s: each segment's mean time per step at stock, s (in its order).
+        window_s: the length of the reference's windows, s.
+    """
+
+    step_s: float
+    account_step_s: float
+    energy_per_step_j: float
+    window_sd: float
+    time_sd_per_root_s: float
+    segment_times_s: np.ndarray
+    window_s: float
+
+
+@dataclass
+class StockReference:
+    """Windows of whole steps at stock until at least REFERENCE_S of steps and three windows.
+
+    Args:
+        schedule: the stock schedule (every segment its own group, no pair).
+        window_s: length of one window, s.
+        min_s: training at stock measured at least, s.
+    """
+
+    schedule: Schedule
+    window_s: float = TRIAL_WINDOW_S
+    min_s: float = REFERENCE_S
+    windows: list[Window] = field(default_factory=list)
+    current: Window | None = None
+    seconds: float = 0.0
+
+    def add(self, report: StepReport) -> bool:
+        """Count a step run at stock; True once the reference is complete."""
+        if self.current is None:
+            self.current = Window(self.schedule, self.window_s, report.end_s)
+        self.seconds += report.step_time_s
+        if self.current.add(report):
+            self.windows.append(self.current)
+            self.current = None
+        return self.seconds >= self.min_s and len(self.windows) >= 3
+
+    def figures(self) -> StockFigures:
+        windows = self.windows
+        steps = np.array([w.step_s for w in windows])
+        energy = np.array([w.energy_per_step_j for w in windows])
+        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
+        stock_s = float(np.average(steps, weights=weights))
+        mean_window_s = float(np.mean([w.settled_s for w in windows]))
+        return StockFigures(
+            step_s=stock_s,
+            account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
+            energy_per_step_j=float(np.mean(energy)),
+            window_sd=float(np.std(energy / np.mean(energy), ddof=1)),
+            time_sd_per_root_s=max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4),
+            segment_times_s=np.average([w.group_times_s for w in windows], axis=0, weights=weights),
+            window_s=self.window_s,
+        )
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A trial's candidate (B) judged against stock and the budget.
+
+    Attributes:
+        saving: B's step energy below the incumbent's, a fraction of the incumbent's (NaN
+            when no block completed).
+        saving_se: its standard error: the blocks' own, no less than the reference's window
+            noise predicts (no unit).
+        slowdown: B's step time against the account's stock, a fraction (from the blocks'
+            time difference; from B's own steps when no block completed; NaN when none ran).
+        time_se: the standard error of the blocks' time difference (no unit).
+        energy_ratio: B's step energy / stock's (NaN when no block completed).
+        adopted: the saving exceeds ADOPT_Z standard errors and the slowdown, ADOPT_Z time
+            errors added, is within the budget (never for an abandoned trial or under two blocks).
+    """
+
+    saving: float
+    saving_se: float
+    slowdown: float
+    time_se: float
+    energy_ratio: float
+    adopted: bool
+
+
+def judge(
+    outcome: Outcome,
+    stock: StockFigures,
+    *,
+    incumbent_step_s: float,
+    incumbent_energy_j: float,
+    budget: float,
+    window_s: float,
+) -> Judgement:
+    """The judgement of a trial whose windows were window_s long, against the incumbent it ran
+    beside (its measured step time, s, and energy per step, J) and the measured stock."""
+    blocks = max(outcome.blocks, 1)
+    predicted_se = stock.window_sd * math.sqrt(stock.window_s / window_s) / math.sqrt(blocks)
+    se = max(outcome.energy_se, predicted_se)
+    saving = -outcome.energy_diff
+    if outcome.blocks > 0:
+        slowdown = (incumbent_step_s * (1.0 + outcome.time_diff)) / stock.account_step_s - 1.0
+    else:
+        slowdown = outcome.b_step_s / stock.account_step_s - 1.0
+    adopted = (
+        not outcome.abandoned
+        and outcome.blocks >= 2
+        and saving > ADOPT_Z * se
+        and slowdown + ADOPT_Z * outcome.time_se <= budget
+    )
+    energy_ratio = incumbent_energy_j * (1.0 - saving) / stock.energy_per_step_j
+    return Judgement(saving, se, slowdown, outcome.time_se, energy_ratio, bool(adopted))
