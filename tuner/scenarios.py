@@ -67,22 +67,11 @@ def run_scenario(
     with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
         store = PlanStore(store_dir or tmp)
 
-        def session(seed_: int, device=None) -> TuneSession:
-            device = device or open_device(device_spec, seed=seed_)
+        def session(seed_: int) -> TuneSession:
+            device = open_device(device_spec, seed=seed_)
             workload = open_workload(workload_spec, device)
             model = open_device(device_spec, noise=0.0)
-            sites = job_sites(workload, device.switch_latency_s)
-            prior = choose_prior(device, workload, budget, store=None, model=model, sites=sites)
-            return TuneSession(
-                device,
-                workload,
-                strategy=strategy,
-                budget=budget,
-                seed=seed_,
-                prior=prior,
-                model=model,
-                sites=sites,
-            )
+            return _model_session(device, workload, model, strategy=strategy, budget=budget, seed=seed_)
 
         job = session(seed)
         if fleet_store:
@@ -90,7 +79,7 @@ def run_scenario(
         say(f"{scenario_name}: tuning until settled")
         at = _settle(job) if at_s is None else _train(job, at_s)
         converged_s = job.converged_after_s
-        if job.converged_after_s is not None:
+        if converged_s is not None:
             store.put(tune_report(job, None, strategy).plan(strategy))
         device, workload = job.device, job.workload
         new_device, new_workload = scenario.apply(device, workload, seed=seed + 1)
@@ -152,20 +141,21 @@ def _fleet_plan(job: TuneSession, scenario, store: PlanStore, seed: int, say) ->
         )
     say(f"{scenario.name}: another job tunes {other_device.name} and stores its plan")
     model, _ = scenario.apply(open_device(_spec(job), noise=0.0), job.workload, seed=seed)
-    sites = job_sites(job.workload, other_device.switch_latency_s)
-    prior = choose_prior(other_device, job.workload, job.budget, store=None, model=model, sites=sites)
-    other = TuneSession(
-        other_device,
-        job.workload,
-        strategy=job.strategy,
-        budget=job.budget,
-        seed=seed,
-        prior=prior,
-        model=model,
-        sites=sites,
+    other = _model_session(
+        other_device, job.workload, model, strategy=job.strategy, budget=job.budget, seed=seed
     )
     _settle(other)
     store.put(tune_report(other, None, job.strategy).plan(job.strategy))
+
+
+def _model_session(device, workload, model, *, strategy: str, budget: float, seed: int) -> TuneSession:
+    """A job on `device` starting from its model's plan (`model`: a noiseless copy of the card,
+    also re-planned after an alarm), switching at the sites its card allows."""
+    sites = job_sites(workload, device.switch_latency_s)
+    prior = choose_prior(device, workload, budget, store=None, model=model, sites=sites)
+    return TuneSession(
+        device, workload, strategy=strategy, budget=budget, seed=seed, prior=prior, model=model, sites=sites
+    )
 
 
 def _spec(job: TuneSession) -> str:

@@ -186,6 +186,7 @@ class _Tune:
             seed=args.seed,
             prior=prior,
             dry_run=args.dry_run,
+            # a copy of its own: re-planning after an alarm sets its power cap, the oracle's must not move
             model=open_device(args.device, noise=0.0, full_grid=args.full_grid)
             if args.prior == "model"
             else None,
