@@ -27,6 +27,7 @@ from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.tuner.service.client import ServiceClient, service_policy
+from kdvfs.tuner.session import reached_after_s
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import StepTuner
 from kdvfs.tuner.sweep import realisable, run_sweep
@@ -70,9 +71,7 @@ def run_job(
     def first_kept(level: float | None):
         if level is None:
             return None
-        reached = None
-        for end_s, saving in savings:
-            reached = (end_s if reached is None else reached) if saving >= level - 1e-9 else None
+        reached = reached_after_s(tuner.adoptions, lambda x: schedule_figures(device, workload, x)[0], level)
         return None if reached is None else round(reached, 1)
 
     final = schedule_figures(device, workload, tuner.incumbent)[0]

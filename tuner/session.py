@@ -10,6 +10,8 @@
   workload ("store"), another card's plan carried to this card's clocks ("transferred"), the
   card's own per-kernel model ("model", simulated cards), or nothing ("none").
 - `oracle`: the realisable oracle and the ideal per-kernel plan, from a noiseless sweep.
+- `reached_after_s`: when the adopted schedule first reached a saving and stayed there (the
+  one measure of "95% of the oracle" the experiments and the report use).
 
 The tuner never sees the device: only StepReports. What a figure was measured on (simulated
 or replayed) is the device's `source`. Design: docs/design-step-tuner.md.
@@ -18,7 +20,7 @@ or replayed) is the device's `source`. Design: docs/design-step-tuner.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,7 +31,7 @@ from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.step_priors import model_plan, switch_sites
-from kdvfs.tuner.step_tuner import StepTuner
+from kdvfs.tuner.step_tuner import Adoption, StepTuner
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
 from kdvfs.tuner.transfer import carry_schedule
 
@@ -144,6 +146,18 @@ def oracle(noiseless: ModelDevice, workload: Workload, budget: float) -> Oracle:
     best = realisable(noiseless, obs, budget)
     ideal = evaluate(noiseless, workload, obs.kernel_level_choice(budget))
     return Oracle(best.schedule, best.energy_saving, best.slowdown, ideal.energy_saving, ideal.slowdown)
+
+
+def reached_after_s(
+    adoptions: Sequence[Adoption], saving_of: Callable[[Schedule], float], level: float
+) -> float | None:
+    """The adoption time (the tuner's clock, s) from which every adopted schedule saves at
+    least `level` (saving_of: a schedule's true saving, a fraction); None: the last does not."""
+    reached = None
+    for adoption in adoptions:
+        good = saving_of(adoption.schedule) >= level - 1e-12
+        reached = (reached if reached is not None else adoption.end_s) if good else None
+    return reached
 
 
 @dataclass
