@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kdvfs.policies.base import Policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.steps import SimulatedJob, StepReport
@@ -108,7 +109,7 @@ def choose_prior(
         except KdvfsError as exc:
             plan, note = None, f"stored plan refused: {exc}"
         if plan is not None:
-            return Prior(plan_schedule(plan), "store", f"the stored plan of {plan.created_at}")
+            return Prior(plan_schedule(plan), "store", f"the stored plan of {plan.created}")
         note = note or "no stored plan for this GPU, clock grid and workload"
         other = store.newest_for_other_gpu(device.name, workload.signature)
         if other is not None:
@@ -177,6 +178,8 @@ class TuneSession:
             limit the card then reports; None: the tuner verifies the plan before instead.
         sites: kernel indices where the job can switch clocks (job_sites); None: the step
             and each pass.
+        policy: the search strategy itself (a ServicePolicy: the service's, tuner/service/
+            client.py); None: the tuner makes `strategy` itself.
     """
 
     device: ModelDevice
@@ -188,6 +191,7 @@ class TuneSession:
     dry_run: bool = False
     model: ModelDevice | None = None
     sites: list[int] | None = None
+    policy: Policy | None = None
     points: list[Point] = field(default_factory=list)
     phase_log: list[tuple[float, str]] = field(default_factory=list)
     """(training s, phase entered), the first phase at 0."""
@@ -219,6 +223,7 @@ class TuneSession:
             prior=self.prior.schedule,
             boundaries=self.sites,
             replan=self._replan if self.model is not None else None,
+            policy=self.policy,
         )
 
     def _replan(self, report: StepReport) -> Schedule | None:

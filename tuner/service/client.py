@@ -12,6 +12,8 @@
 - `service_policy`: builds one for a job (its session request and its local strategy).
 - `fetch_plan`, `store_plan`: the fleet's plan store (None when the service does not answer:
   the local PlanStore is the fallback; a served plan that does not fit is refused).
+- `ServicePlanStore`: the two as a plan store for session.choose_prior and `kdvfs tune
+  --service` (the service first, a local PlanStore behind it); `read_token`: a token file.
 
 Design: docs/service.md.
 """
@@ -23,6 +25,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -316,3 +319,55 @@ def store_plan(client: ServiceClient, plan: Plan, expected_version: int | None =
         _log.warning("tuning service %s did not store the plan: %s", client.url, exc)
         return None
     return int(reply["version"])
+
+
+class ServicePlanStore:
+    """The fleet's plans through the service, with a local PlanStore behind it: what
+    session.choose_prior and `kdvfs tune` ask of a plan store (get, newest_for_other_gpu, put).
+
+    Args:
+        client: the service.
+        local: a local PlanStore, asked when the service has no plan or does not answer, and
+            given every plan put (None: none).
+    """
+
+    def __init__(self, client: ServiceClient, local=None) -> None:
+        self.client = client
+        self.local = local
+        self.fetched_version: int | None = None  # the served plan's version (None: none served)
+
+    def get(self, gpu_name: str, grid: ClockGrid, signature: str) -> Plan | None:
+        plan = fetch_plan(self.client, gpu_name, grid, signature)
+        if plan is not None:
+            return plan
+        return None if self.local is None else self.local.get(gpu_name, grid, signature)
+
+    def newest_for_other_gpu(self, gpu_name: str, signature: str) -> Plan | None:
+        """Another GPU's plan for the workload: the local store's (the service serves by key only)."""
+        return None if self.local is None else self.local.newest_for_other_gpu(gpu_name, signature)
+
+    def put(self, plan: Plan) -> str:
+        """Where the plan went: the service's next version of its key, and the local store."""
+        where = []
+        version = store_plan(self.client, plan)
+        if version is not None:
+            where.append(f"{self.client.url} version {version}")
+        if self.local is not None:
+            where.append(str(self.local.put(plan)))
+        return ", ".join(where) or "nowhere (the service did not take it and there is no local store)"
+
+
+def read_token(path: str | Path) -> str:
+    """The token in a token file: the first word of its first line that is not blank or a
+    comment (a line of the service's own token file, TOKEN FLEET JOB, reads as its token)."""
+    from kdvfs.runtime.types import KdvfsError
+
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise KdvfsError(f"token file {path}: {exc.strerror or exc}") from None
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if words:
+            return words[0]
+    raise KdvfsError(f"token file {path}: no token in it")
