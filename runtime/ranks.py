@@ -6,7 +6,8 @@ window. The step tuner (tuner/step_tuner.py, `pool=`) gathers every rank's repor
 step and every rank decides on the same pooled figures, so the decisions are identical.
 
 - `RankPool`: the Protocol: `ranks`, `gather(report) -> every rank's report of this step`
-  (in rank order; a collective: every rank calls it each step).
+  (in rank order; a collective: every rank calls it each step). `PoolLost`: a pool that can
+  no longer gather (the service gone); the tuner then goes on alone.
 - `SimulatedDataParallel`: a simulated job of n ranks (n simulated cards with independent
   noise seeds, one workload), stepped in lockstep in this process; its `pool(rank)` is each
   rank's RankPool. For the benchmark (experiments/rank_pooling.py) and the tests.
@@ -25,6 +26,11 @@ from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.steps import SimulatedJob, StepController, StepReport
 from kdvfs.runtime.types import KdvfsError, Workload
+
+
+class PoolLost(Exception):
+    """The pool cannot gather this step's reports (its channel is gone): this rank tunes alone
+    from now on."""
 
 
 class RankPool(Protocol):

@@ -186,7 +186,9 @@ class PooledWindow:
 
     @property
     def power_w(self) -> float:
-        return float(np.mean([w.power_w for w in self.windows]))
+        """The mean power of the ranks whose counter span began (NaN: none's did), W."""
+        powers = [w.power_w for w in self.windows if not math.isnan(w.power_w)]
+        return float(np.mean(powers)) if powers else math.nan
 
     @property
     def energy_per_step_j(self) -> float:

@@ -224,6 +224,7 @@ class TuneSession:
             boundaries=self.sites,
             replan=self._replan if self.model is not None else None,
             policy=self.policy,
+            proven_prior=self.prior.source == "store",  # measured in training by a job before
         )
 
     def _replan(self, report: StepReport) -> Schedule | None:

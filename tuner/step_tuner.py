@@ -31,7 +31,7 @@ import numpy as np
 from kdvfs.policies.base import Policy, SearchSpace, Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
-from kdvfs.runtime.ranks import RankPool
+from kdvfs.runtime.ranks import PoolLost, RankPool
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
     ADOPT_Z,
@@ -61,6 +61,9 @@ VERIFY_WINDOW_S = 4.0
 VERIFY_BLOCKS = 4
 #: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
 VERIFY_MAX_BLOCKS = 12
+#: A-B-B-A blocks verifying a prior that jobs before proved in training (a stored plan): the
+#: adoption test is the same, on fewer blocks (more when its time is undecided); blocks.
+PROVEN_VERIFY_BLOCKS = 2
 #: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
 ABANDON_Z = 3.0
 #: Candidate time measured before it may be abandoned on time (the guard acts at once); s.
@@ -244,6 +247,8 @@ class StepTuner:
             tuner/service/client.py); None: made here from strategy, seed and policy_options.
         timing: how long the reference, trials, verifications and watch windows run
             (StepTiming); None: StepTiming.for_ranks of the pool's ranks.
+        proven_prior: the prior is a plan that jobs before proved in training (a stored
+            plan): verified over PROVEN_VERIFY_BLOCKS blocks, not verify_blocks.
         pool: the job's data-parallel ranks (runtime/ranks.py), each running this tuner with
             the same arguments: every step's report is gathered from all of them and every
             rank decides on the same pooled figures; None: this rank alone.
@@ -266,10 +271,14 @@ class StepTuner:
         policy: Policy | None = None,
         timing: StepTiming | None = None,
         pool: RankPool | None = None,
+        proven_prior: bool = False,
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
         self.pool = pool
+        self.pool_lost: str | None = None  # why the pool was lost (None: it was not)
+        self._left_pool = False
+        self._timing_given = timing is not None
         timing = timing or StepTiming.for_ranks(pool.ranks if pool is not None else 1)
         self.workload = workload
         self.pairs = list(pairs)
@@ -287,6 +296,7 @@ class StepTuner:
             **({"tol": POLICY_TOL} | (policy_options or {})),
         )
         self.prior = prior
+        self.proven_prior = proven_prior
         self.replan = replan
         if prior is not None:
             segments = [s for s, _ in prior.groups]
@@ -318,13 +328,14 @@ class StepTuner:
         self._retune_plan: Schedule | None = None
         self._feed: StepReport | list[StepReport] | None = None  # what windows count this step
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
+        self._ranks = 1 if pool is None else pool.ranks
 
     # --- the entry point ---------------------------------------------------------------------
     def on_step_end(self, report: StepReport) -> Schedule:
         """Take one step's report; the schedule for the next steps (pooled: every rank calls
         it each step, a collective)."""
-        if self.pool is not None:
-            reports = self.pool.gather(report)
+        reports = self._gather(report)
+        if reports is not None:
             self._feed, self._now = reports, tuple(r.end_s for r in reports)
             report = pooled_report(reports)
         else:
@@ -336,6 +347,9 @@ class StepTuner:
             moved = self.conditions.update(report.end_s, report.temperature_c, report.power_limit_w)
             # the temperature is the settled plan's: trials move it, the power limit moves alone
             self._moved += [m for m in moved if isinstance(phase, Settled) or m == "power_limit"]
+        if self.pool_lost is not None and not self._left_pool:
+            self._leave_pool(report)
+            return self.incumbent
         if "power_limit" in self._moved and not isinstance(phase, Retuning | Settled):
             self._moved = []  # a new limit ends any trial at once: its figures are void
             return self._alarm(report, ("power_limit",), None)
@@ -348,6 +362,25 @@ class StepTuner:
         if isinstance(phase, Verifying):
             return self._verifying(phase, report)
         return self._settled(phase, report)
+
+    def _gather(self, report: StepReport) -> list[StepReport] | None:
+        """Every rank's report of this step (None: this rank is alone, or the pool is lost)."""
+        if self.pool is None:
+            return None
+        try:
+            return self.pool.gather(report)
+        except PoolLost as exc:
+            self.pool, self._ranks, self.pool_lost = None, 1, str(exc) or "pool lost"
+            return None
+
+    def _leave_pool(self, report: StepReport) -> None:
+        """The pool is lost: what was measured over every rank no longer compares with this
+        rank's own windows, so stock is measured again (the retune path: the plan so far
+        verified first, with one rank's timing) and this rank tunes alone."""
+        if not self._timing_given:
+            self.timing = StepTiming()
+        self._left_pool = True
+        self._alarm(report, ("pool",), None)
 
     @property
     def stock_step_s(self) -> float:
@@ -473,9 +506,9 @@ class StepTuner:
         ):
             trial.abandoned = True
             return
-        times = [t for w in trial.b_windows() for t in w.step_times_s]
+        times = [t for w in trial.b_windows() for t in w.step_times_s]  # every rank's (pooled)
         ran_s = float(sum(times))
-        if ran_s < ABANDON_MIN_S:
+        if ran_s / self._ranks < ABANDON_MIN_S:  # training time, not the ranks' samples
             return
         slowdown = float(np.mean(times)) / self.stock_step_s - 1.0
         if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:
@@ -490,7 +523,10 @@ class StepTuner:
 
     def _verify(self, group: int | None, candidate: Schedule) -> Schedule:
         t = self.timing
-        trial = Trial(self.incumbent, candidate, t.verify_blocks, t.verify_window_s, self.settle_s)
+        blocks = t.verify_blocks
+        if group is None and self.retunes == 0 and self.proven_prior:
+            blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
+        trial = Trial(self.incumbent, candidate, blocks, t.verify_window_s, self.settle_s)
         self.trials += 1
         self._enter(Verifying(group, trial))
         return self._verifying(self.phase, None)

@@ -164,3 +164,83 @@ def test_a_torch_rank_pool_needs_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(KdvfsError, match="process group"):
         TorchRankPool()
+
+
+# --- through the service (a real `kdvfs serve` on loopback) --------------------------------------
+def _service_rank(
+    url: str, rank: int, ranks: int, steps: int, kill_at: int | None, service, out: dict
+) -> None:
+    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+
+    card = open_device(SPEC, seed=1000 * rank)
+    workload = open_workload("gpt3-xl-layer", card)
+    policy = service_policy(
+        ServiceClient(url),
+        job="pooled-job",
+        gpu_name=card.name,
+        pairs=card.grid.pairs,
+        workload=workload,
+        budget=BUDGET,
+        strategy="ucb",
+        seed=7,
+        ranks=ranks,
+        rank=rank,
+    )
+    tuner = tuner_for(card, workload, ServiceRankPool(policy), strategy="ucb")
+    tuner.policy = policy  # the service's strategy (StepTuner's policy=, set after: the pool needs it)
+    job = SimulatedJob(card, workload)
+    schedule, answers = Schedule.stock(), []
+    for step in range(steps):
+        if step == kill_at and rank == 0:
+            service.kill()
+        schedule = tuner.on_step_end(job.step(schedule))
+        answers.append(repr(schedule))
+    out[rank] = (answers, tuner)
+
+
+def run_service_ranks(url: str, ranks: int, steps: int, kill_at: int | None = None, service=None) -> dict:
+    import threading
+
+    out: dict = {}
+    threads = [
+        threading.Thread(target=_service_rank, args=(url, r, ranks, steps, kill_at, service, out))
+        for r in range(ranks)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(out) == list(range(ranks)), "a rank failed"
+    return out
+
+
+def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(tmp_path):
+    from tests.tuner.service_process import ServiceProcess
+
+    service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
+    try:
+        out = run_service_ranks(service.url, 3, 400)
+    finally:
+        service.stop()
+    answers = [out[r][0] for r in range(3)]
+    assert answers[0] == answers[1] == answers[2]
+    assert len(set(answers[0])) >= 3  # trials ran
+    assert all(out[r][1].pool_lost is None for r in range(3))
+    assert out[0][1].policy.answers["service"] >= 1
+
+
+def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_path):
+    from tests.tuner.service_process import ServiceProcess
+
+    service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
+    try:
+        out = run_service_ranks(service.url, 2, 800, kill_at=200, service=service)
+    finally:
+        service.stop()
+    for r in range(2):
+        tuner = out[r][1]
+        assert tuner.pool is None and tuner.pool_lost
+        assert [a.reasons for a in tuner.alarms] == [("pool",)]
+        assert tuner.timing == StepTiming()  # one rank's lengths from then on
+        assert tuner.phases[-2:] == ["Retuning", "Reference"] or "Exploring" in tuner.phases[-3:]
+        assert tuner.account.slack_s() > 0.0  # the budget kept through it
