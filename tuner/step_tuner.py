@@ -11,7 +11,9 @@ clocks of the next steps. It never runs kernels itself.
   `StepTiming.for_ranks(n)` for n pooled data-parallel ranks.
 - Ranks pooled (`pool`, runtime/ranks.py: RankPool): each step's report is gathered from every
   data-parallel rank, windows and the reference count every rank's readings (n samples a
-  window), and every rank decides on the same pooled data: the decisions are identical.
+  window), and every rank decides on the same pooled data: the decisions are identical. A
+  lost pool (runtime/ranks.py: PoolLost) is an alarm: the rank goes on alone from a new
+  reference.
 - Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
   on watch windows of group times and energy); an alarm enters `Retuning` (stock until the
   temperature is flat), then `Reference` again, the plan before verified first, then the
