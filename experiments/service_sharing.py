@@ -4,13 +4,16 @@
 
 Starts a real `kdvfs serve` on loopback (SQLite in a temporary folder) and runs, on the
 simulated card, job 1 (seed s) and then job 2 (seed s + 100) of the same workload through
-it: each a SimulatedJob under a StepTuner whose strategy is the service's (ServicePolicy),
-so job 2 asks the model job 1 fed. For each job: when its adopted schedule first reached (and
-kept) 95% of the realisable oracle's saving (experiments/step_tuning.py's measure), when it
-first reached job 1's final saving, its final saving, and how its asks were answered. A
-control runs job 2's seed alone (its own strategy, no service). The client's timeout is
-raised (--timeout-s): on this loaded 2-core machine a BoTorch ask in the service can take
-over the default 1 s, and the question here is what sharing buys, not the fallback. Prints JSON.
+it: each a TuneSession (the tuner of `kdvfs tune`) whose strategy is the service's
+(ServicePolicy), so job 2 asks the model job 1 fed. --second-prior fleet: job 2 also starts
+from the plan job 1 stored in the service (session.choose_prior through the service's plan
+store: verified first, over PROVEN_VERIFY_BLOCKS blocks, then refined). For each job: when
+its adopted schedule first reached (and kept) 95% of the realisable oracle's saving
+(session.reached_after_s), when it first reached job 1's final saving, its final saving,
+and how its asks were answered. A control runs job 2's seed alone (its own strategy, no
+service). The client's timeout is raised (--timeout-s): on this loaded 2-core machine a
+BoTorch ask in the service can take over the default 1 s, and the question here is what
+sharing buys, not the fallback. Prints JSON.
 """
 
 from __future__ import annotations
@@ -25,16 +28,15 @@ from pathlib import Path
 from kdvfs.experiments.service_load import Service, _free_port
 from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
-from kdvfs.runtime.steps import SimulatedJob
-from kdvfs.tuner.service.client import ServiceClient, service_policy
+from kdvfs.tuner.report import tune_report
+from kdvfs.tuner.service.client import ServiceClient, ServicePlanStore, service_policy, store_plan
+from kdvfs.tuner.session import Prior, TuneSession, choose_prior, reached_after_s
 from kdvfs.tuner.step_priors import model_plan
-from kdvfs.tuner.step_tuner import StepTuner
 from kdvfs.tuner.sweep import realisable, run_sweep
 
 
-def run_job(
-    args, seed: int, oracle: float, prior, url: str | None, token: str, job: str, target: float | None
-):
+def run_job(args, seed: int, oracle: float, prior: Prior, url: str | None, token: str, job: str, target):
+    """One job through the service (url None: alone); its figures, and its session."""
     device = open_device(args.device, seed=seed)
     workload = open_workload(args.workload, device)
     policy = None
@@ -50,36 +52,27 @@ def run_job(
             strategy=args.strategy,
             seed=seed,
         )
-    tuner = StepTuner(
-        workload,
-        device.grid.pairs,
-        switch_latency_s=device.switch_latency_s,
-        energy_update_period_s=device.energy_update_period_s,
-        budget=args.budget,
-        strategy=args.strategy,
-        seed=seed,
-        prior=prior,
-        policy=policy,
+    session = TuneSession(
+        device, workload, strategy=args.strategy, budget=args.budget, seed=seed, prior=prior, policy=policy
     )
-    job_run = SimulatedJob(device, workload)
-    job_run.run(tuner, seconds=args.seconds)
+    session.run_until(args.seconds)
     if policy is not None:
         policy.end()
+    tuner = session.tuner
     savings = [(a.end_s, schedule_figures(device, workload, a.schedule)[0]) for a in tuner.adoptions]
 
     def first_kept(level: float | None):
         if level is None:
             return None
-        reached = None
-        for end_s, saving in savings:
-            reached = (end_s if reached is None else reached) if saving >= level - 1e-9 else None
+        reached = reached_after_s(tuner.adoptions, lambda x: schedule_figures(device, workload, x)[0], level)
         return None if reached is None else round(reached, 1)
 
     final = schedule_figures(device, workload, tuner.incumbent)[0]
-    return {
+    return session, {
         "final_saving_exact": final,
         "job": job,
         "seed": seed,
+        "prior": prior.source,
         "reached_95pct_oracle_after_s": first_kept(0.95 * oracle),
         "reached_first_jobs_final_after_s": first_kept(target),
         "final_saving": round(final, 4),
@@ -99,24 +92,45 @@ def main() -> None:
     p.add_argument("--strategy", default="botorch")
     p.add_argument("--prior", choices=("model", "none"), default="model")
     p.add_argument("--timeout-s", type=float, default=60.0, help="the client's timeout per call, s")
+    p.add_argument(
+        "--second-prior",
+        choices=("same", "fleet"),
+        default="same",
+        help="job 2 starts from --prior as job 1 did (same), or from the plan job 1 stored in the "
+        "service (fleet: session.choose_prior through the service's plan store, verified first)",
+    )
     args = p.parse_args()
     noiseless = open_device(args.device, noise=0.0)
     workload = open_workload(args.workload, noiseless)
     oracle = realisable(noiseless, run_sweep(noiseless, workload), args.budget).energy_saving
-    prior = model_plan(noiseless, workload, args.budget) if args.prior == "model" else None
+    prior = (
+        Prior(model_plan(noiseless, workload, args.budget), "model")
+        if args.prior == "model"
+        else Prior(None, "none")
+    )
     folder = Path(tempfile.mkdtemp(prefix="kdvfs-sharing-"))
     token = f"sharing-{uuid.uuid4().hex}"
     (folder / "tokens").write_text(f"{token} sharing experiment\n")
     service = Service(folder, _free_port(), folder / "tokens")
     service.start()
     try:
-        first = run_job(args, args.seed, oracle, prior, service.url, token, "job-1", None)
+        session, first = run_job(args, args.seed, oracle, prior, service.url, token, "job-1", None)
         target = first.pop("final_saving_exact")
-        second = run_job(args, args.seed + 100, oracle, prior, service.url, token, "job-2", target)
+        second_prior = prior
+        if args.second_prior == "fleet":
+            client = ServiceClient(service.url, token, timeout_s=args.timeout_s)
+            first["plan_stored_version"] = store_plan(
+                client, tune_report(session, None, args.strategy).plan(args.strategy)
+            )
+            card = open_device(args.device, seed=args.seed + 100)
+            second_prior = choose_prior(
+                card, workload, args.budget, store=ServicePlanStore(client), model=None
+            )
+        _, second = run_job(args, args.seed + 100, oracle, second_prior, service.url, token, "job-2", target)
     finally:
         service.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    alone = run_job(args, args.seed + 100, oracle, prior, None, token, "job-2-alone", target)
+    _, alone = run_job(args, args.seed + 100, oracle, prior, None, token, "job-2-alone", target)
     for job in (second, alone):
         job.pop("final_saving_exact")
     first["reached_first_jobs_final_after_s"] = first["adoptions"][-1][0] if first["adoptions"] else None
@@ -131,6 +145,7 @@ def main() -> None:
         "seconds": args.seconds,
         "budget": args.budget,
         "prior": args.prior,
+        "second_prior": args.second_prior,
         "oracle_saving": round(oracle, 4),
         "jobs": [first, second, alone],
         "second_job_time_as_share_of_first": {

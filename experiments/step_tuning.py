@@ -23,6 +23,7 @@ import json
 from kdvfs.runtime.iteration import Schedule, schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.steps import SimulatedJob
+from kdvfs.tuner.session import reached_after_s
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import StepTuner
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
@@ -61,10 +62,9 @@ def run_seed(
             worst[0] = max(worst[0], report.end_s / (stock_s * (report.step + 1)) - 1.0)
 
     job.run(tuner, seconds=seconds, on_report=watch)
-    reached_s = None
-    for adoption in tuner.adoptions:
-        saving = schedule_figures(device, workload, adoption.schedule)[0]
-        reached_s = (adoption.end_s if reached_s is None else reached_s) if saving >= 0.95 * oracle else None
+    reached_s = reached_after_s(
+        tuner.adoptions, lambda x: schedule_figures(device, workload, x)[0], 0.95 * oracle
+    )
     final_saving, final_slowdown = schedule_figures(device, workload, tuner.incumbent)
     measured_saving = 1.0 - device.true_energy_j() / (stock_j * job.steps)
     return {

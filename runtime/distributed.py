@@ -4,7 +4,9 @@ Data-parallel ranks each tune their own GPU: every rank runs its own KdvfsTraine
 NvmlDevice of its CUDA device (nvml_index() maps one to the other). Ranks that must run in
 step, a tensor-parallel group whose collectives wait for the slowest member, share one
 decision: shared_decision() gives every rank of the group the value its first rank
-proposed, so no member runs a slower schedule than the others.
+proposed, so no member runs a slower schedule than the others. Data-parallel ranks may
+instead pool their readings: TorchRankPool is runtime/ranks.py's RankPool over the process
+group (each rank's step report, all_gather_object each step), for StepTuner(pool=...).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from kdvfs.runtime.nvml_device import list_gpu_uuids
+from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import KdvfsError
 
 T = TypeVar("T")
@@ -30,6 +33,26 @@ def shared_decision(decision: T, group: dist.ProcessGroup | None = None) -> T:
     box = [decision]
     dist.broadcast_object_list(box, src=source, group=group)
     return box[0]
+
+
+class TorchRankPool:
+    """Every data-parallel rank's step report through torch.distributed (a RankPool): one
+    all_gather_object a step, so every rank of the group must gather each step.
+
+    Args:
+        group: the data-parallel process group (None: the default group).
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise KdvfsError("TorchRankPool needs an initialised torch.distributed process group")
+        self.group = group
+        self.ranks = dist.get_world_size(group)
+
+    def gather(self, report: StepReport) -> list[StepReport]:
+        reports: list[StepReport | None] = [None] * self.ranks
+        dist.all_gather_object(reports, report, group=self.group)
+        return reports
 
 
 def nvml_index(cuda_device: int | None = None) -> int:

@@ -5,7 +5,9 @@ Gymnasium environment (envs/iteration_env.py) both measure through it.
 - `pass_boundaries`, `switchable_groups`: where a job can switch clocks, and the groups a card
   can switch between from segment times and its switch latency.
 - `Window`: whole steps under one schedule, figures from the steps that began after its
-  switch settled, energy between two observed counter updates.
+  switch settled, energy between two observed counter updates. `PooledWindow`: the same
+  window on every data-parallel rank (n ranks: n samples a window); `open_window` opens
+  either, `pooled_report` merges the ranks' reports of one step (runtime/ranks.py pools them).
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
 - `StepAccount`: the cumulative budget against stock measured in training.
 - `StockReference` -> `StockFigures`: stock measured in training; `judge` -> `Judgement`: a
@@ -18,6 +20,7 @@ Design and findings: docs/design-step-tuner.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,6 +123,128 @@ class Window:
         """Mean power over the counter span x mean step time (in-training-trials.md)."""
         return self.power_w * self.step_s
 
+    @property
+    def rank_energies_j(self) -> list[float]:
+        """Energy per step of each rank's window (one rank: this window's)."""
+        return [self.energy_per_step_j]
+
+    @property
+    def rank_steps_s(self) -> list[float]:
+        """Mean step time of each rank's window (one rank: this window's), s."""
+        return [self.step_s]
+
+    @property
+    def rank_settled_s(self) -> list[float]:
+        """Settled seconds of each rank's window, s."""
+        return [self.settled_s]
+
+
+@dataclass
+class PooledWindow:
+    """One window on every data-parallel rank, each rank's own Window on its own clock (the
+    ranks run the same schedule in lockstep). Closed at a step where some rank observed a
+    counter update and every rank's counter span reached length_s. Its figures are the
+    ranks' means; its step times are every rank's (n ranks: n samples a window)."""
+
+    windows: list[Window]
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.windows[0].schedule
+
+    @property
+    def length_s(self) -> float:
+        return self.windows[0].length_s
+
+    def add(self, reports: Sequence[StepReport]) -> bool:
+        """Count every rank's report of one step (in rank order); True when closed."""
+        for window, report in zip(self.windows, reports, strict=True):
+            window.add(report)
+        return any(r.counter_readings for r in reports) and all(
+            w.span_s >= w.length_s and w.step_times_s for w in self.windows
+        )
+
+    @property
+    def step_times_s(self) -> list[float]:
+        return [t for w in self.windows for t in w.step_times_s]
+
+    @property
+    def span_s(self) -> float:
+        return min(w.span_s for w in self.windows)
+
+    @property
+    def settled_s(self) -> float:
+        return float(sum(w.settled_s for w in self.windows))
+
+    @property
+    def step_s(self) -> float:
+        return float(np.mean(self.step_times_s))
+
+    @property
+    def group_times_s(self) -> np.ndarray:
+        return sum(w.group_sums_s for w in self.windows) / len(self.step_times_s)
+
+    @property
+    def power_w(self) -> float:
+        """The mean power of the ranks whose counter span began (NaN: none's did), W."""
+        powers = [w.power_w for w in self.windows if not math.isnan(w.power_w)]
+        return float(np.mean(powers)) if powers else math.nan
+
+    @property
+    def energy_per_step_j(self) -> float:
+        return float(np.mean(self.rank_energies_j))
+
+    @property
+    def rank_energies_j(self) -> list[float]:
+        return [w.energy_per_step_j for w in self.windows]
+
+    @property
+    def rank_steps_s(self) -> list[float]:
+        return [w.step_s for w in self.windows]
+
+    @property
+    def rank_settled_s(self) -> list[float]:
+        return [w.settled_s for w in self.windows]
+
+
+#: What a window is fed one step at a time: one rank's report, or every rank's (in rank order).
+Feed = StepReport | Sequence[StepReport]
+
+
+def open_window(
+    schedule: Schedule, length_s: float, settle_s: float, now_s: float | Sequence[float]
+) -> Window | PooledWindow:
+    """A Window opened at now_s (s) whose steps count settle_s after it; a PooledWindow when
+    now_s is every rank's clock (a sequence)."""
+    if isinstance(now_s, int | float):
+        return Window(schedule, length_s, now_s + settle_s)
+    return PooledWindow([Window(schedule, length_s, t + settle_s) for t in now_s])
+
+
+def pooled_report(reports: Sequence[StepReport]) -> StepReport:
+    """One step of every data-parallel rank as one report: rank 0's step index, clock and
+    counter; the ranks' mean step and group times and temperature; their throttle reasons
+    together; the lowest power limit."""
+    first = reports[0]
+    if len(reports) == 1:
+        return first
+    temperatures = [r.temperature_c for r in reports if math.isfinite(r.temperature_c)]
+    return StepReport(
+        step=first.step,
+        end_s=first.end_s,
+        step_time_s=float(np.mean([r.step_time_s for r in reports])),
+        group_times_s=tuple(float(t) for t in np.mean([r.group_times_s for r in reports], axis=0)),
+        counter_readings=first.counter_readings,
+        temperature_c=float(np.mean(temperatures)) if temperatures else math.nan,
+        throttle_reasons=frozenset().union(*(r.throttle_reasons for r in reports)),
+        power_limit_w=min(r.power_limit_w for r in reports),
+    )
+
+
+def feed_step_s(feed: Feed) -> float:
+    """The step's time: one rank's, or the ranks' mean; s."""
+    return feed.step_time_s if isinstance(feed, StepReport) else float(np.mean([r.step_time_s for r in feed]))
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -145,8 +270,8 @@ class Trial:
     blocks: int
     window_s: float
     settle_s: float
-    closed: list[Window] = field(default_factory=list)
-    current: Window | None = None
+    closed: list[Window | PooledWindow] = field(default_factory=list)
+    current: Window | PooledWindow | None = None
     abandoned: bool = False
 
     @property
@@ -161,15 +286,16 @@ class Trial:
     def schedule(self) -> Schedule:
         return self.candidate if self.arm == "B" else self.incumbent
 
-    def open(self, now_s: float) -> None:
-        self.current = Window(self.schedule(), self.window_s, now_s + self.settle_s)
+    def open(self, now_s: float | Sequence[float]) -> None:
+        """Open the next window at now_s (every rank's clock, for pooled ranks), s."""
+        self.current = open_window(self.schedule(), self.window_s, self.settle_s, now_s)
 
-    def add(self, report: StepReport) -> None:
+    def add(self, report: Feed) -> None:
         if self.current.add(report):
             self.closed.append(self.current)
             self.current = None
 
-    def b_windows(self) -> list[Window]:
+    def b_windows(self) -> list[Window | PooledWindow]:
         arms = ["ABBA"[i % 4] for i in range(len(self.closed))]
         done = [w for w, a in zip(self.closed, arms) if a == "B"]
         return done + ([self.current] if self.current and self.arm == "B" else [])
@@ -177,12 +303,14 @@ class Trial:
     def outcome(self) -> Outcome:
         blocks = len(self.closed) // 4
         e_diff, t_diff = [], []
-        for k in range(blocks):
+        for k in range(blocks):  # each rank's block is a sample (pooled ranks: n a block)
             a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
-            e_a = 0.5 * (a1.energy_per_step_j + a2.energy_per_step_j)
-            t_a = 0.5 * (a1.step_s + a2.step_s)
-            e_diff.append(0.5 * (b1.energy_per_step_j + b2.energy_per_step_j) / e_a - 1.0)
-            t_diff.append(0.5 * (b1.step_s + b2.step_s) / t_a - 1.0)
+            for ea1, eb1, eb2, ea2 in zip(
+                a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j
+            ):
+                e_diff.append(0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0)
+            for ta1, tb1, tb2, ta2 in zip(a1.rank_steps_s, b1.rank_steps_s, b2.rank_steps_s, a2.rank_steps_s):
+                t_diff.append(0.5 * (tb1 + tb2) / (0.5 * (ta1 + ta2)) - 1.0)
         b = [w for w in self.b_windows() if w.step_times_s]
         b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
         b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])
@@ -285,15 +413,17 @@ class StockReference:
     schedule: Schedule
     window_s: float = TRIAL_WINDOW_S
     min_s: float = REFERENCE_S
-    windows: list[Window] = field(default_factory=list)
-    current: Window | None = None
+    windows: list[Window | PooledWindow] = field(default_factory=list)
+    current: Window | PooledWindow | None = None
     seconds: float = 0.0
 
-    def add(self, report: StepReport) -> bool:
-        """Count a step run at stock; True once the reference is complete."""
+    def add(self, report: Feed) -> bool:
+        """Count a step run at stock (one rank's report, or every rank's); True once the
+        reference is complete."""
         if self.current is None:
-            self.current = Window(self.schedule, self.window_s, report.end_s)
-        self.seconds += report.step_time_s
+            now_s = report.end_s if isinstance(report, StepReport) else [r.end_s for r in report]
+            self.current = open_window(self.schedule, self.window_s, 0.0, now_s)
+        self.seconds += feed_step_s(report)
         if self.current.add(report):
             self.windows.append(self.current)
             self.current = None
@@ -302,19 +432,27 @@ class StockReference:
     def figures(self) -> StockFigures:
         windows = self.windows
         steps = np.array([w.step_s for w in windows])
-        energy = np.array([w.energy_per_step_j for w in windows])
         weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
         stock_s = float(np.average(steps, weights=weights))
-        mean_window_s = float(np.mean([w.settled_s for w in windows]))
+        # the spread of one rank's windows about its own mean; a pooled window's mean is
+        # sqrt(ranks) tighter (ranks may differ a little in level: it cancels in a trial)
+        rank_energy = np.array([w.rank_energies_j for w in windows])  # windows x ranks
+        rank_steps = np.array([w.rank_steps_s for w in windows])
+        mean_window_s = float(np.mean([w.rank_settled_s for w in windows]))
         return StockFigures(
             step_s=stock_s,
             account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
-            energy_per_step_j=float(np.mean(energy)),
-            window_sd=float(np.std(energy / np.mean(energy), ddof=1)),
-            time_sd_per_root_s=max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4),
+            energy_per_step_j=float(np.mean(rank_energy)),
+            window_sd=_rank_sd(rank_energy) / math.sqrt(rank_energy.shape[1]),
+            time_sd_per_root_s=max(_rank_sd(rank_steps) * math.sqrt(mean_window_s), 1e-4),
             segment_times_s=np.average([w.group_times_s for w in windows], axis=0, weights=weights),
             window_s=self.window_s,
         )
+
+
+def _rank_sd(values: np.ndarray) -> float:
+    """The relative s.d. of one rank's windows (windows x ranks), each rank about its own mean."""
+    return float(np.sqrt(np.mean(np.var(values / values.mean(axis=0), axis=0, ddof=1))))
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from kdvfs.runtime import clock_lease
 from kdvfs.runtime.device import Device
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.nvml_device import NvmlDevice
+from kdvfs.runtime.ranks import RankPool
 from kdvfs.runtime.step_feed import COUNTER_POLL_S, site_workload
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, workload_sites
@@ -126,6 +127,9 @@ class JobTuning:
         poll_s: pause between two energy-counter reads, s (runtime/step_feed.py).
         warmup_s: the first seconds of training, at stock and not reported to the tuner, s.
         run_name: the MLflow run's name.
+        pool: the job's data-parallel ranks (runtime/ranks.py: RankPool, e.g.
+            runtime/distributed.py's TorchRankPool), every rank tuning with the same
+            arguments: readings pooled, decisions identical, the warm-up ended on rank 0's clock.
     """
 
     def __init__(
@@ -151,6 +155,7 @@ class JobTuning:
         poll_s: float = COUNTER_POLL_S,
         warmup_s: float = WARMUP_S,
         run_name: str = "kdvfs.tune",
+        pool: RankPool | None = None,
     ) -> None:
         self._owns_device = not hasattr(device, "set_clocks")
         self.device: Device = NvmlDevice(device or 0, dry_run=dry_run) if self._owns_device else device
@@ -182,7 +187,8 @@ class JobTuning:
                 seed=seed,
                 boundaries=_site_starts(self.workload),
                 prior=None if stored is None else plan_schedule(stored),
-                timing=timing or StepTiming(),
+                timing=timing,
+                pool=pool,
             )
             self.outcomes: list[dict[str, Any]] = []
             """Each finished trial and verification: kind, step, candidate, figures, adopted."""
@@ -296,10 +302,13 @@ class JobTuning:
     # --- the controller's side (its thread) ----------------------------------------------------
     def on_step_end(self, report: StepReport) -> Schedule:
         """The tuner's answer to one step (StepController), and what it changed kept."""
+        pool = self.tuner.pool  # pooled: every rank ends the warm-up at the same step
+        clock = report if pool is None or self._warm_until_s == -math.inf else pool.gather(report)[0]
         if self._warm_until_s is None:
-            self._warm_until_s = report.end_s + self.warmup_s
-        if report.end_s < self._warm_until_s:
+            self._warm_until_s = clock.end_s + self.warmup_s
+        if clock.end_s < self._warm_until_s:
             return self.tuner.incumbent  # warming up: stock, unmeasured
+        self._warm_until_s = -math.inf  # warm: no more gathers here
         answer = self.tuner.on_step_end(report)
         self._watch_outcomes(report.step)
         if len(self.tuner.adoptions) > self._adoptions:

@@ -22,7 +22,7 @@ from kdvfs.runtime.iteration import Schedule, schedule_figures, schedule_items
 from kdvfs.runtime.types import Workload
 from kdvfs.tuner.commands._common import pct, slowdown_text
 from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.session import Oracle, TuneSession
+from kdvfs.tuner.session import Oracle, TuneSession, reached_after_s
 
 #: Share of the realisable oracle's saving a run's plan must reach to count as there; a fraction.
 ORACLE_SHARE = 0.95
@@ -181,9 +181,7 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
     last = s.points[-1] if s.points else s.point()
     reached = None
     if oracle is not None:
-        for a in t.adoptions:
-            good = figures(a.schedule)[0] >= ORACLE_SHARE * oracle.energy_saving
-            reached = (reached if reached is not None else a.end_s) if good else None
+        reached = reached_after_s(t.adoptions, lambda x: figures(x)[0], ORACLE_SHARE * oracle.energy_saving)
     prior = s.prior
     prior_figures = figures(prior.schedule) if prior.schedule is not None else (0.0, 0.0)
     doc: dict[str, Any] = {

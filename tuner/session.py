@@ -10,6 +10,8 @@
   workload ("store"), another card's plan carried to this card's clocks ("transferred"), the
   card's own per-kernel model ("model", simulated cards), or nothing ("none").
 - `oracle`: the realisable oracle and the ideal per-kernel plan, from a noiseless sweep.
+- `reached_after_s`: when the adopted schedule first reached a saving and stayed there (the
+  one measure of "95% of the oracle" the experiments and the report use).
 
 The tuner never sees the device: only StepReports. What a figure was measured on (simulated
 or replayed) is the device's `source`. Design: docs/design-step-tuner.md.
@@ -18,10 +20,11 @@ or replayed) is the device's `source`. Design: docs/design-step-tuner.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kdvfs.policies.base import Policy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.steps import SimulatedJob, StepReport
@@ -29,7 +32,7 @@ from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.step_priors import model_plan, switch_sites
-from kdvfs.tuner.step_tuner import StepTuner
+from kdvfs.tuner.step_tuner import Adoption, StepTuner
 from kdvfs.tuner.sweep import evaluate, realisable, run_sweep
 from kdvfs.tuner.transfer import carry_schedule
 
@@ -106,7 +109,7 @@ def choose_prior(
         except KdvfsError as exc:
             plan, note = None, f"stored plan refused: {exc}"
         if plan is not None:
-            return Prior(plan_schedule(plan), "store", f"the stored plan of {plan.created_at}")
+            return Prior(plan_schedule(plan), "store", f"the stored plan of {plan.created}")
         note = note or "no stored plan for this GPU, clock grid and workload"
         other = store.newest_for_other_gpu(device.name, workload.signature)
         if other is not None:
@@ -146,6 +149,18 @@ def oracle(noiseless: ModelDevice, workload: Workload, budget: float) -> Oracle:
     return Oracle(best.schedule, best.energy_saving, best.slowdown, ideal.energy_saving, ideal.slowdown)
 
 
+def reached_after_s(
+    adoptions: Sequence[Adoption], saving_of: Callable[[Schedule], float], level: float
+) -> float | None:
+    """The adoption time (the tuner's clock, s) from which every adopted schedule saves at
+    least `level` (saving_of: a schedule's true saving, a fraction); None: the last does not."""
+    reached = None
+    for adoption in adoptions:
+        good = saving_of(adoption.schedule) >= level - 1e-12
+        reached = (reached if reached is not None else adoption.end_s) if good else None
+    return reached
+
+
 @dataclass
 class TuneSession:
     """A simulated training job tuned by the step-driven tuner.
@@ -163,6 +178,8 @@ class TuneSession:
             limit the card then reports; None: the tuner verifies the plan before instead.
         sites: kernel indices where the job can switch clocks (job_sites); None: the step
             and each pass.
+        policy: the search strategy itself (a ServicePolicy: the service's, tuner/service/
+            client.py); None: the tuner makes `strategy` itself.
     """
 
     device: ModelDevice
@@ -174,6 +191,7 @@ class TuneSession:
     dry_run: bool = False
     model: ModelDevice | None = None
     sites: list[int] | None = None
+    policy: Policy | None = None
     points: list[Point] = field(default_factory=list)
     phase_log: list[tuple[float, str]] = field(default_factory=list)
     """(training s, phase entered), the first phase at 0."""
@@ -205,6 +223,8 @@ class TuneSession:
             prior=self.prior.schedule,
             boundaries=self.sites,
             replan=self._replan if self.model is not None else None,
+            policy=self.policy,
+            proven_prior=self.prior.source == "store",  # measured in training by a job before
         )
 
     def _replan(self, report: StepReport) -> Schedule | None:

@@ -7,7 +7,13 @@ clocks of the next steps. It never runs kernels itself.
 - The measuring core (`Window`, `Trial`, `Outcome`, `StepAccount`, `switchable_groups`,
   `pass_boundaries`) is runtime/trials.py's, shared with the Gymnasium environment; groups
   come from `switchable_groups` where no prior plan gives them (tuner/step_priors.py).
-- `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default.
+- `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default;
+  `StepTiming.for_ranks(n)` for n pooled data-parallel ranks.
+- Ranks pooled (`pool`, runtime/ranks.py: RankPool): each step's report is gathered from every
+  data-parallel rank, windows and the reference count every rank's readings (n samples a
+  window), and every rank decides on the same pooled data: the decisions are identical. A
+  lost pool (runtime/ranks.py: PoolLost) is an alarm: the rank goes on alone from a new
+  reference.
 - Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
   on watch windows of group times and energy); an alarm enters `Retuning` (stock until the
   temperature is flat), then `Reference` again, the plan before verified first, then the
@@ -27,6 +33,7 @@ import numpy as np
 from kdvfs.policies.base import Policy, SearchSpace, Task
 from kdvfs.policies.registry import make_policy
 from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.ranks import PoolLost, RankPool
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
     ADOPT_Z,
@@ -35,13 +42,16 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     TRIAL_WINDOW_S,
     Judgement,
     Outcome,
+    PooledWindow,
     StepAccount,
     StockFigures,
     StockReference,
     Trial,
     Window,
     judge,
+    open_window,
     pass_boundaries,
+    pooled_report,
     switchable_groups,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
@@ -53,6 +63,9 @@ VERIFY_WINDOW_S = 4.0
 VERIFY_BLOCKS = 4
 #: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
 VERIFY_MAX_BLOCKS = 12
+#: A-B-B-A blocks verifying a prior that jobs before proved in training (a stored plan): the
+#: adoption test is the same, on fewer blocks (more when its time is undecided); blocks.
+PROVEN_VERIFY_BLOCKS = 2
 #: Standard deviations beyond the budget at which a candidate's measured time abandons it; sds.
 ABANDON_Z = 3.0
 #: Candidate time measured before it may be abandoned on time (the guard acts at once); s.
@@ -77,6 +90,10 @@ WATCH_WARMUP = 10
 RETUNE_SETTLE_MAX_S = 300.0
 #: Stock run after an alarm before the temperature may count as settled; s.
 RETUNE_MIN_S = 5.0
+#: Shortest trial window of pooled ranks (for_ranks shortens windows no further); s.
+MIN_POOLED_WINDOW_S = 0.5
+#: Fewest A-B-B-A blocks of a pooled trial or verification (the adoption needs two); blocks.
+MIN_POOLED_BLOCKS = 2
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,27 @@ class StepTiming:
     verify_max_blocks: int = VERIFY_MAX_BLOCKS
     max_trials_per_group: int = MAX_TRIALS_PER_GROUP
     watch_window_s: float = WATCH_WINDOW_S
+
+    @classmethod
+    def for_ranks(cls, ranks: int) -> StepTiming:
+        """The lengths for `ranks` pooled data-parallel ranks: n samples a window, so a trial
+        measures 1/n of one rank's training for the same standard error: blocks first (down
+        to MIN_POOLED_BLOCKS), then windows (down to MIN_POOLED_WINDOW_S); the reference is
+        1/n as long (still three windows at least). One rank: the constants."""
+        if ranks <= 1:
+            return cls()
+        blocks = max(MIN_POOLED_BLOCKS, round(TRIAL_BLOCKS / ranks))
+        verify_blocks = max(MIN_POOLED_BLOCKS, round(VERIFY_BLOCKS / ranks))
+        return cls(
+            reference_s=REFERENCE_S / ranks,
+            trial_window_s=max(MIN_POOLED_WINDOW_S, TRIAL_WINDOW_S * TRIAL_BLOCKS / (ranks * blocks)),
+            trial_blocks=blocks,
+            verify_window_s=max(
+                MIN_POOLED_WINDOW_S, VERIFY_WINDOW_S * VERIFY_BLOCKS / (ranks * verify_blocks)
+            ),
+            verify_blocks=verify_blocks,
+            verify_max_blocks=verify_blocks * VERIFY_MAX_BLOCKS // VERIFY_BLOCKS,
+        )
 
 
 # --- phases -----------------------------------------------------------------------------------
@@ -147,7 +185,7 @@ class Settled:
     """The incumbent runs under the drift watch: windows of its group times and energy."""
 
     since_step: int
-    window: Window | None = None
+    window: Window | PooledWindow | None = None
     expected: dict[str, float] | None = None
 
 
@@ -209,7 +247,13 @@ class StepTuner:
             plan before; None, or it answering None: the plan before is verified.
         policy: the strategy itself, made elsewhere (the service's client,
             tuner/service/client.py); None: made here from strategy, seed and policy_options.
-        timing: how long the reference, trials, verifications and watch windows run (StepTiming).
+        timing: how long the reference, trials, verifications and watch windows run
+            (StepTiming); None: StepTiming.for_ranks of the pool's ranks.
+        proven_prior: the prior is a plan that jobs before proved in training (a stored
+            plan): verified over PROVEN_VERIFY_BLOCKS blocks, not verify_blocks.
+        pool: the job's data-parallel ranks (runtime/ranks.py), each running this tuner with
+            the same arguments: every step's report is gathered from all of them and every
+            rank decides on the same pooled figures; None: this rank alone.
     """
 
     def __init__(
@@ -227,10 +271,17 @@ class StepTuner:
         prior: Schedule | None = None,
         replan: Callable[[StepReport], Schedule | None] | None = None,
         policy: Policy | None = None,
-        timing: StepTiming = StepTiming(),
+        timing: StepTiming | None = None,
+        pool: RankPool | None = None,
+        proven_prior: bool = False,
     ) -> None:
         if not budget >= 0.0:
             raise KdvfsError(f"budget must be >= 0, got {budget}")
+        self.pool = pool
+        self.pool_lost: str | None = None  # why the pool was lost (None: it was not)
+        self._left_pool = False
+        self._timing_given = timing is not None
+        timing = timing or StepTiming.for_ranks(pool.ranks if pool is not None else 1)
         self.workload = workload
         self.pairs = list(pairs)
         self.switch_latency_s = switch_latency_s
@@ -247,6 +298,7 @@ class StepTuner:
             **({"tol": POLICY_TOL} | (policy_options or {})),
         )
         self.prior = prior
+        self.proven_prior = proven_prior
         self.replan = replan
         if prior is not None:
             segments = [s for s, _ in prior.groups]
@@ -276,10 +328,20 @@ class StepTuner:
         self._to_explore: list[int] | None = None  # groups of a retune (None: all)
         self._first: dict[int, ClockPair | None] = {}  # group -> pair tried first
         self._retune_plan: Schedule | None = None
+        self._feed: StepReport | list[StepReport] | None = None  # what windows count this step
+        self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
+        self._ranks = 1 if pool is None else pool.ranks
 
     # --- the entry point ---------------------------------------------------------------------
     def on_step_end(self, report: StepReport) -> Schedule:
-        """Take one step's report; the schedule for the next steps."""
+        """Take one step's report; the schedule for the next steps (pooled: every rank calls
+        it each step, a collective)."""
+        reports = self._gather(report)
+        if reports is not None:
+            self._feed, self._now = reports, tuple(r.end_s for r in reports)
+            report = pooled_report(reports)
+        else:
+            self._feed, self._now = report, report.end_s
         self.account.charge(report.step_time_s)
         self._now_s = report.end_s
         phase = self.phase
@@ -287,6 +349,9 @@ class StepTuner:
             moved = self.conditions.update(report.end_s, report.temperature_c, report.power_limit_w)
             # the temperature is the settled plan's: trials move it, the power limit moves alone
             self._moved += [m for m in moved if isinstance(phase, Settled) or m == "power_limit"]
+        if self.pool_lost is not None and not self._left_pool:
+            self._leave_pool(report)
+            return self.incumbent
         if "power_limit" in self._moved and not isinstance(phase, Retuning | Settled):
             self._moved = []  # a new limit ends any trial at once: its figures are void
             return self._alarm(report, ("power_limit",), None)
@@ -299,6 +364,25 @@ class StepTuner:
         if isinstance(phase, Verifying):
             return self._verifying(phase, report)
         return self._settled(phase, report)
+
+    def _gather(self, report: StepReport) -> list[StepReport] | None:
+        """Every rank's report of this step (None: this rank is alone, or the pool is lost)."""
+        if self.pool is None:
+            return None
+        try:
+            return self.pool.gather(report)
+        except PoolLost as exc:
+            self.pool, self._ranks, self.pool_lost = None, 1, str(exc) or "pool lost"
+            return None
+
+    def _leave_pool(self, report: StepReport) -> None:
+        """The pool is lost: what was measured over every rank no longer compares with this
+        rank's own windows, so stock is measured again (the retune path: the plan so far
+        verified first, with one rank's timing) and this rank tunes alone."""
+        if not self._timing_given:
+            self.timing = StepTiming()
+        self._left_pool = True
+        self._alarm(report, ("pool",), None)
 
     @property
     def stock_step_s(self) -> float:
@@ -316,7 +400,7 @@ class StepTuner:
             self.phases.append(name)
 
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
-        if not ref.measured.add(report):
+        if not ref.measured.add(self._feed):
             return ref.schedule
         self._finish_reference(ref.measured.figures())
         before = self._retune_plan if self.retunes else None
@@ -370,7 +454,7 @@ class StepTuner:
 
     def _exploring(self, ex: Exploring, report: StepReport | None) -> Schedule:
         if ex.trial is not None and report is not None:
-            ex.trial.add(report)
+            ex.trial.add(self._feed)
             self._maybe_abandon(ex.trial)
             if ex.trial.done:
                 self._tell(ex, ex.trial.outcome())
@@ -391,7 +475,7 @@ class StepTuner:
             ex.trials += 1
             self.trials += 1
         if ex.trial.current is None:
-            ex.trial.open(self._now_s)
+            ex.trial.open(self._now)
         return ex.trial.schedule()
 
     def _tell(self, ex: Exploring, outcome: Outcome) -> None:
@@ -424,9 +508,9 @@ class StepTuner:
         ):
             trial.abandoned = True
             return
-        times = [t for w in trial.b_windows() for t in w.step_times_s]
+        times = [t for w in trial.b_windows() for t in w.step_times_s]  # every rank's (pooled)
         ran_s = float(sum(times))
-        if ran_s < ABANDON_MIN_S:
+        if ran_s / self._ranks < ABANDON_MIN_S:  # training time, not the ranks' samples
             return
         slowdown = float(np.mean(times)) / self.stock_step_s - 1.0
         if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:
@@ -441,7 +525,10 @@ class StepTuner:
 
     def _verify(self, group: int | None, candidate: Schedule) -> Schedule:
         t = self.timing
-        trial = Trial(self.incumbent, candidate, t.verify_blocks, t.verify_window_s, self.settle_s)
+        blocks = t.verify_blocks
+        if group is None and self.retunes == 0 and self.proven_prior:
+            blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
+        trial = Trial(self.incumbent, candidate, blocks, t.verify_window_s, self.settle_s)
         self.trials += 1
         self._enter(Verifying(group, trial))
         return self._verifying(self.phase, None)
@@ -449,7 +536,7 @@ class StepTuner:
     def _verifying(self, ver: Verifying, report: StepReport | None) -> Schedule:
         trial = ver.trial
         if report is not None and trial.current is not None:
-            trial.add(report)
+            trial.add(self._feed)
             if trial.current is not None:  # B's window opens only once the slack covers it
                 self._maybe_abandon(trial)
         if trial.done and self._undecided_on_time(trial):
@@ -464,7 +551,7 @@ class StepTuner:
         if trial.current is None:
             if trial.arm == "B" and self.account.slack_s() < self._worst_case_s(trial.candidate):
                 return self.incumbent  # wait for the slack; the window opens when it covers B
-            trial.open(self._now_s)
+            trial.open(self._now)
         return trial.schedule()
 
     def _undecided_on_time(self, trial: Trial) -> bool:
@@ -521,9 +608,9 @@ class StepTuner:
         if self._moved:
             return self._condition_alarm(report)
         if settled.window is None:
-            settled.window = Window(self.incumbent, self.timing.watch_window_s, report.end_s)
+            settled.window = open_window(self.incumbent, self.timing.watch_window_s, 0.0, self._now)
             return self.incumbent
-        if not settled.window.add(report):
+        if not settled.window.add(self._feed):
             return self.incumbent
         window, settled.window = settled.window, None
         values = {group_stream(i): float(t) for i, t in enumerate(window.group_times_s)}

@@ -1,10 +1,12 @@
 """`kdvfs tune`: the step-driven tuner on a simulated or replayed training job (tuner/session.py).
 
-Phases of the command: the MLflow run opened, the prior chosen (plan store, another card's
-plan carried, the card's model, or none), training under the tuner with live progress, the
+Phases of the command: the MLflow run opened, the prior chosen (plan store -- the service's
+with --service, then --plan-store --, another card's plan carried, the card's model, or none), training under the tuner with live progress, the
 realisable oracle from a noiseless sweep (--no-sweep skips it), then every output; Ctrl-C in
 any of them restores stock clocks and keeps what was measured and planned (partial JSON, the
-plan so far, the MLflow run KILLED).
+plan so far, the MLflow run KILLED). With --service URL the strategy runs in `kdvfs serve`
+(tuner/service/client.py: ServicePolicy; the job's own strategy answers while the service does
+not, and its tells wait in an outbox) and the converged plan is stored there.
 """
 
 from __future__ import annotations
@@ -69,6 +71,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "first) and store the converged plan there",
     )
     parser.add_argument(
+        "--service",
+        metavar="URL",
+        help="a tuning service (kdvfs serve), e.g. http://127.0.0.1:8470: ask and tell through it, "
+        "start from its stored plan, store the converged plan there; the job tunes on alone "
+        "whenever it does not answer",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="F",
+        help="the job's token for --service (the first word of the file's first line)",
+    )
+    parser.add_argument(
+        "--job",
+        default=None,
+        help="the job's name in the service (default: tune- and a random suffix)",
+    )
+    parser.add_argument(
         "--mlflow-uri",
         default=None,
         help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)",
@@ -91,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     check_file_output(args.json, "--json")
     check_file_output(args.plan_out, "--plan-out")
     check_dir_output(args.plan_store, "--plan-store")
+    if args.service is None and (args.token_file is not None or args.job is not None):
+        raise KdvfsError("--token-file and --job need --service URL")
+    if args.service is not None and not args.service.startswith(("http://", "https://")):
+        raise KdvfsError(f"--service: {args.service!r} is not an http:// or https:// URL")
     return _Tune(args).run()
 
 
@@ -106,6 +130,8 @@ class _Tune:
         self.status = "FINISHED"
         self.phase = "opening the MLflow run"
         self.session = self.store = self.run_handle = self.oracle = None
+        self.policy = None  # the service's strategy (--service)
+        self.plan_stored: str | None = None
 
     def run(self) -> int:
         args = self.args
@@ -167,6 +193,8 @@ class _Tune:
             from kdvfs.tuner.plan_store import PlanStore
 
             self.store = PlanStore(args.plan_store)
+        if args.service is not None:
+            self._open_service()
         self.phase = "choosing the prior"
         sites = job_sites(self.workload, self.device.switch_latency_s, args.sites)
         prior = choose_prior(
@@ -191,13 +219,42 @@ class _Tune:
             if args.prior == "model"
             else None,
             sites=sites,
+            policy=self.policy,
         )
         self.phase = "training under the tuner"
         with Progress("tuning", unit="s of training") as bar:
-            self.session.run_until(args.seconds, self._on_point(bar))
+            try:
+                self.session.run_until(args.seconds, self._on_point(bar))
+            finally:
+                if self.policy is not None:
+                    self.policy.end()  # what waits in the outbox goes now, if the service answers
         if not args.no_sweep:
             self.phase = "computing the realisable oracle (a noiseless sweep)"
             self.oracle = oracle(noiseless, self.workload, args.budget)
+
+    def _open_service(self) -> None:
+        """The service's strategy for this job and its plan store (the local one behind it)."""
+        import uuid
+
+        from kdvfs.tuner.service.client import ServiceClient, ServicePlanStore, read_token, service_policy
+
+        args = self.args
+        token = read_token(args.token_file) if args.token_file is not None else None
+        client = ServiceClient(args.service, token)
+        self.store = ServicePlanStore(client, self.store)
+        self.policy = service_policy(
+            client,
+            job=args.job or f"tune-{uuid.uuid4().hex[:12]}",
+            gpu_name=self.device.name,
+            pairs=self.device.grid.pairs,
+            workload=self.workload,
+            budget=args.budget,
+            strategy=args.strategy,
+            seed=args.seed,
+        )
+        print(
+            f"service: {client.url} (its strategy; this job's own while it does not answer)", file=sys.stderr
+        )
 
     def _say_prior(self, prior) -> None:
         what = {
@@ -243,6 +300,15 @@ class _Tune:
             return None
         report = tune_report(self.session, self.oracle, self.args.strategy)
         report.doc["partial"] = self.status != "FINISHED"
+        if self.policy is not None:
+            report.doc["service"] = {
+                "url": self.args.service,
+                "job": self.policy.session.job,
+                "session_id": self.policy.session_id,
+                "answers": dict(self.policy.answers),
+                "tells_waiting": len(self.policy.outbox),
+                "refused": self.policy.refused,
+            }
         if report.doc["partial"]:
             report.doc["interrupted_while"] = self.phase
         return report
@@ -263,13 +329,18 @@ class _Tune:
             and session.tuner.incumbent != session.prior.schedule
         )
         if plan is not None and stored:
-            outputs.append(("plan store", lambda: print(f"  plan stored: {self.store.put(plan)}")))
+            outputs.append(("plan store", lambda: self._store_plan(plan, doc)))
         if plan is not None and args.plan_out is not None:
             outputs.append(("plan file", lambda: self._save_plan(plan)))
         if self.run_handle is not None:
             outputs.append(("MLflow run", lambda: self._log_run(report, plan, doc)))
         outputs.append(("JSON", lambda: write_json(args.json, doc)))
         return write_all(outputs)
+
+    def _store_plan(self, plan, doc) -> None:
+        where = self.store.put(plan)
+        doc["plan_stored"] = str(where)
+        print(f"  plan stored: {where}")
 
     def _save_plan(self, plan) -> None:
         from kdvfs.tuner.plan import save_plan

@@ -11,11 +11,13 @@
   absent store never delays a reply).
 
 Routes: POST /v1/sessions; GET /v1/sessions/{id}; POST /v1/sessions/{id}/ask|tell|best|end;
+POST /v1/sessions/{id}/pool (data-parallel ranks' step reports, gathered in memory: `StepPools`);
 GET /v1/plans/{key}[/versions/{v}]; PUT /v1/plans/{key}. Design: docs/service.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -49,6 +51,8 @@ from kdvfs.tuner.service.schema import (
     PlanPut,
     PlanReply,
     PlanVersion,
+    PoolReply,
+    PoolRequest,
     SessionInfo,
     SessionReply,
     SessionRequest,
@@ -68,8 +72,43 @@ RATE_BURST = 400.0
 OPEN_FLEET = "local"
 #: Longest error detail in a reply; characters.
 MAX_DETAIL_CHARS = 300
+#: Longest a rank's pooled step waits for the other ranks' (they run in lockstep); s.
+POOL_WAIT_S = 0.5
+#: Most steps being gathered at once, over all sessions (beyond: 503); steps.
+MAX_OPEN_POOLS = 10_000
 
 _log = logging.getLogger("kdvfs.service")
+
+
+class StepPools:
+    """Data-parallel ranks' step reports, gathered in memory per (session, step): each rank
+    posts its report and waits (POOL_WAIT_S at most) until every rank's is in; a step is
+    forgotten once every rank has it. One event loop: no lock."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, int], tuple[dict[int, Any], set[int], asyncio.Event]] = {}
+
+    async def gather(self, session_id: str, ranks: int, rank: int, report: Any) -> list[Any]:
+        key = (session_id, report.step)
+        if key not in self.open and len(self.open) >= MAX_OPEN_POOLS:
+            raise HTTPException(503, "pool: too many steps being gathered", {"Retry-After": "1"})
+        reports, fetched, complete = self.open.setdefault(key, ({}, set(), asyncio.Event()))
+        reports[rank] = report
+        if len(reports) >= ranks:
+            complete.set()
+        try:
+            await asyncio.wait_for(complete.wait(), POOL_WAIT_S)
+        except TimeoutError:
+            reports.pop(rank, None)
+            if not reports:
+                self.open.pop(key, None)
+            raise HTTPException(
+                504, f"pool: {len(reports) + 1} of {ranks} ranks reported step {report.step}"
+            ) from None
+        fetched.add(rank)
+        if len(fetched) >= ranks:
+            self.open.pop(key, None)
+        return [reports[r] for r in range(ranks)]
 
 
 @dataclass(frozen=True)
@@ -332,6 +371,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         threading.Thread(target=_preload, name="kdvfs-preload", daemon=True).start()
 
     known: dict[str, dict] = {}  # session rows read before (they change only on end)
+    pools = StepPools()
 
     def own_session(caller: Scope, session_id: str) -> dict:
         row = known.get(session_id)
@@ -467,6 +507,15 @@ def create_app(config: ServiceConfig) -> FastAPI:
                 },
             )
         return TellReply(stored=stored, observations=held)
+
+    @app.post("/v1/sessions/{session_id}/pool", response_model=PoolReply, tags=["ask and tell"])
+    async def pool(session_id: SessionId, body: PoolRequest, caller: Caller) -> PoolReply:
+        """This data-parallel rank's step report in, every rank's report of the step out
+        (runtime/ranks.py: RankPool), once all are in (504 after POOL_WAIT_S without them)."""
+        row = await own_session_async(caller, session_id)
+        _check_rank(row, body.rank)
+        reports = await pools.gather(session_id, row["spec"]["ranks"], body.rank, body.report)
+        return PoolReply(reports=reports)
 
     @app.post("/v1/sessions/{session_id}/best", response_model=BestReply, tags=["ask and tell"])
     def best(session_id: SessionId, body: BestRequest, caller: Caller) -> BestReply:

@@ -12,6 +12,11 @@
 - `service_policy`: builds one for a job (its session request and its local strategy).
 - `fetch_plan`, `store_plan`: the fleet's plan store (None when the service does not answer:
   the local PlanStore is the fallback; a served plan that does not fit is refused).
+- `ServiceRankPool`: runtime/ranks.py's RankPool through the service: each step's report of
+  this data-parallel rank posted to the job's session, every rank's back (PoolLost when the
+  service does not answer: the rank tunes alone from then on).
+- `ServicePlanStore`: the two as a plan store for session.choose_prior and `kdvfs tune
+  --service` (the service first, a local PlanStore behind it); `read_token`: a token file.
 
 Design: docs/service.md.
 """
@@ -19,18 +24,30 @@ Design: docs/service.md.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
 
 from kdvfs.policies.base import Policy, SearchSpace, Task
+from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import ClockGrid, ClockPair, Workload
 from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.service.schema import AskReply, BestReply, SessionReply, SessionRequest, TaskSpec, TellReply
+from kdvfs.tuner.service.schema import (
+    AskReply,
+    BestReply,
+    PoolReply,
+    RankStep,
+    SessionReply,
+    SessionRequest,
+    TaskSpec,
+    TellReply,
+)
 
 #: How long one call may take before the service counts as down; s.
 TIMEOUT_S = 1.0
@@ -316,3 +333,107 @@ def store_plan(client: ServiceClient, plan: Plan, expected_version: int | None =
         _log.warning("tuning service %s did not store the plan: %s", client.url, exc)
         return None
     return int(reply["version"])
+
+
+class ServicePlanStore:
+    """The fleet's plans through the service, with a local PlanStore behind it: what
+    session.choose_prior and `kdvfs tune` ask of a plan store (get, newest_for_other_gpu, put).
+
+    Args:
+        client: the service.
+        local: a local PlanStore, asked when the service has no plan or does not answer, and
+            given every plan put (None: none).
+    """
+
+    def __init__(self, client: ServiceClient, local=None) -> None:
+        self.client = client
+        self.local = local
+        self.fetched_version: int | None = None  # the served plan's version (None: none served)
+
+    def get(self, gpu_name: str, grid: ClockGrid, signature: str) -> Plan | None:
+        plan = fetch_plan(self.client, gpu_name, grid, signature)
+        if plan is not None:
+            return plan
+        return None if self.local is None else self.local.get(gpu_name, grid, signature)
+
+    def newest_for_other_gpu(self, gpu_name: str, signature: str) -> Plan | None:
+        """Another GPU's plan for the workload: the local store's (the service serves by key only)."""
+        return None if self.local is None else self.local.newest_for_other_gpu(gpu_name, signature)
+
+    def put(self, plan: Plan) -> str:
+        """Where the plan went: the service's next version of its key, and the local store."""
+        where = []
+        version = store_plan(self.client, plan)
+        if version is not None:
+            where.append(f"{self.client.url} version {version}")
+        if self.local is not None:
+            where.append(str(self.local.put(plan)))
+        return ", ".join(where) or "nowhere (the service did not take it and there is no local store)"
+
+
+def read_token(path: str | Path) -> str:
+    """The token in a token file: the first word of its first line that is not blank or a
+    comment (a line of the service's own token file, TOKEN FLEET JOB, reads as its token)."""
+    from kdvfs.runtime.types import KdvfsError
+
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise KdvfsError(f"token file {path}: {exc.strerror or exc}") from None
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if words:
+            return words[0]
+    raise KdvfsError(f"token file {path}: no token in it")
+
+
+class ServiceRankPool:
+    """The job's data-parallel ranks' step reports through the service (a RankPool): one
+    call a step; the ranks share a session (the same job name in service_policy).
+
+    Args:
+        policy: this rank's ServicePolicy (its session, rank and ranks).
+    """
+
+    def __init__(self, policy: ServicePolicy) -> None:
+        self.policy = policy
+        self.ranks = policy.session.ranks
+
+    def gather(self, report: StepReport) -> list[StepReport]:
+        from kdvfs.runtime.ranks import PoolLost
+
+        body = {"rank": self.policy.rank, "report": _rank_step(report)}
+        try:
+            reply = PoolReply(**self.policy._call("pool", body))
+        except (ServiceDown, ServiceRefused) as exc:
+            raise PoolLost(f"tuning service {self.policy.client.url}: {exc}") from None
+        return [_step_report(r) for r in reply.reports]
+
+
+def _rank_step(report: StepReport) -> dict:
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    return {
+        "step": report.step,
+        "end_s": report.end_s,
+        "step_time_s": report.step_time_s,
+        "group_times_s": list(report.group_times_s),
+        "counter_readings": [list(r) for r in report.counter_readings],
+        "temperature_c": finite(report.temperature_c),
+        "throttle_reasons": sorted(report.throttle_reasons),
+        "power_limit_w": finite(report.power_limit_w),
+    }
+
+
+def _step_report(r: RankStep) -> StepReport:
+    return StepReport(
+        step=r.step,
+        end_s=r.end_s,
+        step_time_s=r.step_time_s,
+        group_times_s=tuple(r.group_times_s),
+        counter_readings=tuple(tuple(c) for c in r.counter_readings),
+        temperature_c=math.nan if r.temperature_c is None else r.temperature_c,
+        throttle_reasons=frozenset(r.throttle_reasons),
+        power_limit_w=math.nan if r.power_limit_w is None else r.power_limit_w,
+    )

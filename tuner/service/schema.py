@@ -24,6 +24,9 @@ MAX_FIGURE = 1e9  # largest time (s) or energy (J) a request may carry
 MAX_BUDGET = 1.0  # largest slowdown budget a session may name, a fraction
 MAX_TASK_BUDGET = 1e4  # largest budget of one task (a short group may take a step's whole slack), a fraction
 MAX_PLAN_CHARS = 2_000_000  # longest plan document, characters of its JSON
+MAX_POOLED_GROUPS = 4096  # most group times in one pooled step report
+MAX_POOLED_READINGS = 64  # most energy-counter readings in one pooled step report
+MAX_STEP = 2**62  # highest step index a pooled report may carry
 WITHOUT_OPTIONS = ("sweep", "random")  # strategies that take neither tol nor margin
 ID_PATTERN = r"^[0-9a-f]{32}$"  # a session id or tell id: 32 hex digits
 NAME_PATTERN = r"^[\w .:@/+=()-]{1,200}$"  # names: letters, digits, spaces and . : @ / + = ( ) - _
@@ -37,6 +40,8 @@ Positive = Annotated[float, Field(gt=0.0, le=MAX_FIGURE, allow_inf_nan=False)]
 Budget = Annotated[float, Field(ge=0.0, le=MAX_BUDGET, allow_inf_nan=False)]
 TaskBudget = Annotated[float, Field(ge=0.0, le=MAX_TASK_BUDGET, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(ge=-MAX_FIGURE, le=MAX_FIGURE, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, le=MAX_FIGURE, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -169,3 +174,28 @@ def plan_key(gpu_name: str, grid, signature: str) -> str:
     from kdvfs.tuner.plan_store import plan_file_name
 
     return plan_file_name(gpu_name, grid, signature).removesuffix(".json")
+
+
+class RankStep(_Body):
+    """One data-parallel rank's report of one step (runtime/steps.py: StepReport), pooled
+    through the service (POST /v1/sessions/{id}/pool). None: the card did not say (NaN)."""
+
+    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+    end_s: Finite
+    step_time_s: Positive
+    group_times_s: Annotated[list[NonNegative], Field(max_length=MAX_POOLED_GROUPS)]
+    counter_readings: Annotated[list[tuple[Finite, Finite]], Field(max_length=MAX_POOLED_READINGS)]
+    temperature_c: Finite | None = None
+    throttle_reasons: Annotated[list[Name], Field(max_length=64)] = []
+    power_limit_w: NonNegative | None = None
+
+
+class PoolRequest(_Body):
+    """This rank's report of a step; the reply waits (briefly) for every rank's."""
+
+    rank: Rank = 0
+    report: RankStep
+
+
+class PoolReply(_Body):
+    reports: list[RankStep]  # every rank's report of the step, in rank order

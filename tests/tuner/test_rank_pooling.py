@@ -1,0 +1,246 @@
+"""Data-parallel ranks pooled in the step tuner: n ranks' windows are n samples, the pooled
+tuner measures shorter, and every rank decides the same (in one process, and across real
+gloo processes through torch.distributed)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from kdvfs.runtime.distributed import TorchRankPool
+from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.ranks import SimulatedDataParallel
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.steps import SimulatedJob
+from kdvfs.runtime.trials import open_window
+from kdvfs.runtime.types import KdvfsError
+from kdvfs.tuner.step_priors import model_plan
+from kdvfs.tuner.step_tuner import StepTiming, StepTuner
+
+BUDGET = 0.01
+SPEC = "sim:rtx3080ti"
+
+
+def cards(ranks: int, seed: int = 0):
+    return [open_device(SPEC, seed=seed + 1000 * r) for r in range(ranks)]
+
+
+def tuner_for(card, workload, pool=None, *, strategy: str = "botorch", prior=None) -> StepTuner:
+    return StepTuner(
+        workload,
+        card.grid.pairs,
+        switch_latency_s=card.switch_latency_s,
+        energy_update_period_s=card.energy_update_period_s,
+        budget=BUDGET,
+        strategy=strategy,
+        seed=7,
+        prior=prior,
+        pool=pool,
+    )
+
+
+def window_energies(ranks: int, windows: int = 30) -> list[float]:
+    """Energy per step of consecutive 1-s stock windows over `ranks` cards."""
+    devices = cards(ranks, seed=11)
+    workload = open_workload("gpt3-xl-layer", devices[0])
+    job = SimulatedDataParallel(devices, workload)
+    stock = [Schedule.stock()] * ranks
+    energies = []
+    while len(energies) < windows:
+        reports = job.step(stock)
+        now = reports[0].end_s if ranks == 1 else [r.end_s for r in reports]
+        window = open_window(Schedule.stock(), 1.0, 0.0, now)
+        while not window.add(reports[0] if ranks == 1 else reports):
+            reports = job.step(stock)
+        energies.append(window.energy_per_step_j)
+    return energies
+
+
+def test_four_pooled_ranks_measure_a_window_about_half_as_noisy_as_one():
+    one, four = np.std(window_energies(1), ddof=1), np.std(window_energies(4), ddof=1)
+    assert four < 0.75 * one  # 1/sqrt(4) expected; 30 windows each
+
+
+def test_pooled_timing_measures_a_trial_over_a_quarter_of_one_ranks_training():
+    one, four = StepTiming.for_ranks(1), StepTiming.for_ranks(4)
+    assert one == StepTiming()
+    assert four.trial_blocks * four.trial_window_s == pytest.approx(one.trial_blocks * one.trial_window_s / 4)
+    assert four.verify_blocks * four.verify_window_s == pytest.approx(
+        one.verify_blocks * one.verify_window_s / 4
+    )
+    assert four.trial_blocks >= 2 and four.reference_s == pytest.approx(one.reference_s / 4)
+
+
+def test_a_tuner_on_each_in_process_rank_decides_the_same_schedule_every_step():
+    devices = cards(3)
+    workload = open_workload("gpt3-xl-layer", devices[0])
+    job = SimulatedDataParallel(devices, workload)
+    tuners = [tuner_for(d, workload, job.pool(r), strategy="ucb") for r, d in enumerate(devices)]
+    differing = []
+
+    def compare(_reports, schedules) -> None:
+        if any(s != schedules[0] for s in schedules):
+            differing.append(schedules)
+
+    job.run(tuners, seconds=90.0, on_step=compare)
+    assert differing == []
+    assert tuners[0].trials >= 3  # it explored
+    assert [a.schedule for a in tuners[1].adoptions] == [a.schedule for a in tuners[0].adoptions]
+
+
+def test_four_pooled_ranks_adopt_the_verified_prior_in_under_half_one_ranks_training():
+    noiseless = open_device(SPEC, noise=0.0)
+    workload = open_workload("gpt3-xl-layer", noiseless)
+    prior = model_plan(noiseless, workload, BUDGET)
+    adopted_s = {}
+    for ranks in (1, 4):
+        devices = cards(ranks, seed=3)
+        job = SimulatedDataParallel(devices, workload)
+        tuner = tuner_for(devices[0], workload, job.pool(0) if ranks > 1 else None, prior=prior)
+        job.run([tuner], seconds=120.0)
+        assert tuner.adoptions, f"{ranks} ranks adopted nothing"
+        assert tuner.account.slowdown() <= BUDGET
+        adopted_s[ranks] = tuner.adoptions[0].end_s
+    assert adopted_s[4] <= 0.5 * adopted_s[1]
+
+
+def test_a_rank_gathering_a_report_of_another_step_is_refused():
+    devices = cards(2)
+    workload = open_workload("gpt3-xl-layer", devices[0])
+    job = SimulatedDataParallel(devices, workload)
+    stale = job.step([Schedule.stock()] * 2)
+    job.step([Schedule.stock()] * 2)
+    with pytest.raises(KdvfsError, match="not this step's"):
+        job.pool(1).gather(stale[1])
+
+
+# --- torch.distributed (gloo processes on the CPU) ----------------------------------------------
+STEPS = 900  # about 60 s of training of the layer
+
+
+def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        card = open_device(SPEC, seed=1000 * rank)  # each rank its own card and noise
+        workload = open_workload("gpt3-xl-layer", card)
+        tuner = tuner_for(card, workload, TorchRankPool())
+        job = SimulatedJob(card, workload)
+        schedule, answers = Schedule.stock(), []
+        for _ in range(STEPS):  # a fixed count: every rank gathers every step
+            schedule = tuner.on_step_end(job.step(schedule))
+            answers.append(repr(schedule))
+        lines = [f"trials {tuner.trials}", f"energy {card.true_energy_j()!r}", *answers]
+        Path(out_dir, f"rank{rank}.txt").write_text("\n".join(lines))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gloo_ranks_pooling_through_torch_distributed_decide_the_same_schedule_every_step(tmp_path):
+    world = 3
+    mp.spawn(_rank, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    out = [(tmp_path / f"rank{r}.txt").read_text().splitlines() for r in range(world)]
+    assert out[0][0] == out[1][0] == out[2][0] and int(out[0][0].split()[1]) >= 2  # explored alike
+    assert len({o[1] for o in out}) == world  # each rank measured its own card
+    assert out[0][2:] == out[1][2:] == out[2][2:]
+    assert len(set(out[0][2:])) >= 3  # the schedule changed: trials ran
+
+
+def test_a_torch_rank_pool_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(KdvfsError, match="process group"):
+        TorchRankPool()
+
+
+# --- through the service (a real `kdvfs serve` on loopback) --------------------------------------
+def _service_rank(
+    url: str, rank: int, ranks: int, steps: int, kill_at: int | None, service, out: dict
+) -> None:
+    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+
+    card = open_device(SPEC, seed=1000 * rank)
+    workload = open_workload("gpt3-xl-layer", card)
+    policy = service_policy(
+        ServiceClient(url),
+        job="pooled-job",
+        gpu_name=card.name,
+        pairs=card.grid.pairs,
+        workload=workload,
+        budget=BUDGET,
+        strategy="ucb",
+        seed=7,
+        ranks=ranks,
+        rank=rank,
+    )
+    tuner = tuner_for(card, workload, ServiceRankPool(policy), strategy="ucb")
+    tuner.policy = policy  # the service's strategy (StepTuner's policy=, set after: the pool needs it)
+    job = SimulatedJob(card, workload)
+    schedule, answers = Schedule.stock(), []
+    for step in range(steps):
+        if step == kill_at and rank == 0:
+            service.kill()
+        schedule = tuner.on_step_end(job.step(schedule))
+        answers.append(repr(schedule))
+    out[rank] = (answers, tuner)
+
+
+def run_service_ranks(url: str, ranks: int, steps: int, kill_at: int | None = None, service=None) -> dict:
+    import threading
+
+    out: dict = {}
+    threads = [
+        threading.Thread(target=_service_rank, args=(url, r, ranks, steps, kill_at, service, out))
+        for r in range(ranks)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(out) == list(range(ranks)), "a rank failed"
+    return out
+
+
+def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(tmp_path):
+    from tests.tuner.service_process import ServiceProcess
+
+    service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
+    try:
+        out = run_service_ranks(service.url, 3, 400)
+    finally:
+        service.stop()
+    answers = [out[r][0] for r in range(3)]
+    assert answers[0] == answers[1] == answers[2]
+    assert len(set(answers[0])) >= 3  # trials ran
+    assert all(out[r][1].pool_lost is None for r in range(3))
+    assert out[0][1].policy.answers["service"] >= 1
+
+
+def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_path):
+    from tests.tuner.service_process import ServiceProcess
+
+    service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
+    try:
+        out = run_service_ranks(service.url, 2, 800, kill_at=200, service=service)
+    finally:
+        service.stop()
+    for r in range(2):
+        tuner = out[r][1]
+        assert tuner.pool is None and tuner.pool_lost
+        assert [a.reasons for a in tuner.alarms] == [("pool",)]
+        assert tuner.timing == StepTiming()  # one rank's lengths from then on
+        assert tuner.phases[-2:] == ["Retuning", "Reference"] or "Exploring" in tuner.phases[-3:]
+        assert tuner.account.slack_s() > 0.0  # the budget kept through it
