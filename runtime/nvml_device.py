@@ -4,7 +4,8 @@
 CAP_SYS_ADMIN; every lock is covered by a lease (clock_lease.py) so that stock clocks come
 back on exit, on SIGINT/SIGTERM, and after a crash (the next start resets them).
 `dry_run=True` records the NVML Set/Reset calls it would make in `calls` and makes none:
-the only mode allowed on shared GPUs.
+the only mode allowed on shared GPUs. Each record is logged too (resets at INFO, locks at
+DEBUG), so a dry run's stock restore on a signal is on record after the process is gone.
 
 The NVML module is `pynvml` unless $KDVFS_NVML_MODULE names another (the tests' fake).
 """
@@ -241,7 +242,9 @@ class NvmlDevice:
         if self._agent_socket is not None and not self.dry_run:
             self._lock_through_agent(pair)
             return
-        if not self.dry_run:
+        if self.dry_run:
+            self._hold_as_if_locked()
+        else:
             self._take_lease()
         self._change("nvmlDeviceSetGpuLockedClocks", (pair.core_mhz, pair.core_mhz))
         if "mem" in self._lock_kinds:
@@ -363,6 +366,13 @@ class NvmlDevice:
         self._holding = True
         clock_lease.hold(self, self.reset_clocks)
 
+    def _hold_as_if_locked(self) -> None:
+        """Dry run: register the restore-on-exit/signal hold a real lock takes (no lease), so
+        the reset a signal would make is recorded too."""
+        if not self._holding:
+            self._holding = True
+            clock_lease.hold(self, self.reset_clocks)
+
     def _lock_through_agent(self, pair: ClockPair) -> None:
         """The agent holds the lease for this connection; the hold resets on exit/signals."""
         if self._agent is None:
@@ -398,7 +408,8 @@ class NvmlDevice:
 
     def _drop_lease(self) -> None:
         if self._holding:
-            self._leases.remove(self.uuid)
+            if not self.dry_run:
+                self._leases.remove(self.uuid)
             clock_lease.let_go(self)
             self._holding = False
 
@@ -411,6 +422,14 @@ class NvmlDevice:
         """One NVML Set/Reset call, or (dry-run) its record in `calls` instead."""
         if self.dry_run:
             self.calls.append((time.time(), fn_name, args))
+            # the record outlives the process in the log: a signal's reset, a survivor's
+            log.log(
+                logging.INFO if "Reset" in fn_name else logging.DEBUG,
+                "kdvfs: GPU %d dry run: %s%s",
+                self.index,
+                fn_name,
+                args,
+            )
             return
         nvml = self._nvml
         try:
