@@ -253,13 +253,13 @@ class StockFigures:
     """Stock as measured in training by `StockReference`.
 
     Attributes:
-        step_s: the mean stock step time (windows weighted by their steps), s.
+        step_s: the stock step time, the median over windows of their mean step time, s.
         account_step_s: the stock the budget is counted against: step_s less
             REFERENCE_MARGIN (the reference's noise), s.
-        energy_per_step_j: the mean stock energy per step, J.
+        energy_per_step_j: the stock energy per step, the median over windows, J.
         window_sd: relative s.d. of one window's energy per step (no unit).
         time_sd_per_root_s: relative s.d. of a step time mean over 1 s (no unit).
-        segment_times_s: each segment's mean time per step at stock, s (in its order).
+        segment_times_s: each segment's time per step at stock, median over windows, s (in its order).
         window_s: the length of the reference's windows, s.
     """
 
@@ -303,16 +303,18 @@ class StockReference:
         windows = self.windows
         steps = np.array([w.step_s for w in windows])
         energy = np.array([w.energy_per_step_j for w in windows])
-        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
-        stock_s = float(np.average(steps, weights=weights))
+        # medians over windows: one stalled step (a 160-ms pause of the host) moves one window's
+        # mean, not the reference; the spreads stay s.d.s, so such a window makes the tuner
+        # more cautious, never bolder (docs/gpu-validation.md, session 6)
+        stock_s = float(np.median(steps))
         mean_window_s = float(np.mean([w.settled_s for w in windows]))
         return StockFigures(
             step_s=stock_s,
             account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
-            energy_per_step_j=float(np.mean(energy)),
+            energy_per_step_j=float(np.median(energy)),
             window_sd=float(np.std(energy / np.mean(energy), ddof=1)),
             time_sd_per_root_s=max(float(np.std(steps / stock_s, ddof=1)) * math.sqrt(mean_window_s), 1e-4),
-            segment_times_s=np.average([w.group_times_s for w in windows], axis=0, weights=weights),
+            segment_times_s=np.median([w.group_times_s for w in windows], axis=0),
             window_s=self.window_s,
         )
 
