@@ -67,6 +67,7 @@ class CounterPoller:
         self.reads = 0
         self.early_updates = 0  # updates already there at the first read after a sleep
         self._gaps_s: list[float] = []
+        self._started_s = self._stopped_s = 0.0
         self.error: BaseException | None = None
         self._updates: list[tuple[float, float]] = []
         self._lock = threading.Lock()
@@ -77,12 +78,27 @@ class CounterPoller:
         self._thread = threading.Thread(target=self._poll, name="kdvfs-counter", daemon=True)
 
     def start(self) -> None:
+        self._started_s = time.monotonic()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._stopped_s = self._stopped_s or time.monotonic()
+
+    def figures(self) -> dict[str, float | int | None]:
+        """What the polling cost and saw: reads, reads a second, the counter period it
+        learnt (s), and the updates that came before a planned wake (seen late)."""
+        end_s = self._stopped_s or time.monotonic()
+        seconds = end_s - self._started_s if self._started_s else 0.0
+        return {
+            "reads": self.reads,
+            "reads_per_s": self.reads / seconds if seconds > 0 else None,
+            "period_s": self.period_s(),
+            "early_updates": self.early_updates,
+            "guard_s": self.guard_s,
+        }
 
     def take(self, until_s: float) -> tuple[tuple[float, float], ...]:
         """The updates seen at or before until_s (host time), oldest first; they are handed out once."""

@@ -438,6 +438,7 @@ class JobTuning:
             "alarms": [{"step": a.step, "reasons": list(a.reasons), "held": a.held} for a in t.alarms],
             "mismatched_steps": len(c.mismatched_steps),
             "clock_requests": len(c.requests),
+            "counter_polling": None if c.poller is None else c.poller.figures(),
             "tuner_answer_s": {  # the median of the last ANSWERS_KEPT; max and total of all
                 "median": answers[len(answers) // 2] if answers else None,
                 "max": c.answer_max_s,
