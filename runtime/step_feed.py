@@ -4,7 +4,8 @@
   sees, as (host time it was seen, J): back to back until it has the counter's period (the
   median gap of observed updates), then asleep until `UPDATE_GUARD_S` before the next
   expected update and back to back from there until it comes (an H200 read takes ~4 ms: this
-  cuts ~200 reads a second to ~40); the sensors (temperature, throttle reasons, enforced power
+  cut ~200 reads a second to 26 on the H200); an update already there at the wake is not
+  handed out (its time is not known: the window closes at the next one); the sensors (temperature, throttle reasons, enforced power
   limit) every `sensor_period_s`. The controller takes the updates
   seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
   windows close at observed updates (../shared/data/h200-window-noise/README.md: polling
@@ -65,7 +66,7 @@ class CounterPoller:
         self.sensor_period_s = sensor_period_s
         self.guard_s = guard_s
         self.reads = 0
-        self.early_updates = 0  # updates already there at the first read after a sleep
+        self.early_updates = 0  # updates already there at the first read after a sleep: not handed out
         self._gaps_s: list[float] = []
         self._started_s = self._stopped_s = 0.0
         self.error: BaseException | None = None
@@ -128,13 +129,14 @@ class CounterPoller:
                 wake_s = None
                 if value_j != self._last_j:
                     self._last_j = value_j
-                    with self._lock:
-                        self._updates.append((now, value_j))
-                    if first_after_sleep:  # it came before the wake: its time is late
+                    if first_after_sleep:  # it came before the wake: when is not known, skip it
                         self.early_updates += 1
-                    elif seen_s is not None:
-                        self._gaps_s.append(now - seen_s)
-                    seen_s = now if not first_after_sleep else None
+                    else:
+                        with self._lock:
+                            self._updates.append((now, value_j))
+                        if seen_s is not None:
+                            self._gaps_s.append(now - seen_s)
+                    seen_s = None if first_after_sleep else now
                     period = self.period_s()
                     if period is not None and self.guard_s is not None and seen_s is not None:
                         wake_s = seen_s + period - self.guard_s

@@ -273,7 +273,11 @@ def _measured_report(args: argparse.Namespace, device, workload, obs, phases: Ph
             f"{best.groups} group{'s' if best.groups != 1 else ''} with {device.switch_latency_s * 1e3:g}-ms clock switches [{label}, switches included]"
         )
     if dry_run:
-        held = chosen == 0 and (best is None or (best.groups == 1 and best.schedule.groups[0][1] is None))
+        held = (
+            chosen == 0
+            and all(p is None for p in passes.choice.values())
+            and (best is None or (best.groups == 1 and best.schedule.groups[0][1] is None))
+        )
         print(
             f"  null test: {requests} clock requests recorded, none applied; the plan is "
             f"{'stock (held)' if held else 'NOT stock (failed)'}; best single cell's apparent saving, median over ops "
