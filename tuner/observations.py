@@ -12,6 +12,7 @@
   must beat, against the lower of the two (`stock_plan_energy_j`), to be chosen, so that
   noise alone does not make a plan (the null test); a cell that beats it is measured again
   beside a fresh stock and must beat it again (`unconfirmed_savings`, `add_confirmation`).
+  The time limit's noise is then the A/A pairs' times (the replayed reference's cancels).
 
 Design and findings (two references, because temperature matters):
 docs/design-tuner.md#observations-what-has-been-measured-and-the-plan-it-supports
@@ -56,6 +57,7 @@ class Observations:
     cost_s: float = 0.0
     on_real_card: bool = False  # plan cells as ratios to their isolated stock, with energy_margin
     stock_repeat_energy_j: np.ndarray = field(init=False)  # the second stock measurement per kernel
+    stock_repeat_time_s: np.ndarray = field(init=False)
     confirmed_ratio: np.ndarray = field(init=False)  # a cell's energy / stock's, measured again
 
     def __post_init__(self) -> None:
@@ -67,6 +69,7 @@ class Observations:
         self.stock_time_s = np.full(len(self.workload), np.nan)
         self.stock_energy_j = np.full(len(self.workload), np.nan)
         self.stock_repeat_energy_j = np.full(len(self.workload), np.nan)
+        self.stock_repeat_time_s = np.full(len(self.workload), np.nan)
         self.confirmed_ratio = np.full(shape, np.nan)
         self.cost_s = self.reference.cost_s
         self._pair_index = {p: j for j, p in enumerate(self.pairs)}
@@ -111,14 +114,18 @@ class Observations:
     def add_stock_repeat(self, k: int, m: Measurement, cost_s: float) -> None:
         """A kernel's second isolated stock measurement (after its pairs): its A/A pair."""
         self.stock_repeat_energy_j[k] = m.energy_j * self.workload.kernels[k].launches
+        self.stock_repeat_time_s[k] = m.time_s * self.workload.kernels[k].launches
         self.measurements += 1
         self.cost_s += cost_s
 
-    def null_sd(self) -> float:
-        """Relative s.d. of one cell's energy, from the kernels' A/A stock pairs: the RMS of
-        their relative differences over sqrt(2) (drift between them counted as noise); NaN
-        with fewer than two pairs."""
-        first, second = self.stock_energy_j, self.stock_repeat_energy_j
+    def null_sd(self, of: str = "energy") -> float:
+        """Relative s.d. of one cell's energy (of="time": time), from the kernels' A/A stock
+        pairs: the RMS of their relative differences over sqrt(2) (drift between them counted
+        as noise); NaN with fewer than two pairs."""
+        if of == "time":
+            first, second = self.stock_time_s, self.stock_repeat_time_s
+        else:
+            first, second = self.stock_energy_j, self.stock_repeat_energy_j
         both = ~(np.isnan(first) | np.isnan(second))
         if both.sum() < 2:
             return math.nan
@@ -206,7 +213,12 @@ class Observations:
         the reference did). Below the reference, only the all-stock plan is safe."""
         ref = self.ref_time_s
         explored = self.counts.sum(axis=1) > 0
-        sd_s = self.reference.time_rel_sd * np.sqrt(2.0 * np.sum(ref[explored] ** 2))
+        rel_sd = self.reference.time_rel_sd
+        if self.on_real_card and not math.isnan(self.null_sd("time")):
+            # a real card's cells are planned as ratios to the isolated stock, in which the
+            # replayed reference's own noise cancels: the ratios' noise is the A/A pairs'
+            rel_sd = self.null_sd("time")
+        sd_s = rel_sd * np.sqrt(2.0 * np.sum(ref[explored] ** 2))
         return (1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s
 
     def kernel_level_choice(self, budget: float) -> dict[str, ClockPair | None]:
