@@ -13,8 +13,10 @@ step against the mean of the two bare runs. Null test: since no clock is applied
 candidate is stock; reported are the adoptions (none may claim a saving beyond its own bound),
 the tuner's running saving (within +-0.3% of zero), and each trial's measured difference.
 Window noise: the tuner's own (energy per step over its 2-s reference windows, step time over
-1 s) beside ../shared/data/h200-window-noise/README.md. `--callbacks`: the Lightning and
-Hugging Face callbacks tuning a small block (shortened timing), a smoke run. Without a GPU
+1 s) beside ../shared/data/h200-window-noise/README.md; what polling the counter cost
+(`counter_polling`: reads a second, the period learnt). `--callbacks`: the Lightning and
+Hugging Face callbacks tuning a small block (shortened timing), a smoke run
+(`--only-callbacks`: that alone). Without a GPU
 (`--device cpu`, small sizes) it runs against the fake NVML: KDVFS_NVML_MODULE=fake_pynvml
 PYTHONPATH=.:tests/runtime. Prints JSON,
 writes tune_job_check.json and the tuning's out_dir under --out. Results: docs/gpu-validation.md.
@@ -154,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=0.01)
     p.add_argument("--strategy", default="botorch")
     p.add_argument("--callbacks", action="store_true", help="also the Lightning and Hugging Face smoke run")
+    p.add_argument("--only-callbacks", action="store_true", help="the callbacks' smoke run alone")
     p.add_argument("--callback-steps", type=int, default=3000)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a check without a GPU")
     p.add_argument("--d-model", type=int, default=2048)
@@ -163,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.only_callbacks:
+        text = json.dumps(
+            {"source": "measured (dry run: no clock applied)", "callbacks": callbacks_smoke(args)}, indent=1
+        )
+        (args.out / "tune_job_check_callbacks.json").write_text(text + "\n")
+        print(text)
+        return 0
     training = Training(args.device, d_model=args.d_model, heads=args.heads, batch=args.batch, seq=args.seq)
     blocks_for(training, args.settle_s, training.step)
     bare_a = blocks_for(training, args.bare_s, training.step)

@@ -1,9 +1,11 @@
 """The device interfaces: what callers need of a GPU, and of a GPU whose kernels we run.
 
 `Device` is the control and sensing surface every GPU has (NVML on a real card, a model on
-the simulated one). `RunnableDevice` adds what only the simulated and replayed devices can do:
-run a kernel themselves on a clock that they keep, and give their noiseless answer, which is
-what plans are evaluated against.
+the simulated one). `KernelRunner` adds running a kernel ourselves and timing it: the
+simulated and replayed devices on a clock they keep, a real card through the recorded ops of
+a training step (runtime/op_device.py) on the host's clock. `RunnableDevice` adds what only a
+model can give: the noiseless answer that plans are evaluated against (a real card's plans
+are evaluated from the table it measured instead: tuner/sweep.py `measured_figures`).
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ class Device(Protocol):
 
 
 @runtime_checkable
-class RunnableDevice(Device, Protocol):
-    """A device whose kernels we run ourselves (simulated or replayed).
+class KernelRunner(Device, Protocol):
+    """A device whose kernels we run ourselves, one at a time, and time.
 
-    Its clock `now_s` advances only through run()/idle(); set_clocks takes effect after
-    `switch_latency_s`, the old clocks running meanwhile.
+    Its clock `now_s` advances through run()/idle() (and, on a real card, on its own);
+    set_clocks takes effect after `switch_latency_s`, the old clocks running meanwhile.
     """
 
     energy_update_period_s: float
@@ -65,6 +67,12 @@ class RunnableDevice(Device, Protocol):
 
     def idle(self, duration_s: float) -> None:
         """Let time pass with no kernel running."""
+
+
+@runtime_checkable
+class RunnableDevice(KernelRunner, Protocol):
+    """A device whose kernels we run ourselves and that knows their noiseless cost (a model:
+    simulated or replayed)."""
 
     def expected(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         """Noiseless (time_s, energy_j) of one launch at a locked pair, or at the reference

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.runtime.device import RunnableDevice
+from kdvfs.runtime.device import KernelRunner
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Measurement
 
 THROTTLES = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
@@ -42,7 +42,7 @@ class IsolatedResult:
 
 
 def measure_isolated(
-    device: RunnableDevice,
+    device: KernelRunner,
     kernel: Kernel,
     pair: ClockPair | None,
     window_s: float = 1.0,
@@ -54,7 +54,9 @@ def measure_isolated(
     else:
         device.set_clocks(pair)
     first_s = device.run(kernel, 1)
-    launches = max(1, int(CHUNK_S / first_s))
+    # a real card's cells of one kernel run in chunks of one size: per-chunk overheads alike
+    fixed = getattr(device, "chunk_launches", None)
+    launches = fixed(kernel, CHUNK_S) if callable(fixed) else max(1, int(CHUNK_S / first_s))
     # warm up past the switch latency, then wait for a counter update to open the window
     _run_for(device, kernel, launches, device.switch_latency_s + 2 * CHUNK_S)
     _await_counter(device, lambda: device.run(kernel, launches))
@@ -75,13 +77,13 @@ def measure_isolated(
     )
 
 
-def _run_for(device: RunnableDevice, kernel: Kernel, launches: int, duration_s: float) -> None:
+def _run_for(device: KernelRunner, kernel: Kernel, launches: int, duration_s: float) -> None:
     end_s = device.now_s() + duration_s
     while device.now_s() < end_s:
         _step(device, lambda: device.run(kernel, launches))
 
 
-def _step(device: RunnableDevice, work):
+def _step(device: KernelRunner, work):
     """Do `work` (which runs kernels); KdvfsError when the device's clock did not advance, as
     with absurd recorded times, so that no loop waits on a time that cannot come."""
     before_s = device.now_s()
@@ -93,7 +95,7 @@ def _step(device: RunnableDevice, work):
     return result
 
 
-def _await_counter(device: RunnableDevice, work) -> tuple[float, int]:
+def _await_counter(device: KernelRunner, work) -> tuple[float, int]:
     """Do `work` until the energy counter updates (at most COUNTER_WAIT_S of device time);
     the summed float results of `work` and how many times it ran."""
     energy_s, start_s = device.energy_j(), device.now_s()
@@ -123,7 +125,7 @@ class IterationReference:
 
 
 def measure_reference_iterations(
-    device: RunnableDevice, kernels: Sequence[Kernel], warmup_s: float = 120.0, window_s: float = 20.0
+    device: KernelRunner, kernels: Sequence[Kernel], warmup_s: float = 120.0, window_s: float = 20.0
 ) -> IterationReference:
     """Run the iteration at stock clocks for warmup_s (thermal settling: four time constants of
     a card's ~20-30 s), then measure window_s of it (an energy counter read over 20 s averages
@@ -166,5 +168,5 @@ def measure_reference_iterations(
     )
 
 
-def _iteration(device: RunnableDevice, kernels: Sequence[Kernel]) -> np.ndarray:
+def _iteration(device: KernelRunner, kernels: Sequence[Kernel]) -> np.ndarray:
     return np.array([device.run(k, k.launches) for k in kernels])

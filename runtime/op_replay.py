@@ -7,7 +7,9 @@
 - `record_ops`: profile a few training steps with record_shapes and keep their ops;
 - `rebuild`: a callable that runs one recorded op on random inputs of its recorded shapes and
   dtypes (integer inputs are zeros, valid as indices), or None where the op cannot be rebuilt;
-- `time_rebuilt`: its time per call, run back to back (CUDA events on a GPU).
+- `time_rebuilt`: its time per call, run back to back (CUDA events on a GPU);
+- `save_ops` / `load_ops`: a recording as a JSON file (`kdvfs sweep --workload ops:FILE`;
+  experiments/record_step_ops.py writes one).
 This is how a real card gets the founding paper's per-kernel measurements: each op of the
 step, repeated at a clock pair (issue 15); the check that they are the same kernels is
 experiments/op_replay_check.py.
@@ -15,15 +17,19 @@ experiments/op_replay_check.py.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from kdvfs.runtime.torch_discovery import is_outermost_compute_op
+from kdvfs.runtime.types import KdvfsError
 
 TORCH_DTYPES = {
     "float": torch.float32,
@@ -55,7 +61,9 @@ class RecordedOp:
         values: each input's recorded value where it is a scalar, else None.
         position: the op's index among the step's recorded ops.
         device_time_s: time its kernels took inside the step, mean over the steps recorded
-            (0 on the CPU, where it is the op's own CPU time).
+            (on the CPU, where there are no kernels: the op's own CPU time).
+        pass_name: the pass it ran in, from the profiler's enclosing ranges: "backward" under
+            an autograd engine function, "optimizer" under an Optimizer.step, else "forward".
     """
 
     name: str
@@ -66,6 +74,7 @@ class RecordedOp:
     values: tuple[Any, ...]
     position: int
     device_time_s: float
+    pass_name: str = "forward"
 
 
 def record_ops(
@@ -112,9 +121,64 @@ def record_ops(
                 values=tuple(e.concrete_inputs or ()),
                 position=i,
                 device_time_s=device_s,
+                pass_name=_pass_of(e),
             )
         )
     return out
+
+
+def _pass_of(event) -> str:
+    """The pass an op ran in, from the ranges enclosing it (the profiler's parents)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("autograd::engine::evaluate_function"):
+            return "backward"
+        if parent.name.startswith("Optimizer."):
+            return "optimizer"
+        parent = parent.cpu_parent
+    return "forward"
+
+
+OPS_FORMAT = "kdvfs-recorded-ops/1"
+"""The `format` of a recording file (save_ops)."""
+
+
+def save_ops(ops: Sequence[RecordedOp], path: Path, *, device: str, about: str = "") -> None:
+    """Write a recording as JSON: the torch device type it ran on ("cuda", "cpu") and its ops."""
+    doc = {
+        "format": OPS_FORMAT,
+        "device": device,
+        "about": about,
+        "ops": [dataclasses.asdict(op) for op in ops],
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_ops(path: Path) -> tuple[list[RecordedOp], str]:
+    """A recording written by save_ops: its ops and the torch device type they ran on
+    (KdvfsError naming the problem for a file that is not one)."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise KdvfsError(f"recorded ops {path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError:
+        raise KdvfsError(f"recorded ops {path}: not JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != OPS_FORMAT or not isinstance(doc.get("ops"), list):
+        raise KdvfsError(
+            f"recorded ops {path}: not a {OPS_FORMAT} file (write one with kdvfs.experiments.record_step_ops)"
+        )
+    fields = {f.name for f in dataclasses.fields(RecordedOp)}
+    try:
+        ops = [RecordedOp(**{k: _tuple(v) for k, v in op.items() if k in fields}) for op in doc["ops"]]
+    except TypeError as exc:
+        raise KdvfsError(f"recorded ops {path}: an op lacks a field ({exc})") from None
+    if not ops:
+        raise KdvfsError(f"recorded ops {path}: no ops")
+    return ops, str(doc.get("device", "cuda"))
+
+
+def _tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _recorded(event, kineto: dict, attribute: str, method: str) -> list:

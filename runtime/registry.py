@@ -5,7 +5,8 @@ Devices:   sim:PRESET (rtx3080ti, a100, h100, h200; NAME-fastswitch for a fast c
 Workloads: gpt3-xl-layer[:batch=N,seq=N], gpt3-xl[:batch=N,seq=N] (the whole step),
            gpt3-xl-dpN[:batch=N,seq=N,link_gbs=N] (with an N-rank all-reduce),
            trace:CSV (a torch.profiler kernel trace),
-           table (the kernels of a replay device's table).
+           table (the kernels of a replay device's table),
+           ops:FILE (the recorded ops of a training step, run on nvml:INDEX: open_op_replay).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def open_device(spec: str, *, seed: int = 0, noise: float | None = None, full_gr
     if kind == "nvml":
         from kdvfs.runtime.nvml_device import NvmlDevice
 
+        if not (arg or "0").isdigit():
+            raise KdvfsError(f"device {spec!r}: the GPU index must be a whole number, as nvml:0")
         return NvmlDevice(int(arg or 0), dry_run=True)
     raise KdvfsError(f"unknown device {spec!r}: use sim:PRESET, replay:CSV or nvml:INDEX")
 
@@ -53,13 +56,17 @@ def open_workload(spec: str, device: Device | None = None) -> Workload:
         if not arg:
             raise KdvfsError("trace workload needs a file: trace:PATH.csv")
         return load_trace(Path(arg))
+    if kind == "ops":
+        raise KdvfsError(
+            f"workload {spec!r}: recorded ops run on a real GPU: use it with --device nvml:INDEX"
+        )
     if kind == "table":
         table = getattr(device, "table", None)
         if table is None:
             raise KdvfsError("workload 'table' needs a replay:CSV device")
         return table.workload()
     raise KdvfsError(
-        f"unknown workload {spec!r}: use gpt3-xl-layer, gpt3-xl, gpt3-xl-dpN, trace:CSV or table"
+        f"unknown workload {spec!r}: use gpt3-xl-layer, gpt3-xl, gpt3-xl-dpN, trace:CSV, table or ops:FILE"
     )
 
 
@@ -94,3 +101,31 @@ def _int_options(spec: str, arg: str, allowed: tuple[str, ...]) -> dict[str, int
             )
         options[key] = int(value)
     return options
+
+
+def open_op_replay(device_spec: str, workload_spec: str):
+    """A real card and the recorded ops of a training step it runs (runtime/op_device.py):
+    device_spec nvml:INDEX (dry run), workload_spec ops:FILE (op_replay.save_ops). The ops are
+    rebuilt where they were recorded (the file says: cuda, or cpu in the tests)."""
+    from kdvfs.runtime.nvml_device import NvmlDevice
+    from kdvfs.runtime.op_device import OpReplayDevice
+    from kdvfs.runtime.op_replay import load_ops
+
+    kind, _, arg = device_spec.partition(":")
+    if kind != "nvml":
+        raise KdvfsError(
+            f"workload {workload_spec!r}: recorded ops run on a real GPU, --device nvml:INDEX, not {device_spec!r}"
+        )
+    if not (arg or "0").isdigit():
+        raise KdvfsError(f"device {device_spec!r}: the GPU index must be a whole number, as nvml:0")
+    path = Path(workload_spec.partition(":")[2])
+    if not path.name:
+        raise KdvfsError("ops workload needs a file: ops:PATH.json")
+    ops, torch_device = load_ops(path)
+    card = NvmlDevice(int(arg or 0), dry_run=True)
+    try:
+        device = OpReplayDevice(card, ops, torch_device=torch_device, name=path.stem)
+    except BaseException:
+        card.close()
+        raise
+    return device, device.workload

@@ -1,8 +1,12 @@
 """What a real training loop hands the tuner each step: the counter and sensors, read aside.
 
-- `CounterPoller`: reads the energy counter back to back on a thread of its own and keeps
-  every update it sees, as (host time it was seen, J); the sensors (temperature, throttle
-  reasons, enforced power limit) every `sensor_period_s`. The controller takes the updates
+- `CounterPoller`: reads the energy counter on a thread of its own and keeps every update it
+  sees, as (host time it was seen, J): back to back until it has the counter's period (the
+  median gap of observed updates), then asleep until `UPDATE_GUARD_S` before the next
+  expected update and back to back from there until it comes (an H200 read takes ~4 ms: this
+  cut ~200 reads a second to 26 on the H200); an update already there at the wake is not
+  handed out (its time is not known: the window closes at the next one); the sensors (temperature, throttle reasons, enforced power
+  limit) every `sensor_period_s`. The controller takes the updates
   seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
   windows close at observed updates (../shared/data/h200-window-noise/README.md: polling
   sees an update within ~2 ms; the NVML field-value timestamp is no better a clock).
@@ -31,6 +35,11 @@ log = logging.getLogger(__name__)
 COUNTER_POLL_S = 0.001
 #: Time between two reads of temperature, throttle reasons and power limit, s.
 SENSOR_PERIOD_S = 0.5
+#: How long before an expected counter update the poller wakes to read back to back, s
+#: (the H200's update gaps spread 97-103 ms around its 100 ms).
+UPDATE_GUARD_S = 0.008
+#: Observed update gaps the period estimate needs before the poller sleeps between updates.
+PERIOD_GAPS = 5
 
 
 class CounterPoller:
@@ -38,17 +47,28 @@ class CounterPoller:
 
     Args:
         device: the card (energy_j; temperature_c, throttle_reasons, power_limit_w where it has them).
-        poll_s: pause between two counter reads, s.
+        poll_s: pause between two counter reads while reading back to back, s.
         sensor_period_s: time between two sensor reads, s.
+        guard_s: how long before an expected update the poller wakes, s; None: never sleeps
+            between updates (reads back to back throughout).
     """
 
     def __init__(
-        self, device: Device, *, poll_s: float = COUNTER_POLL_S, sensor_period_s: float = SENSOR_PERIOD_S
+        self,
+        device: Device,
+        *,
+        poll_s: float = COUNTER_POLL_S,
+        sensor_period_s: float = SENSOR_PERIOD_S,
+        guard_s: float | None = UPDATE_GUARD_S,
     ) -> None:
         self.device = device
         self.poll_s = poll_s
         self.sensor_period_s = sensor_period_s
+        self.guard_s = guard_s
         self.reads = 0
+        self.early_updates = 0  # updates already there at the first read after a sleep: not handed out
+        self._gaps_s: list[float] = []
+        self._started_s = self._stopped_s = 0.0
         self.error: BaseException | None = None
         self._updates: list[tuple[float, float]] = []
         self._lock = threading.Lock()
@@ -59,12 +79,27 @@ class CounterPoller:
         self._thread = threading.Thread(target=self._poll, name="kdvfs-counter", daemon=True)
 
     def start(self) -> None:
+        self._started_s = time.monotonic()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._stopped_s = self._stopped_s or time.monotonic()
+
+    def figures(self) -> dict[str, float | int | None]:
+        """What the polling cost and saw: reads, reads a second, the counter period it
+        learnt (s), and the updates that came before a planned wake (seen late)."""
+        end_s = self._stopped_s or time.monotonic()
+        seconds = end_s - self._started_s if self._started_s else 0.0
+        return {
+            "reads": self.reads,
+            "reads_per_s": self.reads / seconds if seconds > 0 else None,
+            "period_s": self.period_s(),
+            "early_updates": self.early_updates,
+            "guard_s": self.guard_s,
+        }
 
     def take(self, until_s: float) -> tuple[tuple[float, float], ...]:
         """The updates seen at or before until_s (host time), oldest first; they are handed out once."""
@@ -77,21 +112,45 @@ class CounterPoller:
         """(temperature C, throttle reasons, power limit W) as last read."""
         return self._sensors
 
+    def period_s(self) -> float | None:
+        """The counter's update period: the median gap between updates seen while reading
+        back to back (None until PERIOD_GAPS of them)."""
+        gaps = sorted(self._gaps_s[-51:])
+        return gaps[len(gaps) // 2] if len(gaps) >= PERIOD_GAPS else None
+
     def _poll(self) -> None:
         try:
-            while not self._stop.wait(self.poll_s):
+            wake_s = seen_s = None  # the next planned wake; when the last update was seen
+            while not self._stop.wait(self._pause_s(wake_s)):
                 value_j = self.device.energy_j()
                 now = time.monotonic()
                 self.reads += 1
+                first_after_sleep = wake_s is not None
+                wake_s = None
                 if value_j != self._last_j:
                     self._last_j = value_j
-                    with self._lock:
-                        self._updates.append((now, value_j))
+                    if first_after_sleep:  # it came before the wake: when is not known, skip it
+                        self.early_updates += 1
+                    else:
+                        with self._lock:
+                            self._updates.append((now, value_j))
+                        if seen_s is not None:
+                            self._gaps_s.append(now - seen_s)
+                    seen_s = None if first_after_sleep else now
+                    period = self.period_s()
+                    if period is not None and self.guard_s is not None and seen_s is not None:
+                        wake_s = seen_s + period - self.guard_s
                 if now - self._sensors_s >= self.sensor_period_s:
                     self._sensors, self._sensors_s = self._read_sensors(), now
         except Exception as exc:  # the card stopped answering: the tuner sees no more updates
             self.error = exc
             log.warning("kdvfs: energy counter poller stopped: %s", exc)
+
+    def _pause_s(self, wake_s: float | None) -> float:
+        """poll_s while reading back to back, else the time to the planned wake."""
+        if wake_s is None:
+            return self.poll_s
+        return max(wake_s - time.monotonic(), self.poll_s)
 
     def _read_sensors(self) -> tuple[float, frozenset[str], float]:
         return (

@@ -279,7 +279,8 @@ class ClockController:
         self.answer_total_s = 0.0
         self.answer_max_s = 0.0
         self._next: Schedule | None = None  # the tuner's answer, applied from the next step
-        self._poller = CounterPoller(device, poll_s=poll_s) if tuner is not None else None
+        self.poller = CounterPoller(device, poll_s=poll_s) if tuner is not None else None
+        """The energy counter's poller (None without a tuner); its figures() say what polling cost."""
         self._site_groups = site_groups(schedule, kernel_sites, len(self.placement.sites))
         self._site_stamps: list[Any] = []
         self._anchor: tuple[Any, float] | None = None  # (stamp, host time the GPU reached it)
@@ -316,8 +317,8 @@ class ClockController:
         # registered before the device's own restore (taken at its first lock, which this
         # controller makes), so a signal halts the controller first, then resets the card
         clock_lease.hold(self, self.halt)
-        if self._poller is not None:
-            self._poller.start()
+        if self.poller is not None:
+            self.poller.start()
         self._thread.start()
 
     def halt(self) -> None:
@@ -331,8 +332,8 @@ class ClockController:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
-        if self._poller is not None:
-            self._poller.stop()
+        if self.poller is not None:
+            self.poller.stop()
         clock_lease.let_go(self)
 
     @property
@@ -443,13 +444,13 @@ class ClockController:
         that fails is logged and dropped: training goes on at stock clocks."""
         anchor, anchor_s = self._anchor
         end_s = anchor_s + end.seconds_since(anchor)
-        temperature_c, reasons, limit_w = self._poller.sensors()
+        temperature_c, reasons, limit_w = self.poller.sensors()
         report = StepReport(
             step=step,
             end_s=end_s,
             step_time_s=step_s,
             group_times_s=self._group_times(end, step_s),
-            counter_readings=self._poller.take(end_s),
+            counter_readings=self.poller.take(end_s),
             temperature_c=temperature_c,
             throttle_reasons=reasons,
             power_limit_w=limit_w,

@@ -31,6 +31,11 @@ from kdvfs.runtime.types import Workload
 
 #: Training at stock measured as the reference; s.
 REFERENCE_S = 20.0
+#: A reference window whose step time lies beyond this many scaled MADs of the windows'
+#: median is left out of the stock figures (a stalled step); no unit.
+OUTLIER_MADS = 5.0
+#: ... and beyond this fraction of the median: windows this close to it always count; no unit.
+OUTLIER_FLOOR = 0.005
 #: Share of the measured stock step time taken off it in the account (the reference's noise); a fraction.
 REFERENCE_MARGIN = 0.002
 #: Length of one trial window before it closes at the next observed counter update; s.
@@ -381,13 +386,14 @@ class StockFigures:
     """Stock as measured in training by `StockReference`.
 
     Attributes:
-        step_s: the mean stock step time (windows weighted by their steps), s.
+        step_s: the mean stock step time (windows weighted by their steps; a window far off the
+            others left out: `_typical`), s.
         account_step_s: the stock the budget is counted against: step_s less
             REFERENCE_MARGIN (the reference's noise), s.
-        energy_per_step_j: the mean stock energy per step, J.
+        energy_per_step_j: the mean stock energy per step over the same windows, J.
         window_sd: relative s.d. of one window's energy per step (no unit).
         time_sd_per_root_s: relative s.d. of a step time mean over 1 s (no unit).
-        segment_times_s: each segment's mean time per step at stock, s (in its order).
+        segment_times_s: each segment's mean time per step at stock, same windows, s (in its order).
         window_s: the length of the reference's windows, s.
     """
 
@@ -433,7 +439,12 @@ class StockReference:
         windows = self.windows
         steps = np.array([w.step_s for w in windows])
         weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
-        stock_s = float(np.average(steps, weights=weights))
+        # a window far off the others (a stalled step: a 160-ms pause of the host) is left out
+        # of the stock figures; the spreads keep it, so it makes the tuner more cautious, never
+        # bolder. Not the median: a window's figures are skewed, and the median's bias broke
+        # the simulated null tests (docs/gpu-validation.md, session 9).
+        kept = _typical(steps)
+        stock_s = float(np.average(steps[kept], weights=weights[kept]))
         # the spread of one rank's windows about its own mean; a pooled window's mean is
         # sqrt(ranks) tighter (ranks may differ a little in level: it cancels in a trial)
         rank_energy = np.array([w.rank_energies_j for w in windows])  # windows x ranks
@@ -442,10 +453,12 @@ class StockReference:
         return StockFigures(
             step_s=stock_s,
             account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
-            energy_per_step_j=float(np.mean(rank_energy)),
+            energy_per_step_j=float(np.mean(rank_energy[kept])),
             window_sd=_rank_sd(rank_energy) / math.sqrt(rank_energy.shape[1]),
             time_sd_per_root_s=max(_rank_sd(rank_steps) * math.sqrt(mean_window_s), 1e-4),
-            segment_times_s=np.average([w.group_times_s for w in windows], axis=0, weights=weights),
+            segment_times_s=np.average(
+                [w.group_times_s for w, k in zip(windows, kept) if k], axis=0, weights=weights[kept]
+            ),
             window_s=self.window_s,
         )
 
@@ -453,6 +466,14 @@ class StockReference:
 def _rank_sd(values: np.ndarray) -> float:
     """The relative s.d. of one rank's windows (windows x ranks), each rank about its own mean."""
     return float(np.sqrt(np.mean(np.var(values / values.mean(axis=0), axis=0, ddof=1))))
+
+
+def _typical(values: np.ndarray) -> np.ndarray:
+    """Which values lie within max(OUTLIER_MADS scaled median absolute deviations,
+    OUTLIER_FLOOR x the median) of their median: near-equal values all stay."""
+    median = float(np.median(values))
+    mad = 1.4826 * float(np.median(np.abs(values - median)))
+    return np.abs(values - median) <= max(OUTLIER_MADS * mad, OUTLIER_FLOOR * abs(median))
 
 
 @dataclass(frozen=True)

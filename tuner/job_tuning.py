@@ -52,6 +52,7 @@ from kdvfs.runtime.trials import REFERENCE_MARGIN
 from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import Plan, plan_schedule, save_plan
 from kdvfs.tuner.plan_store import PlanStore
+from kdvfs.tuner.step_priors import sweep_prior
 from kdvfs.tuner.step_tuner import (
     DEFAULT_STRATEGY,
     Settled,
@@ -123,6 +124,9 @@ class JobTuning:
             DEFAULT_SWITCH_LATENCY_S).
         energy_update_period_s: the counter's update period, s (None: the device's, else
             DEFAULT_ENERGY_UPDATE_PERIOD_S).
+        prior_sweep: a real card's sweep (the JSON of kdvfs sweep --device nvml:N --workload
+            ops:FILE): where no plan is stored, its pass-level plan is verified first
+            (step_priors.sweep_prior).
         progress_s: time between two progress lines in the log, s.
         poll_s: pause between two energy-counter reads, s (runtime/step_feed.py).
         warmup_s: the first seconds of training, at stock and not reported to the tuner, s.
@@ -151,6 +155,7 @@ class JobTuning:
         timing: StepTiming | None = None,
         switch_latency_s: float | None = None,
         energy_update_period_s: float | None = None,
+        prior_sweep: Path | str | None = None,
         progress_s: float = PROGRESS_S,
         poll_s: float = COUNTER_POLL_S,
         warmup_s: float = WARMUP_S,
@@ -170,6 +175,9 @@ class JobTuning:
             self.workload = workload or site_workload(sites or _default_sites(model, optimizer))
             self.store = _plan_store(plan_store)
             stored = self._stored_plan()
+            prior = plan_schedule(stored) if stored is not None else None
+            if prior is None and prior_sweep is not None:
+                prior = sweep_prior(Path(prior_sweep), self.workload)
             self.tuner = StepTuner(
                 self.workload,
                 list(self.device.grid.pairs),
@@ -186,7 +194,7 @@ class JobTuning:
                 strategy=strategy,
                 seed=seed,
                 boundaries=_site_starts(self.workload),
-                prior=None if stored is None else plan_schedule(stored),
+                prior=prior,
                 timing=timing,
                 pool=pool,
             )
@@ -231,7 +239,11 @@ class JobTuning:
             100 * budget,
             strategy,
             len(workload_sites(self.workload)[0]),
-            "" if stored is None else ", the stored plan verified first",
+            ", the stored plan verified first"
+            if stored is not None
+            else ", the sweep's pass-level plan verified first"
+            if prior is not None
+            else "",
             "" if self.run is None else f", MLflow run at {self.run.url_or_path}",
         )
 
@@ -447,6 +459,7 @@ class JobTuning:
             "alarms": [{"step": a.step, "reasons": list(a.reasons), "held": a.held} for a in t.alarms],
             "mismatched_steps": len(c.mismatched_steps),
             "clock_requests": len(c.requests),
+            "counter_polling": None if c.poller is None else c.poller.figures(),
             "tuner_answer_s": {  # the median of the last ANSWERS_KEPT; max and total of all
                 "median": answers[len(answers) // 2] if answers else None,
                 "max": c.answer_max_s,

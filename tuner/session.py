@@ -41,7 +41,7 @@ POINT_EVERY_S = 1.0
 #: A card whose clock switch lands within this is switched at every kernel by "auto" sites; s.
 FAST_SWITCH_S = 1e-3
 
-PriorSource = Literal["store", "transferred", "model", "none"]
+PriorSource = Literal["store", "transferred", "measured", "model", "none"]
 Sites = Literal["auto", "modules", "kernels"]
 
 
@@ -97,11 +97,13 @@ def choose_prior(
     store: PlanStore | None,
     model: ModelDevice | None,
     sites: list[int] | None = None,
+    measured: Schedule | None = None,
 ) -> Prior:
     """The stored plan for this GPU, grid and workload; else another GPU's plan for the workload
-    carried to this card's clocks; else the plan of the card's own model (`model`: a noiseless
-    copy of a simulated card); else none. A stored plan that is refused (bad file) is said, and
-    skipped."""
+    carried to this card's clocks; else a plan from this card's measured table (`measured`:
+    step_priors.sweep_prior of a real card's sweep); else the plan of the card's own model
+    (`model`: a noiseless copy of a simulated card); else none. A stored plan that is refused
+    (bad file) is said, and skipped."""
     note = None
     if store is not None:
         try:
@@ -123,6 +125,8 @@ def choose_prior(
                 f"{note}; the plan of {other.gpu_name} for this workload carried to this card's clocks "
                 f"by relative position ({clocks} MHz)",
             )
+    if measured is not None:
+        return Prior(measured, "measured", note)
     if model is not None:
         return Prior(model_plan(model, workload, budget, sites), "model", note)
     return Prior(None, "none", note)

@@ -9,6 +9,8 @@
 - `plan_prior`: grouping.py's least-energy grouping within the budget, its group starts
   moved to the nearest switch site: the groups the tuner explores and the schedule it
   verifies first. A prior, not a requirement: trials in training decide what is adopted.
+- `sweep_prior`: a real card's measured table (the JSON of `kdvfs sweep --device nvml:N
+  --workload ops:FILE`): its pass-level plan carried onto a job's pass sites.
 
 Design: docs/design-step-tuner.md (groups).
 """
@@ -16,7 +18,9 @@ Design: docs/design-step-tuner.md (groups).
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -121,3 +125,35 @@ def model_plan(device, workload: Workload, budget: float, sites: list[int] | Non
     return plan_prior(
         model_prior(device, workload), sites, device.switch_latency_s, PRIOR_BUDGET_SHARE * budget
     )
+
+
+def sweep_prior(path: Path, workload: Workload) -> Schedule | None:
+    """The pass-level plan of a real card's sweep (its JSON) as a schedule of `workload`'s
+    segments: each segment at the pair the sweep planned for its pass (stock for a pass the
+    sweep did not plan), consecutive equal pairs merged; None when the plan is all stock
+    (nothing to verify). KdvfsError naming the problem for a file that is not such a sweep."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise KdvfsError(f"sweep {path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError:
+        raise KdvfsError(f"sweep {path}: not JSON") from None
+    if not isinstance(doc, dict) or doc.get("source") != "measured" or "cells" not in doc:
+        raise KdvfsError(
+            f"sweep {path}: not the JSON of a real card's sweep (kdvfs sweep --device nvml:N --workload ops:FILE --json)"
+        )
+    plan = doc.get("pass_level", {}).get("plan", {})
+    by_pass: dict[str, ClockPair | None] = {}
+    for cell in doc["cells"]:
+        pair = plan.get(cell["kernel"])
+        by_pass.setdefault(cell["pass"], None if pair is None else ClockPair(*pair))
+    groups: list[tuple[int, ClockPair | None]] = []
+    for i, kernel in enumerate(workload.kernels):
+        pair = by_pass.get(kernel.pass_name)
+        if not groups or groups[-1][1] != pair:
+            groups.append((i, pair))
+    if all(pair is None for _, pair in groups):
+        return None
+    if groups[0][0] != 0:
+        groups.insert(0, (0, None))
+    return Schedule(tuple(groups))

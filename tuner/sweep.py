@@ -5,6 +5,12 @@ repeats per measurement), and the plan is the exact least-energy choice under th
 time limit (observations.Observations); the pass-level plan is the same with one pair per pass.
 The reference comes first: training iterations at stock clocks, then each kernel's isolated
 stock measurement (observations.py says why both).
+
+On a real card (runtime/op_device.py: the recorded ops of a step, rebuilt) nothing gives a
+noiseless answer: `measured_figures` and `measured_realisable` evaluate plans from the
+measured table itself (each kernel's cells as ratios to its isolated stock, times the training
+reference), and each kernel's stock is measured again after its pairs, whose A/A spread sets
+the margin a pair must beat (observations.py, `energy_margin`).
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.runtime.device import RunnableDevice
+from kdvfs.runtime.device import KernelRunner, RunnableDevice
 from kdvfs.runtime.iteration import Schedule
-from kdvfs.runtime.measure import measure_reference_iterations
+from kdvfs.runtime.measure import measure_isolated, measure_reference_iterations
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.types import ClockPair, Kernel, Workload
 from kdvfs.tuner.grouping import group_kernels
@@ -36,7 +42,7 @@ class PlanFigures:
 
 
 def run_sweep(
-    device: RunnableDevice,
+    device: KernelRunner,
     workload: Workload,
     window_s: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
@@ -46,13 +52,32 @@ def run_sweep(
     return measure_every_pair(device, sweep_reference(device, workload), window_s, progress)
 
 
-def sweep_reference(device: RunnableDevice, workload: Workload) -> Observations:
-    """A sweep's first phase: training iterations at stock; nothing measured at a pair yet."""
-    return Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
+def sweep_reference(
+    device: KernelRunner,
+    workload: Workload,
+    pairs: tuple[ClockPair, ...] | None = None,
+    warmup_s: float = 120.0,
+    window_s: float = 20.0,
+) -> Observations:
+    """A sweep's first phase: training iterations at stock (warmup_s, then window_s of them,
+    s); nothing measured at a pair yet. pairs: those to sweep (None: the whole grid)."""
+    reference = measure_reference_iterations(device, workload.kernels, warmup_s, window_s)
+    obs = Observations(workload, device.grid.pairs if pairs is None else pairs, reference)
+    obs.on_real_card = device.source == "measured"
+    return obs
+
+
+def spread_pairs(pairs: tuple[ClockPair, ...], count: int) -> tuple[ClockPair, ...]:
+    """`count` pairs spread evenly over a grid's pairs in its order (both ends included)."""
+    if count >= len(pairs):
+        return pairs
+    if count == 1:
+        return (pairs[0],)
+    return tuple(pairs[round(i * (len(pairs) - 1) / (count - 1))] for i in range(count))
 
 
 def measure_every_pair(
-    device: RunnableDevice,
+    device: KernelRunner,
     obs: Observations,
     window_s: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
@@ -60,7 +85,9 @@ def measure_every_pair(
     """A sweep's second phase, into `obs` as it goes (an interrupted sweep keeps what it
     measured): every distinct kernel at stock and at every pair of the grid. A kernel doing the
     same work as one already measured (the same kernel of another layer) shares its
-    measurements instead of being measured again."""
+    measurements instead of being measured again. On a real card each kernel's stock is
+    measured again after its pairs (the A/A pair of Observations.null_sd), and at the end each
+    cell that beat its stock by the margin is measured again beside a fresh stock."""
     workload = obs.workload
     first: dict[tuple, int] = {}
     by_work = getattr(device, "costs_by_work", False)  # else a kernel's costs go by its name (a table)
@@ -74,9 +101,16 @@ def measure_every_pair(
                 measure_cell(device, obs, i, pair, window_s)
                 if progress is not None:
                     progress(n * len(obs.pairs) + j + 1, total)
+            if obs.on_real_card:
+                again = measure_isolated(device, workload.kernels[i], None, window_s)
+                obs.add_stock_repeat(i, again.measurement, again.cost_s)
             for copy, source in enumerate(copies):
                 if source == i and copy != i:
                     obs.share(i, copy)
+        for k, j in obs.unconfirmed_savings():  # a real card's apparent savings, measured again
+            again = measure_isolated(device, workload.kernels[k], obs.pairs[j], window_s)
+            stock = measure_isolated(device, workload.kernels[k], None, window_s)
+            obs.add_confirmation(k, j, again.measurement, stock.measurement, again.cost_s + stock.cost_s)
     finally:
         device.reset_clocks()
     return obs
@@ -97,11 +131,14 @@ def _work(kernel: Kernel) -> tuple:
 
 def pass_level_choice(obs: Observations, budget: float) -> dict[str, ClockPair | None]:
     """One setting per pass (forward / backward / optimizer): a pair every kernel of the pass
-    holds, or stock; same time limit."""
+    holds, or stock; same time limit (all stock when the noise margin leaves no budget, as
+    for the kernel-level plan: the H200 sweep of session 9 found a pass-level plan of noise)."""
+    if obs.time_limit_s(budget) < float(obs.ref_time_s.sum()):
+        return {k.name: None for k in obs.workload.kernels}
     passes = [k.pass_name for k in obs.workload.kernels]
     time_s, energy_j = obs.plannable()
     times = np.column_stack([time_s, obs.ref_time_s])
-    energies = np.column_stack([energy_j, _stock_energy_j(obs)])
+    energies = np.column_stack([energy_j, obs.stock_plan_energy_j()])
     per_pass, _ = pass_level(list(times), list(energies), passes, obs.time_limit_s(budget))
     options = (*obs.pairs, None)
     return {k.name: options[per_pass[k.pass_name]] for k in obs.workload.kernels}
@@ -153,3 +190,50 @@ def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisa
     )
     saving, slowdown = schedule_figures(device, obs.workload, schedule)
     return Realisable(schedule, saving, slowdown)
+
+
+def measured_figures(obs: Observations, choice: dict[str, ClockPair | None]) -> PlanFigures:
+    """A per-kernel plan evaluated from the measured table (a real card has no noiseless
+    answer): each kernel at its pair as measured (a ratio to its isolated stock, times its
+    training reference), at stock as the references; switch cost ignored. Kernels not
+    measured at their pair count as stock."""
+    time_m, energy_m = obs.measured_cells()
+    ref_t = obs.ref_time_s
+    ref_e = _stock_energy_j(obs)
+    index = {p: j for j, p in enumerate(obs.pairs)}
+    t, e = ref_t.copy(), ref_e.copy()
+    for k, kernel in enumerate(obs.workload.kernels):
+        pair = choice[kernel.name]
+        if pair is not None and not np.isnan(energy_m[k, index[pair]]):
+            t[k], e[k] = time_m[k, index[pair]], energy_m[k, index[pair]]
+    time_s, energy_j = float(t.sum()), float(e.sum())
+    return PlanFigures(
+        dict(choice), 1.0 - energy_j / float(ref_e.sum()), time_s / float(ref_t.sum()) - 1.0, time_s, energy_j
+    )
+
+
+def measured_realisable(obs: Observations, budget: float, switch_latency_s: float) -> Realisable:
+    """The realisable schedule planned from a real card's table (the energy margin applied,
+    as for the per-kernel plan) and evaluated on the measured cells, switches priced as
+    grouping.evaluate_grouping does."""
+    from kdvfs.tuner.grouping import evaluate_grouping
+
+    time_p, energy_p = obs.plannable()
+    time_m, energy_m = obs.measured_cells()
+    stock_e = _stock_energy_j(obs)
+    columns = [*obs.pairs, None]
+    t = np.column_stack([time_m, obs.ref_time_s])
+    grouping = group_kernels(
+        np.column_stack([time_p, obs.ref_time_s]),
+        np.column_stack([energy_p, obs.stock_plan_energy_j()]),
+        switch_latency_s,
+        obs.time_limit_s(budget),
+        0.0,
+    )
+    groups = (
+        [(g.start, g.pair_index) for g in grouping.groups] if grouping.feasible else [(0, len(obs.pairs))]
+    )
+    figures = evaluate_grouping(t, np.column_stack([energy_m, stock_e]), groups, switch_latency_s)
+    schedule = Schedule(tuple((start, columns[j]) for start, j in groups))
+    ref_t, ref_e = float(obs.ref_time_s.sum()), float(stock_e.sum())
+    return Realisable(schedule, 1.0 - figures.energy_j / ref_e, figures.time_s / ref_t - 1.0)

@@ -17,6 +17,7 @@ import kdvfs
 from kdvfs.runtime import clock_lease, nvml_device
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.torch_integration import HFTrainerHooks, LightningHooks
+from kdvfs.runtime.types import ClockPair
 from kdvfs.tuner.job_tuning import PLAN_FILE, SUMMARY_FILE
 from kdvfs.tuner.plan import load_plan
 from kdvfs.tuner.plan_store import PlanStore
@@ -121,6 +122,22 @@ def test_a_training_loop_tunes_its_clocks_to_a_stored_plan_with_an_mlflow_run(
     assert run.info.status == "FINISHED" and run.data.params["strategy"] == "ucb"
     assert len(client.get_metric_history(run.info.run_id, "step_time_s")) >= 3
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"plan.json", "summary.json"}
+
+
+def test_a_real_cards_sweep_is_the_prior_the_tuner_verifies_first(fake_card, tmp_path):
+    sweep = {
+        "source": "measured",
+        "cells": [{"kernel": "000.addmm", "pass": "forward"}, {"kernel": "001.mm", "pass": "backward"}],
+        "pass_level": {"plan": {"000.addmm": None, "001.mm": [990, 3201]}},
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    tuning, _, device = tuning_of(tmp_path, dry_run=True, prior_sweep=tmp_path / "sweep.json")
+    sites = [k.pass_name for k in tuning.workload.kernels]
+    backward = sites.index("backward")
+    assert tuning.tuner.prior.groups[0] == (0, None)
+    assert (backward, ClockPair(990, 3201)) in tuning.tuner.prior.groups
+    tuning.close()
+    device.close()
 
 
 def test_in_dry_run_no_clock_reaches_the_card_and_nothing_is_adopted(fake_card, tmp_path):

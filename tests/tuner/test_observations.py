@@ -76,3 +76,30 @@ def test_measure_cell_pairs_a_throttled_measurement_with_stock():
     measure_cell(dev, obs, 0, ClockPair(1005, 3201), 0.3)  # holds
     assert obs.throttled == 1 and obs.measurements == 4
     assert not np.isnan(obs.paired_ratio[0, 0, 0]) and np.isnan(obs.paired_ratio[0, 1, 0])
+
+
+def _real_card_table(stock_j: float, pair_j: float, repeat_j: float) -> Observations:
+    """Both kernels measured at stock, at PAIRS[0] and at stock again, on a real card whose
+    replayed reference is noisy (6% between its sub-windows, as the H200's of session 9)."""
+    obs = Observations(WL, PAIRS, reference(rel_sd=0.06))
+    obs.on_real_card = True
+    for k, launches in enumerate((1, 2)):
+        base_s = (1.0, 1.0)[k]
+        obs.add(k, None, m(base_s, stock_j / launches), 1.0)
+        obs.add(k, PAIRS[0], m(base_s * 1.001, pair_j / launches), 1.0)
+        obs.add_stock_repeat(k, m(base_s * 1.0005, repeat_j / launches), 1.0)
+    return obs
+
+
+def test_on_a_real_card_the_time_limit_comes_from_the_a_a_pairs_not_the_replayed_reference():
+    obs = _real_card_table(10.0, 7.0, 10.05)
+    assert obs.null_sd("time") == pytest.approx(0.0005 / 1.00025 / np.sqrt(2), rel=1e-3)
+    assert obs.time_limit_s(0.01) > 3.0  # a 6% reference noise alone would leave no budget
+    obs.on_real_card = False
+    assert obs.time_limit_s(0.01) < 3.0
+
+
+def test_on_a_real_card_a_pair_is_planned_only_beyond_the_a_a_noise():
+    assert _real_card_table(10.0, 7.0, 10.05).kernel_level_choice(0.01) == {"a": PAIRS[0], "b": PAIRS[0]}
+    # a 3% "saving" against a stock that repeats within 4%: noise, stock stays
+    assert _real_card_table(10.0, 9.7, 10.4).kernel_level_choice(0.01) == {"a": None, "b": None}

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.measure import IterationReference
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.step_feed import site_workload
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 from kdvfs.tuner.observations import Observations
-from kdvfs.tuner.step_priors import Prior, model_plan, observed_prior, plan_prior, switch_sites
+from kdvfs.tuner.step_priors import Prior, model_plan, observed_prior, plan_prior, sweep_prior, switch_sites
 
 FAST = ClockPair(1800, 9000)
 SLOW = ClockPair(1200, 9000)
@@ -81,3 +85,27 @@ def test_the_model_plan_of_the_3080ti_layer_is_one_pair_for_the_step():
     device = open_device("sim:rtx3080ti", noise=0.0)
     plan = model_plan(device, open_workload("gpt3-xl-layer", device), 0.01)
     assert isinstance(plan, Schedule) and len(plan.groups) == 1 and plan.groups[0][1] is not None
+
+
+H200_SWEEP = Path(__file__).resolve().parents[2] / "data" / "h200" / "sweep_nvml_dryrun.json"
+
+
+def test_a_real_cards_sweep_becomes_a_prior_of_the_jobs_pass_sites():
+    # the H200 dry run's pass-level plan (a plan of noise, made before the pass-level
+    # plan fell back to stock; as a file it serves): forward 1440/2201, backward 885/3201,
+    # the optimizer not swept (its ops were not rebuilt), so stock
+    sites = site_workload(["step", "forward", "backward", "optimizer"])
+    prior = sweep_prior(H200_SWEEP, sites)
+    assert prior == Schedule(((0, ClockPair(1440, 2201)), (2, ClockPair(885, 3201)), (3, None)))
+
+
+def test_a_sweep_planned_all_stock_gives_no_prior_and_a_bad_file_one_clear_error(tmp_path):
+    doc = json.loads(H200_SWEEP.read_text())
+    doc["pass_level"]["plan"] = {name: None for name in doc["pass_level"]["plan"]}
+    stock = tmp_path / "stock.json"
+    stock.write_text(json.dumps(doc))
+    assert sweep_prior(stock, site_workload(["forward", "backward"])) is None
+    simulated = tmp_path / "sim.json"
+    simulated.write_text(json.dumps({"source": "simulated"}))
+    with pytest.raises(KdvfsError, match="not the JSON of a real card's sweep"):
+        sweep_prior(simulated, site_workload(["forward"]))

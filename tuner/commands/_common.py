@@ -32,10 +32,14 @@ SOURCE_LABEL = {
 
 def add_device_workload(parser: argparse.ArgumentParser, default_device: str = "sim:rtx3080ti") -> None:
     parser.add_argument(
-        "--device", default=default_device, help="sim:PRESET | replay:CSV (default %(default)s)"
+        "--device",
+        default=default_device,
+        help="sim:PRESET | replay:CSV | nvml:INDEX (sweep, with --workload ops:FILE) (default %(default)s)",
     )
     parser.add_argument(
-        "--workload", default="gpt3-xl-layer", help="gpt3-xl-layer | trace:CSV | table (default %(default)s)"
+        "--workload",
+        default="gpt3-xl-layer",
+        help="gpt3-xl-layer | trace:CSV | table | ops:FILE (default %(default)s)",
     )
     parser.add_argument(
         "--full-grid",

@@ -260,6 +260,7 @@ class _Tune:
         what = {
             "store": "the stored plan, verified against stock in training first",
             "transferred": "another card's plan carried to this card's clocks, verified in training first",
+            "measured": "the pass-level plan of this card's measured sweep, verified in training first",
             "model": f"the card's own per-kernel model [{self.label}, noiseless], verified in training first",
             "none": "nothing (groups from the measured segment times)",
         }[prior.source]
