@@ -21,7 +21,7 @@ docs/benchmarks.md ("Simulator fidelity, session 8").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kdvfs.runtime.model_device import ModelDevice
@@ -200,32 +200,40 @@ def window_control(
     temp_c: float,
     cap_w: float,
     idle: tuple[float, float] = (0.0, 0.0),
+    point: Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint] | None = None,
 ) -> CapControl:
     """The control that holds the window's mean power (its launches, and idle seconds at idle
-    watts: `idle` = (s, W)) at the card's limit; UNCAPPED when its mean is under it."""
+    watts: `idle` = (s, W)) at the card's limit; UNCAPPED when its mean is under it. The
+    controller's settings are discrete (shares in steps of 1 / SHARE_STEPS, centres in whole
+    MHz), so `point` (a launch under a control; default controlled_point) can be cached."""
     limit = effective_cap_w(p, cap_w, temp_c)
+    point = point or (lambda k, pair, control: controlled_point(p, k, pair, temp_c, control))
 
     def mean_w(control: CapControl) -> float:
         time_s, energy_j = idle[0], idle[0] * idle[1]
         for k, pair, n in entries:
-            op = controlled_point(p, k, pair, temp_c, control)
+            op = point(k, pair, control)
             time_s += n * op.time_s
             energy_j += n * op.energy_j
         return energy_j / time_s
 
     if mean_w(UNCAPPED) <= limit:
         return UNCAPPED
-    if mean_w(CapControl(share_hi=0.0)) <= limit:
-        lo, hi = 0.0, 1.0  # share at the ceiling: the mean rises with it
-        for _ in range(CAP_BISECTION_STEPS):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if mean_w(CapControl(share_hi=mid)) <= limit else (lo, mid)
-        return CapControl(share_hi=lo)
-    lo, hi = float(min(p.core_levels_mhz)), float(p.max_core_mhz)
-    for _ in range(CAP_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if mean_w(CapControl(None, mid)) <= limit else (lo, mid)
-    return CapControl(None, lo)
+    if mean_w(CapControl(share_hi=0.0)) <= limit:  # the mean rises with the share at the ceiling
+        step = _last_under(lambda i: mean_w(CapControl(i / SHARE_STEPS)) <= limit, 0, SHARE_STEPS)
+        return CapControl(step / SHARE_STEPS)
+    lowest, highest = min(p.core_levels_mhz), p.max_core_mhz
+    return CapControl(
+        None, float(_last_under(lambda c: mean_w(CapControl(None, float(c))) <= limit, lowest, highest))
+    )
+
+
+def _last_under(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest integer in [lo, hi] where ok holds, ok(lo) assumed, ok monotone falling."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 def windows(durations_s: Sequence[float], window_s: float) -> list[list[tuple[int, float]]]:
@@ -246,8 +254,8 @@ def windows(durations_s: Sequence[float], window_s: float) -> list[list[tuple[in
     return [w for w in out if w]
 
 
-CAP_BISECTION_STEPS = 24
-"""Bisection steps for a window's cap control (count): share to ~1e-7, centre to ~0.1 MHz."""
+SHARE_STEPS = 200
+"""Steps of the share at the ceiling a window's control can set (count): 0.5% each."""
 
 
 def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> float:
@@ -256,13 +264,6 @@ def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> f
     static = p.static_w * v * (1.0 + p.leak_per_c * (temp_c - p.leak_ref_c))
     core = p.core_dyn_w * v * v * (core_mhz / p.max_core_mhz) * p.act_idle
     return static + core + p.mem_w * (mem_mhz / p.max_mem_mhz) * p.mem_base_rel
-
-
-def _rounded(control: CapControl) -> CapControl:
-    """A control rounded so that timed runs reuse cached points (share 0.005, centre 1 MHz)."""
-    if control.share_hi is None:
-        return CapControl(None, round(control.centre_mhz))
-    return CapControl(round(control.share_hi * 200.0) / 200.0)
 
 
 THERMAL_BISECTION_STEPS = 12
@@ -423,7 +424,9 @@ class SimulatedDevice(ModelDevice):
                 key = (tuple(entries), temp_c)
                 control = self._controls.get(key)
                 if control is None:
-                    control = window_control(self.preset, entries, temp_c, self.power_cap_w)
+                    control = window_control(
+                        self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
+                    )
                     self._controls[key] = control
                 ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
             time_s += sum(op.time_s * n for op, (_, _, n) in zip(ops, entries, strict=True))
@@ -439,6 +442,9 @@ class SimulatedDevice(ModelDevice):
             op = controlled_point(self.preset, k, pair, temp_c, control)
             self._cache[key] = op
         return op
+
+    def _point_at(self, temp_c: float) -> Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint]:
+        return lambda k, pair, control: self._controlled(k, pair, temp_c, control)
 
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         """A timed launch: under the control the cap controller set from the last window it
@@ -473,7 +479,9 @@ class SimulatedDevice(ModelDevice):
         if entries:
             temp_c = round(self._temp_c * 2.0) / 2.0
             idle = (idle_s, idle_j / idle_s if idle_s > 0 else 0.0)
-            self._control = _rounded(window_control(self.preset, entries, temp_c, self.power_cap_w, idle))
+            self._control = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
+            )
         self._window, self._window_s, self._window_idle = {}, 0.0, (0.0, 0.0)
 
     def _idle_power_w(self) -> float:
