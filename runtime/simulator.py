@@ -319,6 +319,8 @@ class SimulatedDevice(ModelDevice):
         self._window: dict[tuple[Kernel, ClockPair | None], float] = {}
         self._window_s = 0.0
         self._window_idle = (0.0, 0.0)  # (s, J) of idle in the window
+        if p.power_window_s > 0.0:  # the controller acts between stretches: no stretch outlasts its window
+            self.state_step_s = min(self.state_step_s, p.power_window_s)
 
     # --- operator-side changes (drift scenarios) ---------------------------------------
     def set_ambient_c(self, ambient_c: float) -> None:
@@ -476,6 +478,7 @@ class SimulatedDevice(ModelDevice):
             return
         idle_s, idle_j = self._window_idle
         entries = [(k, pair, n) for (k, pair), n in self._window.items()]
+        self._control = UNCAPPED  # a window of idle alone is under the cap
         if entries:
             temp_c = round(self._temp_c * 2.0) / 2.0
             idle = (idle_s, idle_j / idle_s if idle_s > 0 else 0.0)

@@ -69,3 +69,13 @@ def test_timed_runs_hold_the_windows_mean_at_the_cap_as_the_noiseless_figures_do
     assert energy_j / time_s <= 1.02 * dev.power_cap_w
     assert time_s / 200 == pytest.approx(expected_s, rel=0.03)
     assert energy_j / 200 == pytest.approx(expected_j, rel=0.03)
+
+
+def test_after_a_window_of_idle_the_controller_lets_the_next_launch_boost():
+    dev = card(0.010)
+    dev.run(GEMM, 2000)  # ~50 ms of the GEMM alone: capped after the first window
+    assert "sw_power_cap" in dev.throttle_reasons()
+    dev.idle(0.030)
+    dev.run(GEMM, 1)
+    assert "sw_power_cap" not in dev.throttle_reasons()
+    assert dev.sm_clock_mhz() == dev.preset.max_core_mhz
