@@ -199,18 +199,19 @@ def window_control(
     entries: Sequence[WindowEntry],
     temp_c: float,
     cap_w: float,
-    idle: tuple[float, float] = (0.0, 0.0),
+    fixed: tuple[float, float] = (0.0, 0.0),
     point: Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint] | None = None,
 ) -> CapControl:
-    """The control that holds the window's mean power (its launches, and idle seconds at idle
-    watts: `idle` = (s, W)) at the card's limit; UNCAPPED when its mean is under it. The
+    """The control that holds the window's mean power (its launches, and a stretch the control
+    does not change, `fixed` = (s, W): idle, or what was spent already) at the card's limit;
+    UNCAPPED when its mean is under it. The
     controller's settings are discrete (shares in steps of 1 / SHARE_STEPS, centres in whole
     MHz), so `point` (a launch under a control; default controlled_point) can be cached."""
     limit = effective_cap_w(p, cap_w, temp_c)
     point = point or (lambda k, pair, control: controlled_point(p, k, pair, temp_c, control))
 
     def mean_w(control: CapControl) -> float:
-        time_s, energy_j = idle[0], idle[0] * idle[1]
+        time_s, energy_j = fixed[0], fixed[0] * fixed[1]
         for k, pair, n in entries:
             op = point(k, pair, control)
             time_s += n * op.time_s
@@ -316,9 +317,10 @@ class SimulatedDevice(ModelDevice):
         # the cap controller of timed runs: its control, and the window it is watching
         self._control = UNCAPPED
         self._launched: tuple[Kernel, ClockPair | None, float] | None = None
-        self._window: dict[tuple[Kernel, ClockPair | None], float] = {}
+        self._window: dict[tuple[Kernel, ClockPair | None], float] = {}  # launches in the window
         self._window_s = 0.0
-        self._window_idle = (0.0, 0.0)  # (s, J) of idle in the window
+        self._window_j = 0.0  # energy spent in the window so far
+        self._fast_forward = False
         if p.power_window_s > 0.0:  # the controller acts between stretches: no stretch outlasts its window
             self.state_step_s = min(self.state_step_s, p.power_window_s)
 
@@ -460,32 +462,43 @@ class SimulatedDevice(ModelDevice):
         self._last_point = op
         return op.time_s, op.energy_j
 
+    def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
+        """As ModelDevice's; the cap controller holds its control over the repeated stretch, as it
+        would over that many identical windows."""
+        self._fast_forward = True
+        try:
+            return super().repeat_since(start_s, start_true_energy_j, times)
+        finally:
+            self._fast_forward = False
+
     def _watch_window(self, duration_s: float, power_w: float) -> None:
-        """The cap controller's view: what ran (launches, or idle seconds at their power) since
-        its window began; at the window's end it sets the next window's control."""
+        """The cap controller's view: what ran in its window so far (launches, and the energy
+        spent); after each stretch it sets the control that brings the whole window's mean to
+        the cap, the rest of the window assumed to run the same mix; at the window's end it
+        starts a new one."""
+        if self._fast_forward:
+            return
+        launched = self._launched is not None
         if self._launched is not None:
             k, pair, op_time_s = self._launched
-            key = (k, pair)
-            self._window[key] = self._window.get(key, 0.0) + duration_s / op_time_s
+            self._window[(k, pair)] = self._window.get((k, pair), 0.0) + duration_s / op_time_s
             self._launched = None
-        else:
-            self._window_idle = (
-                self._window_idle[0] + duration_s,
-                self._window_idle[1] + duration_s * power_w,
-            )
         self._window_s += duration_s
-        if self._window_s < self.preset.power_window_s:
-            return
-        idle_s, idle_j = self._window_idle
-        entries = [(k, pair, n) for (k, pair), n in self._window.items()]
-        self._control = UNCAPPED  # a window of idle alone is under the cap
-        if entries:
+        self._window_j += duration_s * power_w
+        window_s = self.preset.power_window_s
+        done = self._window_s >= window_s
+        # the rest of the window runs the mix so far; a window done sets the next one by its mix
+        rest = 1.0 if done else (window_s - self._window_s) / self._window_s
+        spent = (0.0, 0.0) if done else (self._window_s, self._window_j / self._window_s)
+        entries = [(k, pair, n * rest) for (k, pair), n in self._window.items()]
+        self._control = UNCAPPED  # idle alone is under the cap, and a window that ended idle
+        if entries and (launched or not done):
             temp_c = round(self._temp_c * 2.0) / 2.0
-            idle = (idle_s, idle_j / idle_s if idle_s > 0 else 0.0)
             self._control = window_control(
-                self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
+                self.preset, entries, temp_c, self.power_cap_w, spent, point=self._point_at(temp_c)
             )
-        self._window, self._window_s, self._window_idle = {}, 0.0, (0.0, 0.0)
+        if done:
+            self._window, self._window_s, self._window_j = {}, 0.0, 0.0
 
     def _idle_power_w(self) -> float:
         pair = self._clocks
