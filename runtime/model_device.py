@@ -36,6 +36,7 @@ class ModelDevice:
     """
 
     source: Source
+    state_step_s: float = STATE_STEP_S  # longest stretch costed at one state, s
 
     def __init__(
         self,
@@ -105,7 +106,7 @@ class ModelDevice:
         while left > 0:
             self._apply_due_switch()
             time_s, energy_j = self._noisy_cost(kernel, self._clocks)
-            n = min(left, max(1, math.ceil(STATE_STEP_S / time_s)))
+            n = min(left, max(1, math.ceil(self.state_step_s / time_s)))
             if self._pending is not None:
                 until_switch_s = self._pending[0] - self._now_s
                 n = min(n, max(1, math.ceil(until_switch_s / time_s)))

@@ -1,21 +1,27 @@
 """The simulated GPU: a small physical model of kernel time and board power.
 
 - `operating_point`: one launch at a locked pair or at stock (auto mode under the power cap),
-  from `_time_parts` (launch, per-kind rates and floors, link waits) and `_power_w`
-  (leakage, V^2 f x activity, memory traffic); `voltage_rel`, `effective_cap_w`,
+  from `_time_parts` (launch, per-kind rates, L2 residency `l2_resident`, whole waves of
+  blocks `waves`, the work blended with the kind's floor, link waits) and `_power_w`
+  (leakage, V^2 f x activity, DRAM traffic); `voltage_rel`, `effective_cap_w`,
   `idle_power_w`; `_mix` and `_hunting` for the cap controller's clock swing.
+- The windowed cap: `CapControl` (what the controller does over one window), `window_control`
+  (the control that holds a window's mean power at the cap), `controlled_point`, `windows`.
 - `SimulatedDevice`: a ModelDevice (source "simulated") over a preset: noiseless figures at
-  the iteration's own steady temperature (`expected`, `expected_iteration`), timed launches
-  with a first-order thermal state, operator changes (`set_ambient_c`, `set_power_cap_w`) and
-  the sensors NVML would give (temperature, power limit, SM clock, throttle reasons).
+  the iteration's own steady temperature (`expected`, `expected_iteration`, the latter with
+  the cap held per window), timed launches with a first-order thermal state and a controller
+  that sets each window's control from the last, operator changes (`set_ambient_c`,
+  `set_power_cap_w`) and the sensors NVML would give (temperature, power limit, SM clock,
+  throttle reasons).
 The constants and their sources: presets.py. The model's equations and reasoning:
-docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy.
+docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy; its fidelity:
+docs/benchmarks.md ("Simulator fidelity, session 8").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kdvfs.runtime.model_device import ModelDevice
@@ -43,33 +49,57 @@ def voltage_rel(p: Preset, core_mhz: float) -> float:
     return p.v_min_rel + (1.0 - p.v_min_rel) * min(1.0, (core_mhz - p.v_knee_mhz) / span)
 
 
-def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[float, float, float]:
-    """(total time, busy compute time, busy memory time) of one launch. The busy times are
-    what the work needs at the kind's full rate; a launch too small to fill the SMs takes
-    the kind's floor instead (scaled by the core clock), and the chip idles meanwhile."""
+def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[float, float, float, float]:
+    """(total time, busy compute time, busy memory time, wave latency time) of one launch.
+    The busy times are what the work needs at the kind's full rate; a working set that fits
+    in L2 streams from it (at the core clock) rather than from DRAM; a kind that runs in
+    waves of thread blocks pays a fixed latency per whole wave over the SMs; a launch too
+    small to fill the SMs blends into the kind's floor (scaled by the core clock)."""
     km = p.kind_model(k.kind)
     core_hz = core_mhz * 1e6
     rate = (p.tensor_flop_per_cycle if k.tensor_core else p.simt_flop_per_cycle) * km.rate_eff
     t_comp = k.flops / (rate * core_hz)
-    bw = km.bw_eff * min(p.mem_bw_bytes_per_s * mem_mhz / p.max_mem_mhz, p.core_bytes_per_cycle * core_hz)
-    t_mem = k.bytes_moved / bw
+    l2_bw = p.core_bytes_per_cycle * core_hz
+    dram_bw = min(p.mem_bw_bytes_per_s * mem_mhz / p.max_mem_mhz, l2_bw)
+    t_mem = k.bytes_moved / (km.bw_eff * (l2_bw * p.l2_stream_rel if l2_resident(p, k) else dram_bw))
+    t_wave = waves(p, k) * km.wave_s * p.max_core_mhz / core_mhz
     floor_s = km.floor_s * p.max_core_mhz / core_mhz
-    t_work = max(t_comp, t_mem) + (1.0 - p.overlap) * min(t_comp, t_mem)
-    return p.launch_latency_s + max(t_work, floor_s, k.wait_s), t_comp, t_mem
+    t_busy = t_comp + t_wave
+    t_work = max(t_busy, t_mem) + (1.0 - p.overlap) * min(t_busy, t_mem)
+    t_run = (t_work**p.floor_blend + floor_s**p.floor_blend) ** (1.0 / p.floor_blend)
+    return p.launch_latency_s + max(t_run, k.wait_s), t_comp, t_mem, t_wave
+
+
+def l2_resident(p: Preset, k: Kernel) -> bool:
+    """Whether a launch's working set (every byte it moves) fits in L2, so that launches back
+    to back find it there and DRAM carries none of its traffic."""
+    return 0.0 < k.bytes_moved <= p.l2_bytes
+
+
+def waves(p: Preset, k: Kernel) -> int:
+    """Whole waves of thread blocks a launch runs over the SMs (0 for a kind not modelled in
+    waves): blocks of the kind's block_bytes of input and output, sm_count at a time."""
+    km = p.kind_model(k.kind)
+    if km.block_bytes <= 0.0 or k.bytes_moved <= 0.0:
+        return 0
+    return math.ceil(math.ceil(k.bytes_moved / km.block_bytes) / p.sm_count)
 
 
 def _power_w(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float, temp_c: float) -> tuple[float, float]:
     """(time, power) of one launch at exactly these clocks: activity follows how busy the
-    chip is (busy time over launch time), so a launch that cannot fill it draws far less."""
-    t, t_comp, t_mem = _time_parts(p, k, core_mhz, mem_mhz)
-    u_comp, u_mem = min(1.0, t_comp / t), min(1.0, t_mem / t)
+    chip is (busy time over launch time), so a launch that cannot fill it draws far less;
+    DRAM draws for traffic only when the working set does not fit in L2."""
+    t, t_comp, t_mem, t_wave = _time_parts(p, k, core_mhz, mem_mhz)
+    u_comp, u_mem, u_wave = min(1.0, t_comp / t), min(1.0, t_mem / t), min(1.0, t_wave / t)
     v = voltage_rel(p, core_mhz)
     static = p.static_w * v * (1.0 + p.leak_per_c * (temp_c - p.leak_ref_c))
+    km = p.kind_model(k.kind)
     act_comp = p.act_tensor if k.tensor_core else p.act_simt
-    act_stream = p.kind_model(k.kind).act_stream
-    activity = p.act_idle + act_comp * u_comp + (p.act_mem if act_stream is None else act_stream) * u_mem
+    act_stream = p.act_mem if km.act_stream is None else km.act_stream
+    activity = p.act_idle + act_comp * u_comp + act_stream * max(u_mem, u_wave)
     core = p.core_dyn_w * v * v * (core_mhz / p.max_core_mhz) * activity
-    traffic = u_mem * p.kind_model(k.kind).bw_eff  # DRAM traffic against the card's streaming peak
+    # DRAM traffic against the card's streaming peak (none when L2 holds the working set)
+    traffic = 0.0 if l2_resident(p, k) else u_mem * km.bw_eff
     mem = p.mem_w * (mem_mhz / p.max_mem_mhz) * (p.mem_base_rel + (1.0 - p.mem_base_rel) * traffic)
     return t, static + core + mem
 
@@ -130,6 +160,105 @@ def operating_point(
     return OperatingPoint(t, t * mean_w, clock, mem, mean_w, capped=True)
 
 
+@dataclass(frozen=True)
+class CapControl:
+    """What the cap controller does over one window, the same for every launch in it: dip from
+    each launch's ceiling to ceiling x (1 - auto_hunt_rel) for 1 - share_hi of the time, or,
+    further over the cap (share_hi None), hunt around a common centre clock."""
+
+    share_hi: float | None
+    centre_mhz: float = 0.0
+
+
+UNCAPPED = CapControl(share_hi=1.0)
+
+
+def controlled_point(
+    p: Preset, k: Kernel, pair: ClockPair | None, temp_c: float, control: CapControl
+) -> OperatingPoint:
+    """One launch under a window's cap control."""
+    ceiling = float(p.max_core_mhz if pair is None else pair.core_mhz)
+    mem = p.max_mem_mhz if pair is None else pair.mem_mhz
+    if control.share_hi == 1.0:
+        t, power = _power_w(p, k, ceiling, mem, temp_c)
+        return OperatingPoint(t, t * power, ceiling, mem, power, capped=False)
+    if control.share_hi is not None:
+        lo_mhz = ceiling * (1.0 - p.auto_hunt_rel)
+        t, mean_w, clock = _mix(p, k, lo_mhz, ceiling, control.share_hi, mem, temp_c)
+    else:
+        t, mean_w, clock = _hunting(p, k, min(control.centre_mhz, ceiling), ceiling, mem, temp_c)
+    return OperatingPoint(t, t * mean_w, clock, mem, mean_w, capped=True)
+
+
+WindowEntry = tuple[Kernel, ClockPair | None, float]
+"""(kernel, clocks or None for stock, launches) of one stretch of a window."""
+
+
+def window_control(
+    p: Preset,
+    entries: Sequence[WindowEntry],
+    temp_c: float,
+    cap_w: float,
+    fixed: tuple[float, float] = (0.0, 0.0),
+    point: Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint] | None = None,
+) -> CapControl:
+    """The control that holds the window's mean power (its launches, and a stretch the control
+    does not change, `fixed` = (s, W): idle, or what was spent already) at the card's limit;
+    UNCAPPED when its mean is under it. The
+    controller's settings are discrete (shares in steps of 1 / SHARE_STEPS, centres in whole
+    MHz), so `point` (a launch under a control; default controlled_point) can be cached."""
+    limit = effective_cap_w(p, cap_w, temp_c)
+    point = point or (lambda k, pair, control: controlled_point(p, k, pair, temp_c, control))
+
+    def mean_w(control: CapControl) -> float:
+        time_s, energy_j = fixed[0], fixed[0] * fixed[1]
+        for k, pair, n in entries:
+            op = point(k, pair, control)
+            time_s += n * op.time_s
+            energy_j += n * op.energy_j
+        return energy_j / time_s
+
+    if mean_w(UNCAPPED) <= limit:
+        return UNCAPPED
+    if mean_w(CapControl(share_hi=0.0)) <= limit:  # the mean rises with the share at the ceiling
+        step = _last_under(lambda i: mean_w(CapControl(i / SHARE_STEPS)) <= limit, 0, SHARE_STEPS)
+        return CapControl(step / SHARE_STEPS)
+    lowest, highest = min(p.core_levels_mhz), p.max_core_mhz
+    return CapControl(
+        None, float(_last_under(lambda c: mean_w(CapControl(None, float(c))) <= limit, lowest, highest))
+    )
+
+
+def _last_under(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest integer in [lo, hi] where ok holds, ok(lo) assumed, ok monotone falling."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def windows(durations_s: Sequence[float], window_s: float) -> list[list[tuple[int, float]]]:
+    """Cut a sequence of stretches (their durations, s) into consecutive windows of window_s:
+    per window, (stretch index, share of that stretch in it)."""
+    out: list[list[tuple[int, float]]] = [[]]
+    room_s = window_s
+    for i, d in enumerate(durations_s):
+        left_s = d
+        while left_s > 0.0:
+            take_s = min(left_s, room_s)
+            out[-1].append((i, take_s / d))
+            left_s -= take_s
+            room_s -= take_s
+            if room_s <= 0.0:
+                out.append([])
+                room_s = window_s
+    return [w for w in out if w]
+
+
+SHARE_STEPS = 200
+"""Steps of the share at the ceiling a window's control can set (count): 0.5% each."""
+
+
 def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> float:
     """Board power with no kernel running at these clocks."""
     v = voltage_rel(p, core_mhz)
@@ -184,15 +313,27 @@ class SimulatedDevice(ModelDevice):
         self._temp_c = self.operating_temperature_c()
         self._last_point: OperatingPoint | None = None
         self._cache: dict[tuple, OperatingPoint] = {}
+        self._controls: dict[tuple, CapControl] = {}  # noiseless windows' controls
+        # the cap controller of timed runs: its control, and the window it is watching
+        self._control = UNCAPPED
+        self._launched: tuple[Kernel, ClockPair | None, float] | None = None
+        self._window: dict[tuple[Kernel, ClockPair | None], float] = {}  # launches in the window
+        self._window_s = 0.0
+        self._window_j = 0.0  # energy spent in the window so far
+        self._fast_forward = False
+        if p.power_window_s > 0.0:  # the controller acts between stretches: no stretch outlasts its window
+            self.state_step_s = min(self.state_step_s, p.power_window_s)
 
     # --- operator-side changes (drift scenarios) ---------------------------------------
     def set_ambient_c(self, ambient_c: float) -> None:
         self.ambient_c = ambient_c
         self._cache.clear()
+        self._controls.clear()
 
     def set_power_cap_w(self, cap_w: float) -> None:
         self.power_cap_w = cap_w
         self._cache.clear()
+        self._controls.clear()
 
     # --- sensing ------------------------------------------------------------------------
     def operating_temperature_c(self) -> float:
@@ -271,13 +412,93 @@ class SimulatedDevice(ModelDevice):
     def _figures(
         self, items: Sequence[tuple[Kernel, ClockPair | None, float]], temp_c: float
     ) -> tuple[float, float]:
-        points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
-        return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
+        """Time and energy of the items in order, the cap held over windows of the preset's
+        power_window_s (a window of one kernel: that kernel's own capped point)."""
+        temp_c = round(temp_c * 2.0) / 2.0
+        if self.preset.power_window_s <= 0.0:
+            points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
+            return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
+        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        time_s = energy_j = 0.0
+        for window in windows(free_s, self.preset.power_window_s):
+            entries = [(items[i][0], items[i][1], items[i][2] * share) for i, share in window]
+            if len(entries) == 1:
+                ops = [self.point(entries[0][0], entries[0][1], temp_c)]
+            else:
+                key = (tuple(entries), temp_c)
+                control = self._controls.get(key)
+                if control is None:
+                    control = window_control(
+                        self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
+                    )
+                    self._controls[key] = control
+                ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
+            time_s += sum(op.time_s * n for op, (_, _, n) in zip(ops, entries, strict=True))
+            energy_j += sum(op.energy_j * n for op, (_, _, n) in zip(ops, entries, strict=True))
+        return time_s, energy_j
+
+    def _controlled(
+        self, k: Kernel, pair: ClockPair | None, temp_c: float, control: CapControl
+    ) -> OperatingPoint:
+        key = (k, pair, temp_c, control)
+        op = self._cache.get(key)
+        if op is None:
+            op = controlled_point(self.preset, k, pair, temp_c, control)
+            self._cache[key] = op
+        return op
+
+    def _point_at(self, temp_c: float) -> Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint]:
+        return lambda k, pair, control: self._controlled(k, pair, temp_c, control)
 
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
-        op = self.point(kernel, pair, self._temp_c)
+        """A timed launch: under the control the cap controller set from the last window it
+        watched (per launch when the preset has no window)."""
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        if self.preset.power_window_s <= 0.0:
+            op = self.point(kernel, pair, self._temp_c)
+        else:
+            op = self._controlled(kernel, pair, temp_c, self._control)
+            self._launched = (kernel, pair, op.time_s)
         self._last_point = op
         return op.time_s, op.energy_j
+
+    def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
+        """As ModelDevice's; the cap controller holds its control over the repeated stretch, as it
+        would over that many identical windows."""
+        self._fast_forward = True
+        try:
+            return super().repeat_since(start_s, start_true_energy_j, times)
+        finally:
+            self._fast_forward = False
+
+    def _watch_window(self, duration_s: float, power_w: float) -> None:
+        """The cap controller's view: what ran in its window so far (launches, and the energy
+        spent); after each stretch it sets the control that brings the whole window's mean to
+        the cap, the rest of the window assumed to run the same mix; at the window's end it
+        starts a new one."""
+        if self._fast_forward:
+            return
+        launched = self._launched is not None
+        if self._launched is not None:
+            k, pair, op_time_s = self._launched
+            self._window[(k, pair)] = self._window.get((k, pair), 0.0) + duration_s / op_time_s
+            self._launched = None
+        self._window_s += duration_s
+        self._window_j += duration_s * power_w
+        window_s = self.preset.power_window_s
+        done = self._window_s >= window_s
+        # the rest of the window runs the mix so far; a window done sets the next one by its mix
+        rest = 1.0 if done else (window_s - self._window_s) / self._window_s
+        spent = (0.0, 0.0) if done else (self._window_s, self._window_j / self._window_s)
+        entries = [(k, pair, n * rest) for (k, pair), n in self._window.items()]
+        self._control = UNCAPPED  # idle alone is under the cap, and a window that ended idle
+        if entries and (launched or not done):
+            temp_c = round(self._temp_c * 2.0) / 2.0
+            self._control = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, spent, point=self._point_at(temp_c)
+            )
+        if done:
+            self._window, self._window_s, self._window_j = {}, 0.0, 0.0
 
     def _idle_power_w(self) -> float:
         pair = self._clocks
@@ -287,5 +508,7 @@ class SimulatedDevice(ModelDevice):
 
     def _on_advance(self, duration_s: float, power_w: float) -> None:
         p = self.preset
+        if p.power_window_s > 0.0:
+            self._watch_window(duration_s, power_w)
         steady_c = self.ambient_c + p.r_th_c_per_w * power_w
         self._temp_c = steady_c + (self._temp_c - steady_c) * math.exp(-duration_s / p.tau_s)
