@@ -5,12 +5,13 @@
   blocks `waves`, the work blended with the kind's floor, link waits) and `_power_w`
   (leakage, V^2 f x activity, DRAM traffic); `voltage_rel`, `effective_cap_w`,
   `idle_power_w`; `_mix` and `_hunting` for the cap controller's clock swing.
-- The windowed cap: `CapControl` (what the controller does over one window), `window_control`
-  (the control that holds a window's mean power at the cap), `controlled_point`, `windows`.
+- The windowed cap: `CapControl` (the controller's clock limit over one window),
+  `window_control` (the control that holds a window's mean power at the cap),
+  `controlled_point`, `windows`; `control_level` / `level_control` (a control as one number).
 - `SimulatedDevice`: a ModelDevice (source "simulated") over a preset: noiseless figures at
   the iteration's own steady temperature (`expected`, `expected_iteration`, the latter with
   the cap held per window), timed launches with a first-order thermal state and a controller
-  that sets each window's control from the last, operator changes (`set_ambient_c`,
+  whose level is carried from window to window (`_close_window`), operator changes (`set_ambient_c`,
   `set_power_cap_w`) and the sensors NVML would give (temperature, power limit, SM clock,
   throttle reasons).
 The constants and their sources: presets.py. The model's equations and reasoning:
@@ -21,6 +22,7 @@ docs/benchmarks.md ("Simulator fidelity, session 8").
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -162,9 +164,10 @@ def operating_point(
 
 @dataclass(frozen=True)
 class CapControl:
-    """What the cap controller does over one window, the same for every launch in it: dip from
-    each launch's ceiling to ceiling x (1 - auto_hunt_rel) for 1 - share_hi of the time, or,
-    further over the cap (share_hi None), hunt around a common centre clock."""
+    """What the cap controller does over one window, the same for every launch in it: its clock
+    limit dips from the card's maximum to hunt_top_mhz for 1 - share_hi of the time, or,
+    further over the cap (share_hi None), hunts +/- auto_hunt_rel around a centre clock, half
+    the time each side. Each launch runs at the lower of its own ceiling and the limit."""
 
     share_hi: float | None
     centre_mhz: float = 0.0
@@ -176,17 +179,20 @@ UNCAPPED = CapControl(share_hi=1.0)
 def controlled_point(
     p: Preset, k: Kernel, pair: ClockPair | None, temp_c: float, control: CapControl
 ) -> OperatingPoint:
-    """One launch under a window's cap control."""
+    """One launch under a window's cap control: at the lower of its own ceiling (the stock
+    maximum or its locked clock) and the controller's clock limit; a locked clock under the
+    limit runs as it is."""
     ceiling = float(p.max_core_mhz if pair is None else pair.core_mhz)
     mem = p.max_mem_mhz if pair is None else pair.mem_mhz
-    if control.share_hi == 1.0:
+    if control.share_hi is not None:
+        lo_mhz, hi_mhz, share_hi = hunt_top_mhz(p), float(p.max_core_mhz), control.share_hi
+    else:
+        lo_mhz = max(min(p.core_levels_mhz), control.centre_mhz * (1.0 - p.auto_hunt_rel))
+        hi_mhz, share_hi = control.centre_mhz * (1.0 + p.auto_hunt_rel), 0.5
+    if ceiling <= lo_mhz or (share_hi >= 1.0 and ceiling <= hi_mhz):
         t, power = _power_w(p, k, ceiling, mem, temp_c)
         return OperatingPoint(t, t * power, ceiling, mem, power, capped=False)
-    if control.share_hi is not None:
-        lo_mhz = ceiling * (1.0 - p.auto_hunt_rel)
-        t, mean_w, clock = _mix(p, k, lo_mhz, ceiling, control.share_hi, mem, temp_c)
-    else:
-        t, mean_w, clock = _hunting(p, k, min(control.centre_mhz, ceiling), ceiling, mem, temp_c)
+    t, mean_w, clock = _mix(p, k, lo_mhz, min(hi_mhz, ceiling), share_hi, mem, temp_c)
     return OperatingPoint(t, t * mean_w, clock, mem, mean_w, capped=True)
 
 
@@ -257,6 +263,41 @@ def windows(durations_s: Sequence[float], window_s: float) -> list[list[tuple[in
 
 SHARE_STEPS = 200
 """Steps of the share at the ceiling a window's control can set (count): 0.5% each."""
+STRETCH_LOG = 20_000
+"""Stretches of launches a simulated card remembers for a fast-forward (count): more than a
+whole GPT-3-XL step's (~1,000)."""
+CONTROL_GAIN = 0.5
+"""Share of the way from its level to the last window's own level the timed runs' cap
+controller moves at each window's end (dimensionless): settled in ~3 windows. Assumed (no
+measurement of the controller's response exists here); 0.5 keeps a 7-ms step's time as
+quiet as the card's own noise and settles a 1-ms GEMM step within 30 ms."""
+
+
+def control_level(p: Preset, control: CapControl) -> float:
+    """A control as one number that rises with the power it lets through: the share at the
+    ceiling (0..1), or, hunting, how far its centre sits below the stock ceiling's dip
+    (hunt_top_mhz, where hunting meets a share of 0) towards the lowest clock (-1..0)."""
+    if control.share_hi is not None:
+        return control.share_hi
+    top_mhz, lowest = hunt_top_mhz(p), min(p.core_levels_mhz)
+    return min(-1.0 / (top_mhz - lowest), (control.centre_mhz - top_mhz) / (top_mhz - lowest))
+
+
+def level_control(p: Preset, level: float) -> CapControl:
+    """The control on the controller's discrete grid nearest a level (control_level's inverse)."""
+    if level >= 0.0:
+        share = round(min(level, 1.0) * SHARE_STEPS) / SHARE_STEPS
+        return UNCAPPED if share >= 1.0 else CapControl(share)
+    top_mhz, lowest = hunt_top_mhz(p), min(p.core_levels_mhz)
+    return CapControl(
+        None, float(min(math.floor(top_mhz), round(top_mhz + max(level, -1.0) * (top_mhz - lowest))))
+    )
+
+
+def hunt_top_mhz(p: Preset) -> float:
+    """The hunting centre whose mean clock is the stock ceiling's dip (a share of 0 at the
+    ceiling), MHz: where the two regimes of the cap controller meet."""
+    return p.max_core_mhz * (1.0 - p.auto_hunt_rel)
 
 
 def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> float:
@@ -314,13 +355,18 @@ class SimulatedDevice(ModelDevice):
         self._last_point: OperatingPoint | None = None
         self._cache: dict[tuple, OperatingPoint] = {}
         self._controls: dict[tuple, CapControl] = {}  # noiseless windows' controls
-        # the cap controller of timed runs: its control, and the window it is watching
+        # the cap controller of timed runs: its level (control_level), the control it sets,
+        # and the window it is watching
+        self._level = 1.0
         self._control = UNCAPPED
         self._launched: tuple[Kernel, ClockPair | None, float] | None = None
         self._window: dict[tuple[Kernel, ClockPair | None], float] = {}  # launches in the window
         self._window_s = 0.0
-        self._window_j = 0.0  # energy spent in the window so far
+        self._idle_s = 0.0  # idle time in the window, s
+        self._idle_j = 0.0  # energy spent idle in the window, J
         self._fast_forward = False
+        # the launches run lately, (start s, kernel, clocks, launches), for a fast-forward's end
+        self._stretches: deque[tuple[float, Kernel, ClockPair | None, float]] = deque(maxlen=STRETCH_LOG)
         if p.power_window_s > 0.0:  # the controller acts between stretches: no stretch outlasts its window
             self.state_step_s = min(self.state_step_s, p.power_window_s)
 
@@ -425,17 +471,31 @@ class SimulatedDevice(ModelDevice):
             if len(entries) == 1:
                 ops = [self.point(entries[0][0], entries[0][1], temp_c)]
             else:
-                key = (tuple(entries), temp_c)
-                control = self._controls.get(key)
-                if control is None:
-                    control = window_control(
-                        self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
-                    )
-                    self._controls[key] = control
+                control = self._window_control(entries, temp_c)
                 ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
             time_s += sum(op.time_s * n for op, (_, _, n) in zip(ops, entries, strict=True))
             energy_j += sum(op.energy_j * n for op, (_, _, n) in zip(ops, entries, strict=True))
         return time_s, energy_j
+
+    def _window_control(self, entries: Sequence[WindowEntry], temp_c: float) -> CapControl:
+        """window_control of a noiseless window (cached)."""
+        key = (tuple(entries), temp_c)
+        control = self._controls.get(key)
+        if control is None:
+            control = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
+            )
+            self._controls[key] = control
+        return control
+
+    def _steady_control(self, items: Sequence[WindowEntry], temp_c: float) -> CapControl:
+        """The control the items' last window runs under when they repeat over and over: the
+        one the noiseless figures (_figures) give that window."""
+        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        last = windows(free_s, self.preset.power_window_s)[-1]
+        return self._window_control(
+            [(items[i][0], items[i][1], items[i][2] * share) for i, share in last], temp_c
+        )
 
     def _controlled(
         self, k: Kernel, pair: ClockPair | None, temp_c: float, control: CapControl
@@ -463,42 +523,68 @@ class SimulatedDevice(ModelDevice):
         return op.time_s, op.energy_j
 
     def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
-        """As ModelDevice's; the cap controller holds its control over the repeated stretch, as it
-        would over that many identical windows."""
+        """As ModelDevice's; the cap controller ends the repeated stretch where that many
+        identical windows settle it: at the control of the stretch's last window in the
+        noiseless figures (so the next stretch run launch by launch starts there, whatever the
+        controller's phase was in the one repeated)."""
+        items = [(k, pair, n) for t_s, k, pair, n in self._stretches if t_s >= start_s - 1e-12]
         self._fast_forward = True
         try:
-            return super().repeat_since(start_s, start_true_energy_j, times)
+            added_s = super().repeat_since(start_s, start_true_energy_j, times)
         finally:
             self._fast_forward = False
+        if added_s > 0.0 and items and self.preset.power_window_s > 0.0:
+            temp_c = round(self._temp_c * 2.0) / 2.0
+            self._level = control_level(self.preset, self._steady_control(items, temp_c))
+            self._control = level_control(self.preset, self._level)
+            self._window, self._window_s, self._idle_s, self._idle_j = {}, 0.0, 0.0, 0.0
+            self._stretches.clear()
+        return added_s
 
     def _watch_window(self, duration_s: float, power_w: float) -> None:
-        """The cap controller's view: what ran in its window so far (launches, and the energy
-        spent); after each stretch it sets the control that brings the whole window's mean to
-        the cap, the rest of the window assumed to run the same mix; at the window's end it
-        starts a new one."""
+        """The cap controller's view: what ran in its window (launches, idle time), a stretch
+        longer than the window's rest split across windows. At each window's end
+        (_close_window) it sets the next window's control."""
         if self._fast_forward:
             return
-        launched = self._launched is not None
-        if self._launched is not None:
-            k, pair, op_time_s = self._launched
-            self._window[(k, pair)] = self._window.get((k, pair), 0.0) + duration_s / op_time_s
-            self._launched = None
-        self._window_s += duration_s
-        self._window_j += duration_s * power_w
-        window_s = self.preset.power_window_s
-        done = self._window_s >= window_s
-        # the rest of the window runs the mix so far; a window done sets the next one by its mix
-        rest = 1.0 if done else (window_s - self._window_s) / self._window_s
-        spent = (0.0, 0.0) if done else (self._window_s, self._window_j / self._window_s)
-        entries = [(k, pair, n * rest) for (k, pair), n in self._window.items()]
-        self._control = UNCAPPED  # idle alone is under the cap, and a window that ended idle
-        if entries and (launched or not done):
-            temp_c = round(self._temp_c * 2.0) / 2.0
-            self._control = window_control(
-                self.preset, entries, temp_c, self.power_cap_w, spent, point=self._point_at(temp_c)
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            self._stretches.append(
+                (self._now_s - duration_s, launched[0], launched[1], duration_s / launched[2])
             )
-        if done:
-            self._window, self._window_s, self._window_j = {}, 0.0, 0.0
+        window_s = self.preset.power_window_s
+        left_s = duration_s
+        while left_s > 0.0:
+            take_s = min(left_s, window_s - self._window_s)
+            if launched is not None:
+                key = (launched[0], launched[1])
+                self._window[key] = self._window.get(key, 0.0) + take_s / launched[2]
+            else:
+                self._idle_s += take_s
+                self._idle_j += take_s * power_w
+            self._window_s += take_s
+            left_s -= take_s
+            if self._window_s >= window_s * (1.0 - 1e-9):
+                self._close_window()
+
+    def _close_window(self) -> None:
+        """Move the controller's level CONTROL_GAIN of the way to the level that would have held
+        the window's mean power at the cap, and set the next window's control from it; a window
+        with no launch releases the cap. Carried from window to window, the level settles where
+        the windows' mean power is at the cap, whatever the phase of the windows against the
+        step, as a real controller's state does."""
+        if not self._window:
+            self._level = 1.0
+        else:
+            temp_c = round(self._temp_c * 2.0) / 2.0
+            entries = [(k, pair, n) for (k, pair), n in self._window.items()]
+            idle = (self._idle_s, self._idle_j / self._idle_s if self._idle_s > 0.0 else 0.0)
+            target = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
+            )
+            self._level += CONTROL_GAIN * (control_level(self.preset, target) - self._level)
+        self._control = level_control(self.preset, self._level)
+        self._window, self._window_s, self._idle_s, self._idle_j = {}, 0.0, 0.0, 0.0
 
     def _idle_power_w(self) -> float:
         pair = self._clocks
