@@ -43,7 +43,7 @@ def mixed_schedule(grid_pairs: list[ClockPair], kernels: int) -> Schedule:
     top = [p for p in grid_pairs if p.mem_mhz == mems[-1]]
     low = min(top, key=lambda p: abs(p.core_mhz - 900))
     mid = min(top, key=lambda p: abs(p.core_mhz - 1200))
-    cuts = [0, round(kernels * 12 / 44), round(kernels * 30 / 44), round(kernels * 36 / 44)]
+    cuts = [0, round(kernels * 11 / 44), round(kernels * 30 / 44), round(kernels * 36 / 44)]
     return Schedule(((cuts[0], low), (cuts[1], None), (cuts[2], mid), (cuts[3], low)))
 
 

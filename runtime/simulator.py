@@ -359,14 +359,16 @@ class SimulatedDevice(ModelDevice):
         # and the window it is watching
         self._level = 1.0
         self._control = UNCAPPED
-        self._launched: tuple[Kernel, ClockPair | None, float] | None = None
+        self._launched: tuple[Kernel, ClockPair | None, float, CapControl] | None = None
         self._window: dict[tuple[Kernel, ClockPair | None], float] = {}  # launches in the window
         self._window_s = 0.0
         self._idle_s = 0.0  # idle time in the window, s
         self._idle_j = 0.0  # energy spent idle in the window, J
         self._fast_forward = False
-        # the launches run lately, (start s, kernel, clocks, launches), for a fast-forward's end
-        self._stretches: deque[tuple[float, Kernel, ClockPair | None, float]] = deque(maxlen=STRETCH_LOG)
+        # the launches run lately, (start s, kernel, clocks, launches, control), for a fast-forward
+        self._stretches: deque[tuple[float, Kernel, ClockPair | None, float, CapControl]] = deque(
+            maxlen=STRETCH_LOG
+        )
         if p.power_window_s > 0.0:  # the controller acts between stretches: no stretch outlasts its window
             self.state_step_s = min(self.state_step_s, p.power_window_s)
 
@@ -518,16 +520,16 @@ class SimulatedDevice(ModelDevice):
             op = self.point(kernel, pair, self._temp_c)
         else:
             op = self._controlled(kernel, pair, temp_c, self._control)
-            self._launched = (kernel, pair, op.time_s)
+            self._launched = (kernel, pair, op.time_s, self._control)
         self._last_point = op
         return op.time_s, op.energy_j
 
     def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
-        """As ModelDevice's; the cap controller ends the repeated stretch where that many
-        identical windows settle it: at the control of the stretch's last window in the
-        noiseless figures (so the next stretch run launch by launch starts there, whatever the
-        controller's phase was in the one repeated)."""
-        items = [(k, pair, n) for t_s, k, pair, n in self._stretches if t_s >= start_s - 1e-12]
+        """As ModelDevice's, the repeats run as that many identical windows settle the cap
+        controller (_steady_correction), and the controller ends there: at the control of the
+        stretch's last window in the noiseless figures, so the next stretch run launch by launch
+        starts where the repeats left it, whatever its phase was in the one repeated."""
+        items = self._items_since(start_s)
         self._fast_forward = True
         try:
             added_s = super().repeat_since(start_s, start_true_energy_j, times)
@@ -541,6 +543,34 @@ class SimulatedDevice(ModelDevice):
             self._stretches.clear()
         return added_s
 
+    def _steady_correction(self, start_s: float) -> tuple[float, float]:
+        """What one repeat of the stretch since start_s runs differently from the stretch itself
+        (noiseless s, J): its launches under the controls of the noiseless figures (_figures:
+        the cap held over each window, as a settled controller holds it) less the same launches
+        under the controls they ran under."""
+        stretches = [st for st in self._stretches if st[0] >= start_s - 1e-12]
+        if not stretches or self.preset.power_window_s <= 0.0:
+            return 0.0, 0.0
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        steady_s, steady_j = self._figures(self._items_since(start_s), temp_c)
+        ran = [(self._controlled(k, pair, temp_c, control), n) for _, k, pair, n, control in stretches]
+        return steady_s - sum(op.time_s * n for op, n in ran), steady_j - sum(
+            op.energy_j * n for op, n in ran
+        )
+
+    def _items_since(self, start_s: float) -> list[WindowEntry]:
+        """The launches run since start_s in order, (kernel, clocks, launches), a kernel's
+        consecutive stretches at the same clocks merged."""
+        items: list[WindowEntry] = []
+        for t_s, k, pair, n, _ in self._stretches:
+            if t_s < start_s - 1e-12:
+                continue
+            if items and items[-1][0] == k and items[-1][1] == pair:
+                items[-1] = (k, pair, items[-1][2] + n)
+            else:
+                items.append((k, pair, n))
+        return items
+
     def _watch_window(self, duration_s: float, power_w: float) -> None:
         """The cap controller's view: what ran in its window (launches, idle time), a stretch
         longer than the window's rest split across windows. At each window's end
@@ -549,8 +579,9 @@ class SimulatedDevice(ModelDevice):
             return
         launched, self._launched = self._launched, None
         if launched is not None:
+            launches = duration_s / (launched[2] * self._noise[0])  # whole launches, as run() ran them
             self._stretches.append(
-                (self._now_s - duration_s, launched[0], launched[1], duration_s / launched[2])
+                (self._now_s - duration_s, launched[0], launched[1], launches, launched[3])
             )
         window_s = self.preset.power_window_s
         left_s = duration_s
@@ -558,7 +589,7 @@ class SimulatedDevice(ModelDevice):
             take_s = min(left_s, window_s - self._window_s)
             if launched is not None:
                 key = (launched[0], launched[1])
-                self._window[key] = self._window.get(key, 0.0) + take_s / launched[2]
+                self._window[key] = self._window.get(key, 0.0) + take_s / (launched[2] * self._noise[0])
             else:
                 self._idle_s += take_s
                 self._idle_j += take_s * power_w
