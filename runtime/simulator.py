@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.model_device import STATE_STEP_S, ModelDevice
 from kdvfs.runtime.presets import Preset, get_preset
 from kdvfs.runtime.types import ClockGrid, ClockPair, Kernel
 
@@ -369,8 +369,9 @@ class SimulatedDevice(ModelDevice):
         self._stretches: deque[tuple[float, Kernel, ClockPair | None, float, CapControl]] = deque(
             maxlen=STRETCH_LOG
         )
-        if p.power_window_s > 0.0:  # the controller acts between stretches: no stretch outlasts its window
-            self.state_step_s = min(self.state_step_s, p.power_window_s)
+        # (kernel, clocks, control, temperature) of a window that held one launch alone and left
+        # the controller at its own control: a run of it then needs no window by window watch
+        self._settled_on: tuple[Kernel, ClockPair | None, CapControl, float] | None = None
 
     # --- operator-side changes (drift scenarios) ---------------------------------------
     def set_ambient_c(self, ambient_c: float) -> None:
@@ -521,6 +522,10 @@ class SimulatedDevice(ModelDevice):
         else:
             op = self._controlled(kernel, pair, temp_c, self._control)
             self._launched = (kernel, pair, op.time_s, self._control)
+            # the controller acts between stretches: none outlasts its window unless it is
+            # settled on this very launch (an isolated measurement's run of one kernel)
+            settled = self._settled(kernel, pair)
+            self.state_step_s = STATE_STEP_S if settled else min(STATE_STEP_S, self.preset.power_window_s)
         self._last_point = op
         return op.time_s, op.energy_j
 
@@ -585,6 +590,20 @@ class SimulatedDevice(ModelDevice):
             )
         window_s = self.preset.power_window_s
         left_s = duration_s
+        alone = (
+            launched is not None and set(self._window) <= {(launched[0], launched[1])} and not self._idle_s
+        )
+        if alone and self._settled(launched[0], launched[1]):
+            # settled on this launch alone: its whole windows change nothing but the level's rest
+            whole = math.floor((self._window_s + left_s) / window_s * (1.0 + 1e-9))
+            if whole > 1:
+                target_level = control_level(self.preset, self._settled_on[2])
+                self._level = target_level + (self._level - target_level) * (1.0 - CONTROL_GAIN) ** (
+                    whole - 1
+                )
+                self._control = level_control(self.preset, self._level)
+                self._window, skipped_s = {}, (whole - 1) * window_s - self._window_s
+                self._window_s, left_s = 0.0, left_s - skipped_s
         while left_s > 0.0:
             take_s = min(left_s, window_s - self._window_s)
             if launched is not None:
@@ -604,18 +623,43 @@ class SimulatedDevice(ModelDevice):
         with no launch releases the cap. Carried from window to window, the level settles where
         the windows' mean power is at the cap, whatever the phase of the windows against the
         step, as a real controller's state does."""
+        target = None
         if not self._window:
             self._level = 1.0
         else:
-            temp_c = round(self._temp_c * 2.0) / 2.0
-            entries = [(k, pair, n) for (k, pair), n in self._window.items()]
-            idle = (self._idle_s, self._idle_j / self._idle_s if self._idle_s > 0.0 else 0.0)
-            target = window_control(
-                self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
-            )
+            target = self._window_target()
             self._level += CONTROL_GAIN * (control_level(self.preset, target) - self._level)
         self._control = level_control(self.preset, self._level)
+        only = next(iter(self._window)) if len(self._window) == 1 and self._idle_s == 0.0 else None
+        self._settled_on = None
+        if only is not None and self._control == target:
+            self._settled_on = (only[0], only[1], target, round(self._temp_c * 2.0) / 2.0)
         self._window, self._window_s, self._idle_s, self._idle_j = {}, 0.0, 0.0, 0.0
+
+    def _settled(self, kernel: Kernel, pair: ClockPair | None) -> bool:
+        """Whether the last window held this launch alone, at this temperature (0.5 C), and
+        left the controller at that window's own control."""
+        on = self._settled_on
+        return (
+            on is not None and on[0] == kernel and on[1] == pair and on[3] == round(self._temp_c * 2.0) / 2.0
+        )
+
+    def _window_target(self) -> CapControl:
+        """The control that would have held the watched window's mean power at the cap: its mix
+        per second of window (3 significant digits) and idle share, cached by them."""
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        per_s = 1.0 / self._window_s
+        entries = tuple((k, pair, float(f"{n * per_s:.3g}")) for (k, pair), n in self._window.items())
+        idle_w = round(self._idle_j / self._idle_s) if self._idle_s > 0.0 else 0.0
+        idle = (float(f"{self._idle_s * per_s:.3g}"), float(idle_w))
+        key = (entries, idle, temp_c)
+        control = self._controls.get(key)
+        if control is None:
+            control = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
+            )
+            self._controls[key] = control
+        return control
 
     def _idle_power_w(self) -> float:
         pair = self._clocks
