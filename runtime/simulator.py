@@ -266,6 +266,9 @@ SHARE_STEPS = 200
 STRETCH_LOG = 20_000
 """Stretches of launches a simulated card remembers for a fast-forward (count): more than a
 whole GPT-3-XL step's (~1,000)."""
+CONTROL_CACHE = 20_000
+"""Windows' controls a simulated card keeps cached before it forgets them all (count): a long
+timed run's windows are nearly all distinct."""
 CONTROL_GAIN = 0.5
 """Share of the way from its level to the last window's own level the timed runs' cap
 controller moves at each window's end (dimensionless): settled in ~3 windows. Assumed (no
@@ -485,6 +488,8 @@ class SimulatedDevice(ModelDevice):
         key = (tuple(entries), temp_c)
         control = self._controls.get(key)
         if control is None:
+            if len(self._controls) >= CONTROL_CACHE:
+                self._controls.clear()
             control = window_control(
                 self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
             )
@@ -590,20 +595,8 @@ class SimulatedDevice(ModelDevice):
             )
         window_s = self.preset.power_window_s
         left_s = duration_s
-        alone = (
-            launched is not None and set(self._window) <= {(launched[0], launched[1])} and not self._idle_s
-        )
-        if alone and self._settled(launched[0], launched[1]):
-            # settled on this launch alone: its whole windows change nothing but the level's rest
-            whole = math.floor((self._window_s + left_s) / window_s * (1.0 + 1e-9))
-            if whole > 1:
-                target_level = control_level(self.preset, self._settled_on[2])
-                self._level = target_level + (self._level - target_level) * (1.0 - CONTROL_GAIN) ** (
-                    whole - 1
-                )
-                self._control = level_control(self.preset, self._level)
-                self._window, skipped_s = {}, (whole - 1) * window_s - self._window_s
-                self._window_s, left_s = 0.0, left_s - skipped_s
+        if launched is not None:
+            left_s = self._skip_settled_windows(launched[0], launched[1], left_s)
         while left_s > 0.0:
             take_s = min(left_s, window_s - self._window_s)
             if launched is not None:
@@ -616,6 +609,22 @@ class SimulatedDevice(ModelDevice):
             left_s -= take_s
             if self._window_s >= window_s * (1.0 - 1e-9):
                 self._close_window()
+
+    def _skip_settled_windows(self, kernel: Kernel, pair: ClockPair | None, left_s: float) -> float:
+        """A stretch of one launch the controller has settled on, alone in its window: its whole
+        windows but the last change nothing but the level's rest, so they are closed at once.
+        Returns the stretch's time left to watch window by window, s."""
+        window_s = self.preset.power_window_s
+        alone = set(self._window) <= {(kernel, pair)} and not self._idle_s
+        whole = math.floor((self._window_s + left_s) / window_s * (1.0 + 1e-9))
+        if not (alone and whole > 1 and self._settled(kernel, pair)):
+            return left_s
+        target_level = control_level(self.preset, self._settled_on[2])
+        self._level = target_level + (self._level - target_level) * (1.0 - CONTROL_GAIN) ** (whole - 1)
+        self._control = level_control(self.preset, self._level)
+        skipped_s = (whole - 1) * window_s - self._window_s
+        self._window, self._window_s = {}, 0.0
+        return left_s - skipped_s
 
     def _close_window(self) -> None:
         """Move the controller's level CONTROL_GAIN of the way to the level that would have held
@@ -655,6 +664,8 @@ class SimulatedDevice(ModelDevice):
         key = (entries, idle, temp_c)
         control = self._controls.get(key)
         if control is None:
+            if len(self._controls) >= CONTROL_CACHE:
+                self._controls.clear()
             control = window_control(
                 self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
             )
