@@ -14,6 +14,7 @@ fitted by kind, never by kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,20 @@ class KindModel:
         bw_eff: share of the card's streaming DRAM bandwidth the kind reaches at large sizes.
         floor_s: time floor of a launch too small to fill the SMs, at the highest core clock,
             in seconds; it scales with 1 / core clock (the SMs' work, not the launch).
-        act_stream: SM activity while the kind streams memory (None: the card's act_mem).
+        act_stream: SM activity while the kind streams memory or waits out a wave's latency
+            (None: the card's act_mem).
+        block_bytes: bytes of input and output one thread block covers, for a kind that runs
+            in waves of blocks (0: not modelled in waves).
+        wave_s: fixed latency of one whole wave of blocks (loading its tiles, writing its
+            results), at the highest core clock, in seconds; it scales with 1 / core clock.
     """
 
     rate_eff: float = 1.0
     bw_eff: float = 1.0
     floor_s: float = 0.0
     act_stream: float | None = None
+    block_bytes: float = 0.0
+    wave_s: float = 0.0
 
 
 GENERIC_KIND = KindModel()
@@ -55,6 +63,8 @@ class Preset:
     core_bytes_per_cycle: float  # L2/load-store ceiling on bandwidth, per core cycle
     overlap: float  # share of the shorter of compute/memory time hidden under the longer
     launch_latency_s: float  # per-launch time that scales with neither clock
+    floor_blend: float  # p of the p-norm that blends a launch's work with its kind's floor (inf: max)
+    l2_stream_rel: float  # L2-resident stream rate over the L2 ceiling (core_bytes_per_cycle x clock)
     # voltage curve: flat at v_min_rel below the knee, linear to 1.0 at the highest clock
     v_min_rel: float
     v_knee_mhz: float
@@ -71,6 +81,7 @@ class Preset:
     mem_base_rel: float  # share of mem_w drawn at zero traffic (refresh, PHY)
     power_cap_w: float
     auto_hunt_rel: float  # +/- clock swing of the card's controller under the cap
+    power_window_s: float  # the cap holds the mean power over windows this long, s (0: per launch)
     # thermal
     ambient_c: float
     r_th_c_per_w: float
@@ -85,24 +96,56 @@ class Preset:
     kinds: tuple[tuple[str, KindModel], ...] = ()
     # what whole-step workloads size themselves by
     memory_bytes: float = 0.0  # device memory
+    # on-chip memory
+    sm_count: int = 1  # streaming multiprocessors: one wave of blocks is one block per SM
+    l2_bytes: float = 0.0  # L2 capacity: a working set this small is served from L2
     link_bytes_per_s: float = 0.0  # all-reduce bus bandwidth between GPUs of one host (NCCL busbw)
 
     def kind_model(self, kind: str) -> KindModel:
         """The model of a kernel kind on this card (GENERIC_KIND for an unknown one)."""
-        return dict(self.kinds).get(kind, GENERIC_KIND)
+        return self._kind_models.get(kind, GENERIC_KIND)
 
-    @property
+    @cached_property
+    def _kind_models(self) -> dict[str, KindModel]:
+        return dict(self.kinds)
+
+    @cached_property
     def max_core_mhz(self) -> int:
         return max(self.core_levels_mhz)
 
-    @property
+    @cached_property
     def max_mem_mhz(self) -> int:
         return max(self.mem_levels_mhz)
+
+
+FLOOR_BLEND = 1.5
+"""p of the p-norm (t_work^p + floor^p)^(1/p) that blends a launch's work with its kind's floor
+(count): just above the floor a kernel does not fill the SMs at once, so neither a hard max
+(inf) nor a sum (1) follows the ladder; fitted by experiments/fit_kinds.py."""
+
+
+L2_STREAM_REL = 0.6
+"""Share of the L2 ceiling (core_bytes_per_cycle x core clock) at which a kind streams a
+working set that L2 holds, against its bw_eff of DRAM otherwise; fitted by
+experiments/fit_kinds.py (on the H200 ladder a resident stream is no faster than DRAM at
+stock, but it follows the core clock, not the memory clock)."""
+
+
+POWER_WINDOW_S = 0.010
+"""Window over which a data-centre card's power controller holds the mean power to the cap, s.
+Not published; assumed: milliseconds, shorter than the probe's 100-ms sensor period (the capped
+GEMM's clock swung within it) and longer than a training step's short kernels (the H200 ran a
+7-ms block step at 689 W mean while its small kernels alone draw far less; capped launch by
+launch the simulated step drew 646 W, held over 10-ms windows 700 W)."""
 
 
 def _steps(lo: int, hi: int, step: int) -> tuple[int, ...]:
     return tuple(range(lo, hi + 1, step))
 
+
+ATTENTION_BLOCK_BYTES = 4 * 128 * 128 * 2
+"""Bytes of input and output one flash-attention thread block covers, B: 128-row tiles of q,
+k, v and the output at head dim 128 in bf16 (FlashAttention-2's block on sm80/sm90)."""
 
 # Per-kind rates, small-launch floors and streaming activity, fitted to the H200 size ladder
 # (data/h200/kernels_ladder.csv, `kdvfs probe --ladder`) by
@@ -110,16 +153,28 @@ def _steps(lo: int, hi: int, step: int) -> tuple[int, ...]:
 # presets carry the same efficiencies and floors (they describe the kernels' implementations
 # more than the card; no ladder of those cards exists here).
 LADDER_KINDS = (
-    ("attention", KindModel(rate_eff=0.668, floor_s=9.99e-06)),
-    ("elementwise", KindModel(bw_eff=0.715, floor_s=1e-06, act_stream=0.49)),
-    ("gemm", KindModel(rate_eff=1.028, floor_s=4.31e-06)),
-    ("memory_op", KindModel(bw_eff=0.802, floor_s=1e-06, act_stream=0.332)),
-    ("norm", KindModel(bw_eff=0.563, floor_s=5.31e-06, act_stream=0.425)),
-    ("optimizer", KindModel(bw_eff=0.785, floor_s=2.72e-05, act_stream=0.319)),
-    ("reduce", KindModel(bw_eff=0.935, floor_s=5.77e-06, act_stream=0.333)),
+    (
+        "attention",
+        KindModel(
+            rate_eff=0.934,
+            floor_s=3.22e-06,
+            act_stream=0.164,
+            block_bytes=ATTENTION_BLOCK_BYTES,
+            wave_s=4.58e-06,
+        ),
+    ),
+    ("elementwise", KindModel(bw_eff=0.718, floor_s=1.9e-06, act_stream=0.335)),
+    ("gemm", KindModel(rate_eff=1.034, floor_s=3.02e-06)),
+    ("memory_op", KindModel(bw_eff=0.802, act_stream=0.149)),
+    ("norm", KindModel(bw_eff=0.575, floor_s=2.23e-06, act_stream=0.345)),
+    ("optimizer", KindModel(bw_eff=0.851, floor_s=2.59e-05, act_stream=0.157)),
+    ("reduce", KindModel(bw_eff=0.983, floor_s=5.42e-06, act_stream=0.221)),
 )
 
-# NVIDIA H200 SXM. Clocks, cap, counter period: ../shared/data/h200-probe (nvml.json,
+# NVIDIA H200 SXM. mem_w, mem_base_rel: DRAM power at full streaming fitted to the ladder by
+# experiments/fit_kinds.py (350 W: a byte from DRAM costs ~75 pJ more than one L2 holds; the
+# ladder's LayerNorm and softmax over 4k rows drew ~65 pJ/B less than at 256k rows), the 35 W
+# at zero traffic kept. Clocks, cap, counter period: ../shared/data/h200-probe (nvml.json,
 # README.md). Rates: H200 datasheet (989 TFLOP/s dense bf16 at 1980 MHz boost -> 500k
 # FLOP/cycle; the probe's 8192^3 GEMM reached 656 TFLOP/s at ~1470 MHz -> 446k, i.e. 89%);
 # HBM3e 4.8 TB/s, the probe's copy reached 4.2 TB/s. Idle ~80 W cold at 345 MHz and ~127 W
@@ -136,6 +191,8 @@ H200 = Preset(
     core_bytes_per_cycle=4.0e12 / 1.98e9 * 1.6,  # L2 keeps up with DRAM down to ~60% core clock
     overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
     launch_latency_s=1.0e-6,  # ladder: copy_256KiB and gelu_256KiB ran 1.2 and 1.5 us a call back to back
+    floor_blend=FLOOR_BLEND,
+    l2_stream_rel=L2_STREAM_REL,
     v_min_rel=0.70,
     v_knee_mhz=1000.0,
     static_w=50.0,
@@ -146,10 +203,11 @@ H200 = Preset(
     act_tensor=1.0,
     act_simt=0.55,
     act_mem=0.40,
-    mem_w=100.0,
-    mem_base_rel=0.35,
+    mem_w=350.0,
+    mem_base_rel=0.1,
     power_cap_w=700.0,
     auto_hunt_rel=0.15,  # probe: GEMM swung 1095-1710 MHz around a 1470 median
+    power_window_s=POWER_WINDOW_S,
     ambient_c=30.0,
     r_th_c_per_w=0.043,  # ~60 C at 700 W from a 30 C inlet (probe temp_end 52-62 C)
     tau_s=20.0,
@@ -160,6 +218,8 @@ H200 = Preset(
     energy_noise=0.02,
     kinds=LADDER_KINDS,
     memory_bytes=143771 * 2**20,  # nvidia-smi on the lent H200: 143771 MiB
+    sm_count=132,  # H200 SXM (GH100 as in the H100 SXM5): 132 SMs
+    l2_bytes=50 * 2**20,  # 50 MiB L2 (H100 SXM5 whitepaper; cudaDeviceProp.l2CacheSize 52428800)
     link_bytes_per_s=400e9,  # NVLink 4 through NVSwitch: NCCL all-reduce busbw ~400 GB/s (8 GPUs)
 )
 
@@ -181,6 +241,8 @@ RTX3080TI = Preset(
     core_bytes_per_cycle=912e9 / 2.1e9 * 1.6,
     overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
     launch_latency_s=3.0e-6,
+    floor_blend=FLOOR_BLEND,
+    l2_stream_rel=L2_STREAM_REL,
     v_min_rel=0.65,
     v_knee_mhz=900.0,
     static_w=40.0,
@@ -195,6 +257,10 @@ RTX3080TI = Preset(
     mem_base_rel=0.45,  # the PHY draws much of it at any traffic
     power_cap_w=350.0,
     auto_hunt_rel=0.15,  # boost hunts under the cap (H200 probe: +/-25%)
+    # capped launch by launch: with a 10-ms window the GPT-3-XL layer's sweep saves 4.6% at
+    # -2.6% where the founding paper measured 14.6% at 0.6% on this card; per launch: 11.8% at
+    # 0.4% (docs/benchmarks.md, "Simulator fidelity, sessions 8-9"); its controller is unmeasured
+    power_window_s=0.0,
     ambient_c=30.0,
     r_th_c_per_w=0.13,  # ~75 C at 350 W on the stock cooler
     tau_s=30.0,
@@ -205,6 +271,8 @@ RTX3080TI = Preset(
     energy_noise=0.02,
     kinds=LADDER_KINDS,
     memory_bytes=12 * 2**30,  # 12 GiB GDDR6X
+    sm_count=80,  # GA102 as in the 3080 Ti: 80 SMs (datasheet)
+    l2_bytes=6 * 2**20,  # 6 MiB L2 (GA102 whitepaper)
     link_bytes_per_s=22e9,  # no NVLink: PCIe 4.0 x16, ~22 GB/s of NCCL busbw through the host
 )
 
@@ -222,6 +290,8 @@ A100 = Preset(
     core_bytes_per_cycle=1555e9 / 1.41e9 * 1.6,
     overlap=0.9,  # a streaming kernel or a GEMM prefetches under its math
     launch_latency_s=3.0e-6,
+    floor_blend=FLOOR_BLEND,
+    l2_stream_rel=L2_STREAM_REL,
     v_min_rel=0.70,
     v_knee_mhz=800.0,
     static_w=45.0,
@@ -236,6 +306,7 @@ A100 = Preset(
     mem_base_rel=0.35,
     power_cap_w=400.0,
     auto_hunt_rel=0.12,
+    power_window_s=0.0,  # unmeasured: per launch, as before session 8 (only Hopper has the evidence)
     ambient_c=30.0,
     r_th_c_per_w=0.09,
     tau_s=20.0,
@@ -246,6 +317,8 @@ A100 = Preset(
     energy_noise=0.02,
     kinds=LADDER_KINDS,
     memory_bytes=40 * 2**30,  # 40 GiB HBM2
+    sm_count=108,  # A100: 108 SMs (datasheet)
+    l2_bytes=40 * 2**20,  # 40 MiB L2 (A100 whitepaper)
     link_bytes_per_s=230e9,  # NVLink 3 through NVSwitch: NCCL all-reduce busbw ~230 GB/s
 )
 
@@ -257,7 +330,7 @@ H100 = replace(
     mem_levels_mhz=(2619,),
     mem_bw_bytes_per_s=3.35e12 * 0.88,
     core_bytes_per_cycle=3.35e12 / 1.98e9 * 1.6,
-    mem_w=85.0,
+    mem_w=H200.mem_w * 0.85,  # HBM3 at 3.35 TB/s against HBM3e at 4.8: fewer stacks' traffic
     memory_bytes=80 * 2**30,  # 80 GiB HBM3
 )
 

@@ -1,24 +1,32 @@
 """The simulated GPU: a small physical model of kernel time and board power.
 
 - `operating_point`: one launch at a locked pair or at stock (auto mode under the power cap),
-  from `_time_parts` (launch, per-kind rates and floors, link waits) and `_power_w`
-  (leakage, V^2 f x activity, memory traffic); `voltage_rel`, `effective_cap_w`,
+  from `_time_parts` (launch, per-kind rates, L2 residency `l2_resident`, whole waves of
+  blocks `waves`, the work blended with the kind's floor, link waits) and `_power_w`
+  (leakage, V^2 f x activity, DRAM traffic); `voltage_rel`, `effective_cap_w`,
   `idle_power_w`; `_mix` and `_hunting` for the cap controller's clock swing.
+- The windowed cap: `CapControl` (the controller's clock limit over one window),
+  `window_control` (the control that holds a window's mean power at the cap),
+  `controlled_point`, `windows`; `control_level` / `level_control` (a control as one number).
 - `SimulatedDevice`: a ModelDevice (source "simulated") over a preset: noiseless figures at
-  the iteration's own steady temperature (`expected`, `expected_iteration`), timed launches
-  with a first-order thermal state, operator changes (`set_ambient_c`, `set_power_cap_w`) and
-  the sensors NVML would give (temperature, power limit, SM clock, throttle reasons).
+  the iteration's own steady temperature (`expected`, `expected_iteration`, the latter with
+  the cap held per window), timed launches with a first-order thermal state and a controller
+  whose level is carried from window to window (`_close_window`), operator changes (`set_ambient_c`,
+  `set_power_cap_w`) and the sensors NVML would give (temperature, power limit, SM clock,
+  throttle reasons).
 The constants and their sources: presets.py. The model's equations and reasoning:
-docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy.
+docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy; its fidelity:
+docs/benchmarks.md ("Simulator fidelity, sessions 8-9").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.model_device import STATE_STEP_S, ModelDevice
 from kdvfs.runtime.presets import Preset, get_preset
 from kdvfs.runtime.types import ClockGrid, ClockPair, Kernel
 
@@ -43,33 +51,57 @@ def voltage_rel(p: Preset, core_mhz: float) -> float:
     return p.v_min_rel + (1.0 - p.v_min_rel) * min(1.0, (core_mhz - p.v_knee_mhz) / span)
 
 
-def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[float, float, float]:
-    """(total time, busy compute time, busy memory time) of one launch. The busy times are
-    what the work needs at the kind's full rate; a launch too small to fill the SMs takes
-    the kind's floor instead (scaled by the core clock), and the chip idles meanwhile."""
+def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[float, float, float, float]:
+    """(total time, busy compute time, busy memory time, wave latency time) of one launch.
+    The busy times are what the work needs at the kind's full rate; a working set that fits
+    in L2 streams from it (at the core clock) rather than from DRAM; a kind that runs in
+    waves of thread blocks pays a fixed latency per whole wave over the SMs; a launch too
+    small to fill the SMs blends into the kind's floor (scaled by the core clock)."""
     km = p.kind_model(k.kind)
     core_hz = core_mhz * 1e6
     rate = (p.tensor_flop_per_cycle if k.tensor_core else p.simt_flop_per_cycle) * km.rate_eff
     t_comp = k.flops / (rate * core_hz)
-    bw = km.bw_eff * min(p.mem_bw_bytes_per_s * mem_mhz / p.max_mem_mhz, p.core_bytes_per_cycle * core_hz)
-    t_mem = k.bytes_moved / bw
+    l2_bw = p.core_bytes_per_cycle * core_hz
+    dram_bw = min(p.mem_bw_bytes_per_s * mem_mhz / p.max_mem_mhz, l2_bw)
+    t_mem = k.bytes_moved / (km.bw_eff * (l2_bw * p.l2_stream_rel if l2_resident(p, k) else dram_bw))
+    t_wave = waves(p, k) * km.wave_s * p.max_core_mhz / core_mhz
     floor_s = km.floor_s * p.max_core_mhz / core_mhz
-    t_work = max(t_comp, t_mem) + (1.0 - p.overlap) * min(t_comp, t_mem)
-    return p.launch_latency_s + max(t_work, floor_s, k.wait_s), t_comp, t_mem
+    t_busy = t_comp + t_wave
+    t_work = max(t_busy, t_mem) + (1.0 - p.overlap) * min(t_busy, t_mem)
+    t_run = (t_work**p.floor_blend + floor_s**p.floor_blend) ** (1.0 / p.floor_blend)
+    return p.launch_latency_s + max(t_run, k.wait_s), t_comp, t_mem, t_wave
+
+
+def l2_resident(p: Preset, k: Kernel) -> bool:
+    """Whether a launch's working set (every byte it moves) fits in L2, so that launches back
+    to back find it there and DRAM carries none of its traffic."""
+    return 0.0 < k.bytes_moved <= p.l2_bytes
+
+
+def waves(p: Preset, k: Kernel) -> int:
+    """Whole waves of thread blocks a launch runs over the SMs (0 for a kind not modelled in
+    waves): blocks of the kind's block_bytes of input and output, sm_count at a time."""
+    km = p.kind_model(k.kind)
+    if km.block_bytes <= 0.0 or k.bytes_moved <= 0.0:
+        return 0
+    return math.ceil(math.ceil(k.bytes_moved / km.block_bytes) / p.sm_count)
 
 
 def _power_w(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float, temp_c: float) -> tuple[float, float]:
     """(time, power) of one launch at exactly these clocks: activity follows how busy the
-    chip is (busy time over launch time), so a launch that cannot fill it draws far less."""
-    t, t_comp, t_mem = _time_parts(p, k, core_mhz, mem_mhz)
-    u_comp, u_mem = min(1.0, t_comp / t), min(1.0, t_mem / t)
+    chip is (busy time over launch time), so a launch that cannot fill it draws far less;
+    DRAM draws for traffic only when the working set does not fit in L2."""
+    t, t_comp, t_mem, t_wave = _time_parts(p, k, core_mhz, mem_mhz)
+    u_comp, u_mem, u_wave = min(1.0, t_comp / t), min(1.0, t_mem / t), min(1.0, t_wave / t)
     v = voltage_rel(p, core_mhz)
     static = p.static_w * v * (1.0 + p.leak_per_c * (temp_c - p.leak_ref_c))
+    km = p.kind_model(k.kind)
     act_comp = p.act_tensor if k.tensor_core else p.act_simt
-    act_stream = p.kind_model(k.kind).act_stream
-    activity = p.act_idle + act_comp * u_comp + (p.act_mem if act_stream is None else act_stream) * u_mem
+    act_stream = p.act_mem if km.act_stream is None else km.act_stream
+    activity = p.act_idle + act_comp * u_comp + act_stream * max(u_mem, u_wave)
     core = p.core_dyn_w * v * v * (core_mhz / p.max_core_mhz) * activity
-    traffic = u_mem * p.kind_model(k.kind).bw_eff  # DRAM traffic against the card's streaming peak
+    # DRAM traffic against the card's streaming peak (none when L2 holds the working set)
+    traffic = 0.0 if l2_resident(p, k) else u_mem * km.bw_eff
     mem = p.mem_w * (mem_mhz / p.max_mem_mhz) * (p.mem_base_rel + (1.0 - p.mem_base_rel) * traffic)
     return t, static + core + mem
 
@@ -130,6 +162,147 @@ def operating_point(
     return OperatingPoint(t, t * mean_w, clock, mem, mean_w, capped=True)
 
 
+@dataclass(frozen=True)
+class CapControl:
+    """What the cap controller does over one window, the same for every launch in it: its clock
+    limit dips from the card's maximum to hunt_top_mhz for 1 - share_hi of the time, or,
+    further over the cap (share_hi None), hunts +/- auto_hunt_rel around a centre clock, half
+    the time each side. Each launch runs at the lower of its own ceiling and the limit."""
+
+    share_hi: float | None
+    centre_mhz: float = 0.0
+
+
+UNCAPPED = CapControl(share_hi=1.0)
+
+
+def controlled_point(
+    p: Preset, k: Kernel, pair: ClockPair | None, temp_c: float, control: CapControl
+) -> OperatingPoint:
+    """One launch under a window's cap control: at the lower of its own ceiling (the stock
+    maximum or its locked clock) and the controller's clock limit; a locked clock under the
+    limit runs as it is."""
+    ceiling = float(p.max_core_mhz if pair is None else pair.core_mhz)
+    mem = p.max_mem_mhz if pair is None else pair.mem_mhz
+    if control.share_hi is not None:
+        lo_mhz, hi_mhz, share_hi = hunt_top_mhz(p), float(p.max_core_mhz), control.share_hi
+    else:
+        lo_mhz = max(min(p.core_levels_mhz), control.centre_mhz * (1.0 - p.auto_hunt_rel))
+        hi_mhz, share_hi = control.centre_mhz * (1.0 + p.auto_hunt_rel), 0.5
+    if ceiling <= lo_mhz or (share_hi >= 1.0 and ceiling <= hi_mhz):
+        t, power = _power_w(p, k, ceiling, mem, temp_c)
+        return OperatingPoint(t, t * power, ceiling, mem, power, capped=False)
+    t, mean_w, clock = _mix(p, k, lo_mhz, min(hi_mhz, ceiling), share_hi, mem, temp_c)
+    return OperatingPoint(t, t * mean_w, clock, mem, mean_w, capped=True)
+
+
+WindowEntry = tuple[Kernel, ClockPair | None, float]
+"""(kernel, clocks or None for stock, launches) of one stretch of a window."""
+
+
+def window_control(
+    p: Preset,
+    entries: Sequence[WindowEntry],
+    temp_c: float,
+    cap_w: float,
+    fixed: tuple[float, float] = (0.0, 0.0),
+    point: Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint] | None = None,
+) -> CapControl:
+    """The control that holds the window's mean power (its launches, and a stretch the control
+    does not change, `fixed` = (s, W): idle, or what was spent already) at the card's limit;
+    UNCAPPED when its mean is under it. The
+    controller's settings are discrete (shares in steps of 1 / SHARE_STEPS, centres in whole
+    MHz), so `point` (a launch under a control; default controlled_point) can be cached."""
+    limit = effective_cap_w(p, cap_w, temp_c)
+    point = point or (lambda k, pair, control: controlled_point(p, k, pair, temp_c, control))
+
+    def mean_w(control: CapControl) -> float:
+        time_s, energy_j = fixed[0], fixed[0] * fixed[1]
+        for k, pair, n in entries:
+            op = point(k, pair, control)
+            time_s += n * op.time_s
+            energy_j += n * op.energy_j
+        return energy_j / time_s
+
+    if mean_w(UNCAPPED) <= limit:
+        return UNCAPPED
+    if mean_w(CapControl(share_hi=0.0)) <= limit:  # the mean rises with the share at the ceiling
+        step = _last_under(lambda i: mean_w(CapControl(i / SHARE_STEPS)) <= limit, 0, SHARE_STEPS)
+        return CapControl(step / SHARE_STEPS)
+    lowest, highest = min(p.core_levels_mhz), p.max_core_mhz
+    return CapControl(
+        None, float(_last_under(lambda c: mean_w(CapControl(None, float(c))) <= limit, lowest, highest))
+    )
+
+
+def _last_under(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest integer in [lo, hi] where ok holds, ok(lo) assumed, ok monotone falling."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def windows(durations_s: Sequence[float], window_s: float) -> list[list[tuple[int, float]]]:
+    """Cut a sequence of stretches (their durations, s) into consecutive windows of window_s:
+    per window, (stretch index, share of that stretch in it)."""
+    out: list[list[tuple[int, float]]] = [[]]
+    room_s = window_s
+    for i, d in enumerate(durations_s):
+        left_s = d
+        while left_s > 0.0:
+            take_s = min(left_s, room_s)
+            out[-1].append((i, take_s / d))
+            left_s -= take_s
+            room_s -= take_s
+            if room_s <= 0.0:
+                out.append([])
+                room_s = window_s
+    return [w for w in out if w]
+
+
+SHARE_STEPS = 200
+"""Steps of the share at the ceiling a window's control can set (count): 0.5% each."""
+STRETCH_LOG = 20_000
+"""Stretches of launches a simulated card remembers for a fast-forward (count): more than a
+whole GPT-3-XL step's (~1,000)."""
+CONTROL_CACHE = 20_000
+"""Windows' controls a simulated card keeps cached before it forgets them all (count): a long
+timed run's windows are nearly all distinct."""
+CONTROL_GAIN = 0.5
+"""Share of the way from its level to the last window's own level the timed runs' cap
+controller moves at each window's end (dimensionless): settled in ~3 windows. Assumed (no
+measurement of the controller's response exists here); 0.5 keeps a 7-ms step's time as
+quiet as the card's own noise and settles a 1-ms GEMM step within 30 ms."""
+
+
+def control_level(p: Preset, control: CapControl) -> float:
+    """A control as one number that rises with the power it lets through: the share at the
+    ceiling (0..1), or, hunting, how far its centre sits below the stock ceiling's dip
+    (hunt_top_mhz, where hunting meets a share of 0) towards the lowest clock (-1..0)."""
+    if control.share_hi is not None:
+        return control.share_hi
+    top_mhz, lowest = hunt_top_mhz(p), min(p.core_levels_mhz)
+    return min(-1.0 / (top_mhz - lowest), (control.centre_mhz - top_mhz) / (top_mhz - lowest))
+
+
+def level_control(p: Preset, level: float) -> CapControl:
+    """The control on the controller's discrete grid nearest a level (control_level's inverse)."""
+    if level >= 0.0:
+        share = round(min(level, 1.0) * SHARE_STEPS) / SHARE_STEPS
+        return UNCAPPED if share >= 1.0 else CapControl(share)
+    top_mhz, lowest = hunt_top_mhz(p), min(p.core_levels_mhz)
+    return CapControl(
+        None, float(min(math.floor(top_mhz), round(top_mhz + max(level, -1.0) * (top_mhz - lowest))))
+    )
+
+
+def hunt_top_mhz(p: Preset) -> float:
+    """The hunting centre whose mean clock is the stock ceiling's dip (a share of 0 at the
+    ceiling), MHz: where the two regimes of the cap controller meet."""
+    return p.max_core_mhz * (1.0 - p.auto_hunt_rel)
+
+
 def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> float:
     """Board power with no kernel running at these clocks."""
     v = voltage_rel(p, core_mhz)
@@ -184,15 +357,35 @@ class SimulatedDevice(ModelDevice):
         self._temp_c = self.operating_temperature_c()
         self._last_point: OperatingPoint | None = None
         self._cache: dict[tuple, OperatingPoint] = {}
+        self._controls: dict[tuple, CapControl] = {}  # noiseless windows' controls
+        # the cap controller of timed runs: its level (control_level), the control it sets,
+        # and the window it is watching
+        self._level = 1.0
+        self._control = UNCAPPED
+        self._launched: tuple[Kernel, ClockPair | None, float, CapControl] | None = None
+        self._window: dict[tuple[Kernel, ClockPair | None], float] = {}  # launches in the window
+        self._window_s = 0.0
+        self._idle_s = 0.0  # idle time in the window, s
+        self._idle_j = 0.0  # energy spent idle in the window, J
+        self._fast_forward = False
+        # the launches run lately, (start s, kernel, clocks, launches, control), for a fast-forward
+        self._stretches: deque[tuple[float, Kernel, ClockPair | None, float, CapControl]] = deque(
+            maxlen=STRETCH_LOG
+        )
+        # (kernel, clocks, control, temperature) of a window that held one launch alone and left
+        # the controller at its own control: a run of it then needs no window by window watch
+        self._settled_on: tuple[Kernel, ClockPair | None, CapControl, float] | None = None
 
     # --- operator-side changes (drift scenarios) ---------------------------------------
     def set_ambient_c(self, ambient_c: float) -> None:
         self.ambient_c = ambient_c
         self._cache.clear()
+        self._controls.clear()
 
     def set_power_cap_w(self, cap_w: float) -> None:
         self.power_cap_w = cap_w
         self._cache.clear()
+        self._controls.clear()
 
     # --- sensing ------------------------------------------------------------------------
     def operating_temperature_c(self) -> float:
@@ -271,13 +464,213 @@ class SimulatedDevice(ModelDevice):
     def _figures(
         self, items: Sequence[tuple[Kernel, ClockPair | None, float]], temp_c: float
     ) -> tuple[float, float]:
-        points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
-        return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
+        """Time and energy of the items in order, the cap held over windows of the preset's
+        power_window_s (a window of one kernel: that kernel's own capped point)."""
+        temp_c = round(temp_c * 2.0) / 2.0
+        if self.preset.power_window_s <= 0.0:
+            points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
+            return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
+        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        time_s = energy_j = 0.0
+        for window in windows(free_s, self.preset.power_window_s):
+            entries = [(items[i][0], items[i][1], items[i][2] * share) for i, share in window]
+            if len(entries) == 1:
+                ops = [self.point(entries[0][0], entries[0][1], temp_c)]
+            else:
+                control = self._window_control(entries, temp_c)
+                ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
+            time_s += sum(op.time_s * n for op, (_, _, n) in zip(ops, entries, strict=True))
+            energy_j += sum(op.energy_j * n for op, (_, _, n) in zip(ops, entries, strict=True))
+        return time_s, energy_j
+
+    def _window_control(self, entries: Sequence[WindowEntry], temp_c: float) -> CapControl:
+        """window_control of a noiseless window (cached)."""
+        key = (tuple(entries), temp_c)
+        control = self._controls.get(key)
+        if control is None:
+            if len(self._controls) >= CONTROL_CACHE:
+                self._controls.clear()
+            control = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
+            )
+            self._controls[key] = control
+        return control
+
+    def _steady_control(self, items: Sequence[WindowEntry], temp_c: float) -> CapControl:
+        """The control the items' last window runs under when they repeat over and over: the
+        one the noiseless figures (_figures) give that window."""
+        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        last = windows(free_s, self.preset.power_window_s)[-1]
+        return self._window_control(
+            [(items[i][0], items[i][1], items[i][2] * share) for i, share in last], temp_c
+        )
+
+    def _controlled(
+        self, k: Kernel, pair: ClockPair | None, temp_c: float, control: CapControl
+    ) -> OperatingPoint:
+        key = (k, pair, temp_c, control)
+        op = self._cache.get(key)
+        if op is None:
+            op = controlled_point(self.preset, k, pair, temp_c, control)
+            self._cache[key] = op
+        return op
+
+    def _point_at(self, temp_c: float) -> Callable[[Kernel, ClockPair | None, CapControl], OperatingPoint]:
+        return lambda k, pair, control: self._controlled(k, pair, temp_c, control)
 
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
-        op = self.point(kernel, pair, self._temp_c)
+        """A timed launch: under the control the cap controller set from the last window it
+        watched (per launch when the preset has no window)."""
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        if self.preset.power_window_s <= 0.0:
+            op = self.point(kernel, pair, self._temp_c)
+        else:
+            op = self._controlled(kernel, pair, temp_c, self._control)
+            self._launched = (kernel, pair, op.time_s, self._control)
+            # the controller acts between stretches: none outlasts its window unless it is
+            # settled on this very launch (an isolated measurement's run of one kernel)
+            settled = self._settled(kernel, pair)
+            self.state_step_s = STATE_STEP_S if settled else min(STATE_STEP_S, self.preset.power_window_s)
         self._last_point = op
         return op.time_s, op.energy_j
+
+    def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
+        """As ModelDevice's, the repeats run as that many identical windows settle the cap
+        controller (_steady_correction), and the controller ends there: at the control of the
+        stretch's last window in the noiseless figures, so the next stretch run launch by launch
+        starts where the repeats left it, whatever its phase was in the one repeated."""
+        items = self._items_since(start_s)
+        self._fast_forward = True
+        try:
+            added_s = super().repeat_since(start_s, start_true_energy_j, times)
+        finally:
+            self._fast_forward = False
+        if added_s > 0.0 and items and self.preset.power_window_s > 0.0:
+            temp_c = round(self._temp_c * 2.0) / 2.0
+            self._level = control_level(self.preset, self._steady_control(items, temp_c))
+            self._control = level_control(self.preset, self._level)
+            self._window, self._window_s, self._idle_s, self._idle_j = {}, 0.0, 0.0, 0.0
+            self._stretches.clear()
+        return added_s
+
+    def _steady_correction(self, start_s: float) -> tuple[float, float]:
+        """What one repeat of the stretch since start_s runs differently from the stretch itself
+        (noiseless s, J): its launches under the controls of the noiseless figures (_figures:
+        the cap held over each window, as a settled controller holds it) less the same launches
+        under the controls they ran under."""
+        stretches = [st for st in self._stretches if st[0] >= start_s - 1e-12]
+        if not stretches or self.preset.power_window_s <= 0.0:
+            return 0.0, 0.0
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        steady_s, steady_j = self._figures(self._items_since(start_s), temp_c)
+        ran = [(self._controlled(k, pair, temp_c, control), n) for _, k, pair, n, control in stretches]
+        return steady_s - sum(op.time_s * n for op, n in ran), steady_j - sum(
+            op.energy_j * n for op, n in ran
+        )
+
+    def _items_since(self, start_s: float) -> list[WindowEntry]:
+        """The launches run since start_s in order, (kernel, clocks, launches), a kernel's
+        consecutive stretches at the same clocks merged."""
+        items: list[WindowEntry] = []
+        for t_s, k, pair, n, _ in self._stretches:
+            if t_s < start_s - 1e-12:
+                continue
+            if items and items[-1][0] == k and items[-1][1] == pair:
+                items[-1] = (k, pair, items[-1][2] + n)
+            else:
+                items.append((k, pair, n))
+        return items
+
+    def _watch_window(self, duration_s: float, power_w: float) -> None:
+        """The cap controller's view: what ran in its window (launches, idle time), a stretch
+        longer than the window's rest split across windows. At each window's end
+        (_close_window) it sets the next window's control."""
+        if self._fast_forward:
+            return
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            launches = duration_s / (launched[2] * self._noise[0])  # whole launches, as run() ran them
+            self._stretches.append(
+                (self._now_s - duration_s, launched[0], launched[1], launches, launched[3])
+            )
+        window_s = self.preset.power_window_s
+        left_s = duration_s
+        if launched is not None:
+            left_s = self._skip_settled_windows(launched[0], launched[1], left_s)
+        while left_s > 0.0:
+            take_s = min(left_s, window_s - self._window_s)
+            if launched is not None:
+                key = (launched[0], launched[1])
+                self._window[key] = self._window.get(key, 0.0) + take_s / (launched[2] * self._noise[0])
+            else:
+                self._idle_s += take_s
+                self._idle_j += take_s * power_w
+            self._window_s += take_s
+            left_s -= take_s
+            if self._window_s >= window_s * (1.0 - 1e-9):
+                self._close_window()
+
+    def _skip_settled_windows(self, kernel: Kernel, pair: ClockPair | None, left_s: float) -> float:
+        """A stretch of one launch the controller has settled on, alone in its window: its whole
+        windows but the last change nothing but the level's rest, so they are closed at once.
+        Returns the stretch's time left to watch window by window, s."""
+        window_s = self.preset.power_window_s
+        alone = set(self._window) <= {(kernel, pair)} and not self._idle_s
+        whole = math.floor((self._window_s + left_s) / window_s * (1.0 + 1e-9))
+        if not (alone and whole > 1 and self._settled(kernel, pair)):
+            return left_s
+        target_level = control_level(self.preset, self._settled_on[2])
+        self._level = target_level + (self._level - target_level) * (1.0 - CONTROL_GAIN) ** (whole - 1)
+        self._control = level_control(self.preset, self._level)
+        skipped_s = (whole - 1) * window_s - self._window_s
+        self._window, self._window_s = {}, 0.0
+        return left_s - skipped_s
+
+    def _close_window(self) -> None:
+        """Move the controller's level CONTROL_GAIN of the way to the level that would have held
+        the window's mean power at the cap, and set the next window's control from it; a window
+        with no launch releases the cap. Carried from window to window, the level settles where
+        the windows' mean power is at the cap, whatever the phase of the windows against the
+        step, as a real controller's state does."""
+        target = None
+        if not self._window:
+            self._level = 1.0
+        else:
+            target = self._window_target()
+            self._level += CONTROL_GAIN * (control_level(self.preset, target) - self._level)
+        self._control = level_control(self.preset, self._level)
+        only = next(iter(self._window)) if len(self._window) == 1 and self._idle_s == 0.0 else None
+        self._settled_on = None
+        if only is not None and self._control == target:
+            self._settled_on = (only[0], only[1], target, round(self._temp_c * 2.0) / 2.0)
+        self._window, self._window_s, self._idle_s, self._idle_j = {}, 0.0, 0.0, 0.0
+
+    def _settled(self, kernel: Kernel, pair: ClockPair | None) -> bool:
+        """Whether the last window held this launch alone, at this temperature (0.5 C), and
+        left the controller at that window's own control."""
+        on = self._settled_on
+        return (
+            on is not None and on[0] == kernel and on[1] == pair and on[3] == round(self._temp_c * 2.0) / 2.0
+        )
+
+    def _window_target(self) -> CapControl:
+        """The control that would have held the watched window's mean power at the cap: its mix
+        per second of window (3 significant digits) and idle share, cached by them."""
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        per_s = 1.0 / self._window_s
+        entries = tuple((k, pair, float(f"{n * per_s:.3g}")) for (k, pair), n in self._window.items())
+        idle_w = round(self._idle_j / self._idle_s) if self._idle_s > 0.0 else 0.0
+        idle = (float(f"{self._idle_s * per_s:.3g}"), float(idle_w))
+        key = (entries, idle, temp_c)
+        control = self._controls.get(key)
+        if control is None:
+            if len(self._controls) >= CONTROL_CACHE:
+                self._controls.clear()
+            control = window_control(
+                self.preset, entries, temp_c, self.power_cap_w, idle, point=self._point_at(temp_c)
+            )
+            self._controls[key] = control
+        return control
 
     def _idle_power_w(self) -> float:
         pair = self._clocks
@@ -287,5 +680,7 @@ class SimulatedDevice(ModelDevice):
 
     def _on_advance(self, duration_s: float, power_w: float) -> None:
         p = self.preset
+        if p.power_window_s > 0.0:
+            self._watch_window(duration_s, power_w)
         steady_c = self.ambient_c + p.r_th_c_per_w * power_w
         self._temp_c = steady_c + (self._temp_c - steady_c) * math.exp(-duration_s / p.tau_s)

@@ -19,9 +19,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from statistics import fmean
+from typing import TYPE_CHECKING
 
+from kdvfs.runtime.presets import get_preset
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
 from kdvfs.runtime.types import KERNEL_KINDS, KdvfsError, Kernel, Workload
+
+if TYPE_CHECKING:
+    from kdvfs.runtime.simulator import CapControl
 
 H200_GEMM_FLOPS_PER_S = 656e12
 """bf16 8192^3 GEMM at stock: 656 TFLOP/s (h200-probe/kernels_stock.csv, gemm_bf16_8192); where
@@ -138,8 +143,8 @@ def load_trace(path: str | Path) -> Workload:
         fmean(kernels[s * period + i].duration_us for s in range(steps)) * 1e-6 for i in range(period)
     ]
     passes = _passes(classes, [k.name for k in first], _optimizer_start(first, annotations))
-    workload_kernels = tuple(
-        kernel_from_duration(i, c, passes[i], durations_s[i]) for i, c in enumerate(classes)
+    workload_kernels = under_window_cap(
+        [kernel_from_duration(i, c, passes[i], durations_s[i]) for i, c in enumerate(classes)]
     )
     meta = (
         ("source", str(path)),
@@ -222,16 +227,47 @@ def kernel_from_duration(position: int, c: KernelClass, pass_name: str, duration
 
 
 WORK_BISECTION_STEPS = 40  # steps of the bisection on log(work): relative precision ~1e-9
+WINDOW_FIT_ROUNDS = 4  # rounds of window controls and works: the step's time settles to ~0.1%
+
+
+def under_window_cap(kernels: list[Kernel]) -> tuple[Kernel, ...]:
+    """The step's kernels with their work re-set so that each takes its recorded time under
+    the cap control of its power window (the card holds the mean power over a window, so a
+    GEMM among small kernels ran faster than it would alone at the cap); the controls depend
+    on the works, so a few rounds of both."""
+    from dataclasses import replace
+
+    from kdvfs.runtime.simulator import window_control, windows
+
+    card = get_preset("h200")
+    if card.power_window_s <= 0.0:
+        return tuple(kernels)
+    temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
+    durations_s = [k.ref_time_s for k in kernels]
+    for _ in range(WINDOW_FIT_ROUNDS):
+        controls = {}
+        for window in windows(durations_s, card.power_window_s):
+            entries = [(kernels[i], None, share) for i, share in window]
+            control = window_control(card, entries, temp_c, card.power_cap_w) if len(window) > 1 else None
+            controls.update({i: control for i, _ in window})
+        for i, k in enumerate(kernels):
+            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i])
+            kernels[i] = replace(
+                k, flops=work if k.tensor_core else 0.0, bytes_moved=0.0 if k.tensor_core else work
+            )
+    return tuple(kernels)
 
 
 @lru_cache(maxsize=65536)
-def work_for_duration(kind: str, tensor_core: bool, duration_s: float) -> float:
+def work_for_duration(
+    kind: str, tensor_core: bool, duration_s: float, control: CapControl | None = None
+) -> float:
     """The work (flops on tensor cores, else bytes) a kernel of this kind needs to run
     `duration_s` on the simulated H200 at stock, at its training temperature: the recorded
-    kernel, as the simulator costs it. A duration under the kind's floor gets no work (the
-    simulated kernel then runs its floor, a little longer than recorded)."""
-    from kdvfs.runtime.presets import get_preset
-    from kdvfs.runtime.simulator import operating_point
+    kernel, as the simulator costs it, capped alone (control None) or under a window's cap
+    control. A duration under the kind's floor gets no work (the simulated kernel then runs
+    its floor, a little longer than recorded)."""
+    from kdvfs.runtime.simulator import controlled_point, operating_point
 
     card = get_preset("h200")
     temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
@@ -239,7 +275,9 @@ def work_for_duration(kind: str, tensor_core: bool, duration_s: float) -> float:
     def time_s(work: float) -> float:
         kernel = Kernel("k", flops=work if tensor_core else 0.0, bytes_moved=0.0 if tensor_core else work,
                         tensor_core=tensor_core, kind=kind)  # fmt: skip
-        return operating_point(card, kernel, None, temp_c, card.power_cap_w).time_s
+        if control is None:
+            return operating_point(card, kernel, None, temp_c, card.power_cap_w).time_s
+        return controlled_point(card, kernel, None, temp_c, control).time_s
 
     naive = duration_s * (H200_GEMM_FLOPS_PER_S if tensor_core else H200_COPY_BYTES_PER_S)
     if time_s(0.0) >= duration_s:

@@ -68,7 +68,7 @@ def test_h200_auto_mode_matches_the_probe():
     assert gemm.simulated_sm_mhz < 1700
     for name in ("layernorm_8k_x_2048", "copy_256MiB"):
         assert rows[name].simulated_sm_mhz > 1900
-        assert 550 <= rows[name].simulated_power_w <= 720
+        assert 540 <= rows[name].simulated_power_w <= 720  # the ladder's copies drew 508-610 W
     for r in rows.values():
         assert abs(r.rel_error("power_w")) < 0.15, r
 

@@ -48,7 +48,7 @@ def test_gpt3xl_trace_one_step_of_110_kernels() -> None:
 @needs_trace
 def test_gpt3xl_trace_signature_is_stable() -> None:
     assert (
-        load_trace(TRACE).signature == load_trace(TRACE).signature == "00a4247c0ccf8209"
+        load_trace(TRACE).signature == load_trace(TRACE).signature == "fb90e8fa228d3128"
     )  # the work is the simulated H200's for each recorded duration
 
 
@@ -79,15 +79,17 @@ def test_gpt3xl_trace_durations_and_work() -> None:
     assert gemm.ref_time_s == pytest.approx(mean_s)
     h200 = SimulatedDevice("h200", noise=0.0)
     assert gemm.flops > 0 and gemm.bytes_moved == 0.0
-    assert h200.point(gemm, None).time_s == pytest.approx(
-        mean_s, rel=1e-4
-    )  # the recorded kernel, simulated (point() rounds the temperature)
+    # the recorded step, simulated: each kernel takes its recorded time under its power window's
+    # cap (those under their kind's floor take the floor), and the GEMM, run alone back to back,
+    # is capped harder than among the step's small kernels
+    step_s, _ = h200.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    assert step_s == pytest.approx(sum(k.ref_time_s for k in workload.kernels), rel=0.01)
+    assert h200.point(gemm, None).time_s > 1.05 * mean_s
     copy = workload.kernels[2]
     assert copy.name == "002.elementwise_copy" and not copy.tensor_core and copy.kind == "elementwise"
     assert copy.bytes_moved > 0 and copy.flops == 0.0
-    assert h200.point(copy, None).time_s == pytest.approx(
-        max(copy.ref_time_s, h200.point(dataclasses.replace(copy, bytes_moved=0.0), None).time_s), rel=1e-6
-    )
+    floor_s = h200.point(dataclasses.replace(copy, bytes_moved=0.0), None).time_s
+    assert h200.point(copy, None).time_s <= max(copy.ref_time_s, floor_s) * (1 + 1e-6)
     features = gemm.feature_dict()
     assert features["duration_s"] == gemm.ref_time_s
     assert features["is_gemm"] == 1.0 and features["is_elementwise"] == 0.0 and features["tensor_core"] == 1.0

@@ -197,8 +197,11 @@ class SimulatedWindows:
     four-group schedule: each group's time per iteration from launch timings and the
     iteration's energy from the counter, against the device's noiseless expectation."""
 
+    # group 1 starts at a 670-us GEMM, so its switch (50 us) lands inside that kernel: from
+    # kernel 12 (a 50-us add at 900 MHz, a tie with the switch) a 1-s noise draw decided
+    # whether the next GEMM ran at 900 MHz or stock, and group 1's time flipped by 10%
     SCHEDULE = Schedule(
-        ((0, ClockPair(900, 3201)), (12, None), (30, ClockPair(1200, 3201)), (36, ClockPair(900, 3201)))
+        ((0, ClockPair(900, 3201)), (11, None), (30, ClockPair(1200, 3201)), (36, ClockPair(900, 3201)))
     )
 
     def __init__(self, seed: int) -> None:
@@ -232,9 +235,7 @@ class SimulatedWindows:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_simulated_device_stream_is_quiet_for_2000_windows_then_names_the_capped_group(seed):
     windows = SimulatedWindows(seed)
-    # confirmed alarms, as the tuner watches output streams: on the ladder-calibrated card the
-    # switch into group 1 lands within the start jitter of its second kernel, which then runs
-    # at one clock or the other (the same bimodality CONFIRM_WINDOWS filters on the 3080 Ti)
+    # confirmed alarms, as the tuner watches output streams
     monitor = DriftMonitor(list(windows.expected), confirm=WATCH_CONFIRM_WINDOWS)
     false_alarms = [
         (w, changed) for w in range(2000) if (changed := monitor.update(windows.next(), windows.expected))
