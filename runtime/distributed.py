@@ -37,7 +37,10 @@ def shared_decision(decision: T, group: dist.ProcessGroup | None = None) -> T:
 
 class TorchRankPool:
     """Every data-parallel rank's step report through torch.distributed (a RankPool): one
-    all_gather_object a step, so every rank of the group must gather each step.
+    all_gather_object a step, so every rank of the group must gather each step. Under DDP,
+    give it a group of its own (`dist.new_group(backend="gloo")`): kdvfs.tune gathers on its
+    controller thread while DDP's collectives run on the training thread, and one group's
+    collectives must come in the same order on every rank.
 
     Args:
         group: the data-parallel process group (None: the default group).
