@@ -160,6 +160,15 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
         "measurements": obs.measurements,
         "kernels_swept": swept,
         "explore_seconds": obs.cost_s,
+        **plans_json(kernel, passes, best, workload, device),
+        "reference": {"iteration_time_s": ref_time_s, "iteration_energy_j": ref_energy_j},
+    }
+
+
+def plans_json(kernel, passes, best, workload, device) -> dict:
+    """The JSON of a sweep's three plans: kernel level, pass level and the realisable schedule
+    (None where grouping could not run)."""
+    return {
         "kernel_level": {
             "energy_saving": kernel.energy_saving,
             "slowdown": kernel.slowdown,
@@ -170,7 +179,6 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
             "slowdown": passes.slowdown,
             "plan": plan_json(passes.choice),
         },
-        "reference": {"iteration_time_s": ref_time_s, "iteration_energy_j": ref_energy_j},
         "realisable": None
         if best is None
         else {
@@ -301,35 +309,11 @@ def _measured_report(args: argparse.Namespace, device, workload, obs, phases: Ph
         "null_sd": obs.null_sd(),
         "energy_margin": margin,
         "throttled": obs.throttled,
-        "kernel_level": {
-            "energy_saving": kernel.energy_saving,
-            "slowdown": kernel.slowdown,
-            "plan": plan_json(kernel.choice),
-        },
-        "pass_level": {
-            "energy_saving": passes.energy_saving,
-            "slowdown": passes.slowdown,
-            "plan": plan_json(passes.choice),
-        },
+        **plans_json(kernel, passes, best, workload, device),
         "reference": {
             "iteration_time_s": obs.reference.iteration_time_s,
             "iteration_energy_j": obs.reference.iteration_energy_j,
             "time_rel_sd": obs.reference.time_rel_sd,
-        },
-        "realisable": None
-        if best is None
-        else {
-            "energy_saving": best.energy_saving,
-            "slowdown": best.slowdown,
-            "groups": [
-                {
-                    "start": start,
-                    "kernel": workload.kernels[start].name,
-                    "pair": None if pair is None else pair.as_list(),
-                }
-                for start, pair in best.schedule.groups
-            ],
-            "switch_latency_s": device.switch_latency_s,
         },
         "cells": [
             {
