@@ -5,7 +5,6 @@ gloo processes through torch.distributed)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from kdvfs.runtime.trials import open_window
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import StepTiming, StepTuner
+from tests.tuner.conftest import free_port
 
 BUDGET = 0.01
 SPEC = "sim:rtx3080ti"
@@ -142,12 +142,6 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
         Path(out_dir, f"rank{rank}.txt").write_text("\n".join(lines))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_gloo_ranks_pooling_through_torch_distributed_decide_the_same_schedule_every_step(tmp_path):
