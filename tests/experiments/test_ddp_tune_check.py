@@ -111,7 +111,8 @@ def test_the_pooling_figure_compares_one_rank_with_the_ranks_mean(finished):
     "signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm-to-the-job", "sigkill-to-one-rank"]
 )
 def test_every_surviving_rank_records_stock_after_a_signal(tmp_path, signum):
-    job = launch(tmp_path, 120.0, "--budget", "0.5")  # a trial is not abandoned for the CPU's noise
+    # a budget of 500%: the trial this test waits for is not abandoned for a loaded CPU's noise
+    job = launch(tmp_path, 120.0, "--budget", "5")
     try:
         lines = lines_until(job, in_trial)
         pids = {
