@@ -77,17 +77,21 @@ def test_a_dry_run_sweep_of_recorded_ops_comes_out_stock_the_null_test(card, ops
 
 
 def test_a_pair_that_truly_draws_less_power_is_planned_and_its_saving_measured(card, ops_file, tmp_path):
-    # applied clocks (the fake card has no hardware): the lowest core clock draws a fifth of
-    # the power, a saving beyond the margin of a loaded CPU's timing noise (s.d. up to ~40%)
-    card.power_at = lambda gpu, mem: 16_000 if gpu is not None and gpu[0] == 345 else 80_000
+    # applied clocks (the fake card has no hardware): the lowest core clock draws a twentieth
+    # of the power. The fake's energy is power x wall time, so a loaded CPU's timing noise is
+    # its energy noise too (A/A s.d. up to ~60% with the suite two at a time and other jobs:
+    # a fifth of the power and a 50% budget were planned at stock in 1 of 8 such runs, the
+    # margin and the time limit rightly refusing); at a twentieth and a 500% budget neither
+    # the margin (3.8 s.d.) nor the time limit refuses it at any s.d. an A/A pair can show (<= 1.41)
+    card.power_at = lambda gpu, mem: 4_000 if gpu is not None and gpu[0] == 345 else 80_000
     ops, where = load_ops(ops_file)
     with OpReplayDevice(NvmlDevice(0, lease_dir=tmp_path), ops, torch_device=where) as device:
         pairs = spread_pairs(device.grid.pairs, 2)
         assert pairs[0].core_mhz == 345  # the grid ascends
         obs = sweep_reference(device, device.workload, pairs, warmup_s=0.3, window_s=0.6)
         measure_every_pair(device, obs, window_s=0.1)
-    plan = measured_figures(obs, obs.kernel_level_choice(budget=0.5))
-    assert plan.energy_saving > 0.5  # a fifth of the power at no slowdown: the CPU runs the same
+    plan = measured_figures(obs, obs.kernel_level_choice(budget=5.0))
+    assert plan.energy_saving > 0.5, f"noise s.d. {obs.null_sd():.2f}, margin {obs.energy_margin():.2f}"
     assert sum(p is not None for p in plan.choice.values()) > len(plan.choice) / 2
 
 
