@@ -3,8 +3,9 @@
     python -m kdvfs.experiments.rank_pooling --device sim:rtx3080ti --workload gpt3-xl-layer
 
 For each seed: the job once on one simulated card, once as n data-parallel ranks (runtime/
-ranks.py: SimulatedDataParallel, n cards of the preset with independent noise seeds, rank 0's
-card the one-rank job's) whose StepTuner pools every rank's report (pool=, StepTiming.for_ranks).
+ranks.py: SimulatedDataParallel, n cards of the preset with independent noise seeds stepped
+in lockstep (every step ends with the slowest rank's), rank 0's card the one-rank job's) whose
+StepTuner pools every rank's report (pool=, StepTiming.for_ranks).
 Rank 0's tuner answers for every rank (the ranks' decisions are identical on the same pooled
 data: tests/tuner/test_rank_pooling.py checks it with a tuner on each rank). Reported, in
 training seconds: when the adopted schedule first reached 95% of the realisable oracle and

@@ -1,15 +1,18 @@
 """Data-parallel ranks pooled: each rank's step report is a sample of the same schedule.
 
 Data-parallel ranks run the same schedule in lockstep, each on its own card, so each rank's
-window energy per step (and step time) is an independent sample: n ranks give n samples a
-window. The step tuner (tuner/step_tuner.py, `pool=`) gathers every rank's report of each
+window energy per step is an independent sample: n ranks give n samples a window. Their step
+times are not: every step's gradient all-reduce waits for the slowest rank, so the ranks'
+steps end together and their time is one sample (runtime/trials.py's Trial counts it once). The step tuner (tuner/step_tuner.py, `pool=`) gathers every rank's report of each
 step and every rank decides on the same pooled figures, so the decisions are identical.
 
 - `RankPool`: the Protocol: `ranks`, `gather(report) -> every rank's report of this step`
   (in rank order; a collective: every rank calls it each step). `PoolLost`: a pool that can
   no longer gather (the service gone); the tuner then goes on alone.
 - `SimulatedDataParallel`: a simulated job of n ranks (n simulated cards with independent
-  noise seeds, one workload), stepped in lockstep in this process; its `pool(rank)` is each
+  noise seeds, one workload), stepped in lockstep in this process: each step ends on every
+  rank when the slowest rank's kernels end, the others idling meanwhile (at the all-reduce,
+  counted in their step's last group); its `pool(rank)` is each
   rank's RankPool. For the benchmark (experiments/rank_pooling.py) and the tests.
 - Elsewhere: `TorchRankPool` (runtime/distributed.py, torch.distributed's all_gather_object)
   and `ServiceRankPool` (tuner/service/client.py, through `kdvfs serve`).
@@ -82,9 +85,12 @@ class SimulatedDataParallel:
         return self.jobs[0].seconds
 
     def step(self, schedules: Sequence[Schedule]) -> list[StepReport]:
-        """One step on every rank, each under its schedule; every rank's report (published
-        for the ranks' pools)."""
-        self.published = [job.step(s) for job, s in zip(self.jobs, schedules, strict=True)]
+        """One step on every rank, each under its schedule, ending together: a rank whose
+        kernels end before the slowest's idles until then. Every rank's report (published for
+        the ranks' pools)."""
+        ran = [job.run_kernels(s) for job, s in zip(self.jobs, schedules, strict=True)]
+        slowest_s = max(r.step_s for r in ran)
+        self.published = [job.end_step(r, slowest_s - r.step_s) for job, r in zip(self.jobs, ran)]
         return self.published
 
     def run(

@@ -7,7 +7,8 @@
 - `StepController`: the Protocol of whoever answers a report with the next steps' Schedule
   (tuner/step_tuner.py's StepTuner).
 - `SimulatedJob`: steps of a Workload on a ModelDevice through IterationRunner under the
-  schedule it is given, one StepReport per step; `run()` is the training loop (clocks back to
+  schedule it is given, one StepReport per step (`step`, or `run_kernels` then `end_step`
+  for ranks that wait for one another); `run()` is the training loop (clocks back to
   stock when it ends, by an exception too); `change_workload` swaps the step's kernels mid-run
   (a drift scenario). It decides nothing. `dry_run` records the clock
   requests and applies none, as a real card in dry run does (the null test).
@@ -62,6 +63,21 @@ class StepController(Protocol):
     def on_step_end(self, report: StepReport) -> Schedule: ...
 
 
+@dataclass(frozen=True)
+class RanKernels:
+    """A simulated step's kernels run, its report not made yet (SimulatedJob.run_kernels).
+
+    Attributes:
+        schedule: the schedule the step was asked to run.
+        kernel_times_s: each kernel's time, s (in the workload's order).
+        step_s: the kernels' time, s.
+    """
+
+    schedule: Schedule
+    kernel_times_s: np.ndarray
+    step_s: float
+
+
 class SimulatedJob:
     """A training job on a simulated or replayed device, step by step.
 
@@ -90,16 +106,28 @@ class SimulatedJob:
 
     def step(self, schedule: Schedule) -> StepReport:
         """Run one step under the schedule (stock in dry run) and report it."""
+        return self.end_step(self.run_kernels(schedule))
+
+    def run_kernels(self, schedule: Schedule) -> RanKernels:
+        """A step's kernels under the schedule (stock in dry run), not reported yet."""
         if schedule != self._schedule or not self.requests:
             self.requests.append((self.steps, schedule))
             self._schedule = schedule
         applied = Schedule.stock() if self.dry_run else schedule
         kernel_times_s, step_s = self.runner.run(applied, 1)
+        return RanKernels(schedule, kernel_times_s, step_s)
+
+    def end_step(self, ran: RanKernels, wait_s: float = 0.0) -> StepReport:
+        """The step's report, after the card idled wait_s (a data-parallel rank waiting at the
+        step's gradient all-reduce for the slowest rank; the wait is the last group's, s)."""
+        if wait_s > 0.0:
+            self.device.idle(wait_s)
+        groups = _group_times(ran.schedule, ran.kernel_times_s, ran.step_s)
         report = StepReport(
             step=self.steps,
             end_s=self.device.now_s(),
-            step_time_s=step_s,
-            group_times_s=_group_times(schedule, kernel_times_s, step_s),
+            step_time_s=ran.step_s + wait_s,
+            group_times_s=(*groups[:-1], groups[-1] + wait_s),
             counter_readings=self._read_counter(),
             temperature_c=_sensor(self.device, "temperature_c", math.nan),
             throttle_reasons=frozenset(_sensor(self.device, "throttle_reasons", frozenset())),

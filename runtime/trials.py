@@ -6,7 +6,8 @@ Gymnasium environment (envs/iteration_env.py) both measure through it.
   can switch between from segment times and its switch latency.
 - `Window`: whole steps under one schedule, figures from the steps that began after its
   switch settled, energy between two observed counter updates. `PooledWindow`: the same
-  window on every data-parallel rank (n ranks: n samples a window); `open_window` opens
+  window on every data-parallel rank (n ranks: n energy samples a window, one step time:
+  the ranks wait for one another); `open_window` opens
   either, `pooled_report` merges the ranks' reports of one step (runtime/ranks.py pools them).
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
 - `StepAccount`: the cumulative budget against stock measured in training.
@@ -149,7 +150,8 @@ class PooledWindow:
     """One window on every data-parallel rank, each rank's own Window on its own clock (the
     ranks run the same schedule in lockstep). Closed at a step where some rank observed a
     counter update and every rank's counter span reached length_s. Its figures are the
-    ranks' means; its step times are every rank's (n ranks: n samples a window)."""
+    ranks' means; its step times are every rank's (n ranks: n energy samples a window; the
+    ranks' step times end together, one sample: Trial.outcome counts them once)."""
 
     windows: list[Window]
 
@@ -308,14 +310,22 @@ class Trial:
     def outcome(self) -> Outcome:
         blocks = len(self.closed) // 4
         e_diff, t_diff = [], []
-        for k in range(blocks):  # each rank's block is a sample (pooled ranks: n a block)
+        for k in range(blocks):
             a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
+            # energy: each rank's block is a sample (pooled ranks: n a block, each card its own)
             for ea1, eb1, eb2, ea2 in zip(
                 a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j
             ):
                 e_diff.append(0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0)
-            for ta1, tb1, tb2, ta2 in zip(a1.rank_steps_s, b1.rank_steps_s, b2.rank_steps_s, a2.rank_steps_s):
-                t_diff.append(0.5 * (tb1 + tb2) / (0.5 * (ta1 + ta2)) - 1.0)
+            # time: one sample a block, the ranks' mean (their steps end together at every
+            # all-reduce, so n ranks' times are one measurement, not n)
+            rank_t_diff = [
+                0.5 * (tb1 + tb2) / (0.5 * (ta1 + ta2)) - 1.0
+                for ta1, tb1, tb2, ta2 in zip(
+                    a1.rank_steps_s, b1.rank_steps_s, b2.rank_steps_s, a2.rank_steps_s
+                )
+            ]
+            t_diff.append(float(np.mean(rank_t_diff)))
         b = [w for w in self.b_windows() if w.step_times_s]
         b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
         b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])

@@ -10,8 +10,9 @@ clocks of the next steps. It never runs kernels itself.
 - `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default;
   `StepTiming.for_ranks(n)` for n pooled data-parallel ranks.
 - Ranks pooled (`pool`, runtime/ranks.py: RankPool): each step's report is gathered from every
-  data-parallel rank, windows and the reference count every rank's readings (n samples a
-  window), and every rank decides on the same pooled data: the decisions are identical. A
+  data-parallel rank, windows and the reference count every rank's energy (n samples a
+  window; the step time, which the ranks share, once), and every rank decides on the same
+  pooled data: the decisions are identical. A
   lost pool (runtime/ranks.py: PoolLost) is an alarm: the rank goes on alone from a new
   reference.
 - Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
@@ -123,23 +124,26 @@ class StepTiming:
 
     @classmethod
     def for_ranks(cls, ranks: int) -> StepTiming:
-        """The lengths for `ranks` pooled data-parallel ranks: n samples a window, so a trial
-        measures 1/n of one rank's training for the same standard error: blocks first (down
-        to MIN_POOLED_BLOCKS), then windows (down to MIN_POOLED_WINDOW_S); the reference is
-        1/n as long (still three windows at least). One rank: the constants."""
+        """The lengths for `ranks` pooled data-parallel ranks: n energy samples a window, so a
+        trial measures 1/n of one rank's training for the same energy error: blocks first
+        (down to MIN_POOLED_BLOCKS), then windows (down to MIN_POOLED_WINDOW_S); the reference
+        is 1/n as long (still three windows at least). The step time is one sample however
+        many ranks (they wait for one another), so a verification whose time bound is
+        undecided may extend to as much training as one rank's would. One rank: the constants."""
         if ranks <= 1:
             return cls()
         blocks = max(MIN_POOLED_BLOCKS, round(TRIAL_BLOCKS / ranks))
         verify_blocks = max(MIN_POOLED_BLOCKS, round(VERIFY_BLOCKS / ranks))
+        verify_window_s = max(MIN_POOLED_WINDOW_S, VERIFY_WINDOW_S * VERIFY_BLOCKS / (ranks * verify_blocks))
         return cls(
             reference_s=REFERENCE_S / ranks,
             trial_window_s=max(MIN_POOLED_WINDOW_S, TRIAL_WINDOW_S * TRIAL_BLOCKS / (ranks * blocks)),
             trial_blocks=blocks,
-            verify_window_s=max(
-                MIN_POOLED_WINDOW_S, VERIFY_WINDOW_S * VERIFY_BLOCKS / (ranks * verify_blocks)
-            ),
+            verify_window_s=verify_window_s,
             verify_blocks=verify_blocks,
-            verify_max_blocks=verify_blocks * VERIFY_MAX_BLOCKS // VERIFY_BLOCKS,
+            verify_max_blocks=max(
+                verify_blocks, round(VERIFY_MAX_BLOCKS * VERIFY_WINDOW_S / verify_window_s)
+            ),
         )
 
 
@@ -509,8 +513,8 @@ class StepTuner:
             trial.abandoned = True
             return
         times = [t for w in trial.b_windows() for t in w.step_times_s]  # every rank's (pooled)
-        ran_s = float(sum(times))
-        if ran_s / self._ranks < ABANDON_MIN_S:  # training time, not the ranks' samples
+        ran_s = float(sum(times)) / self._ranks  # training time: the ranks' steps end together
+        if ran_s < ABANDON_MIN_S:
             return
         slowdown = float(np.mean(times)) / self.stock_step_s - 1.0
         if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:

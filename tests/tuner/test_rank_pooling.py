@@ -1,5 +1,6 @@
-"""Data-parallel ranks pooled in the step tuner: n ranks' windows are n samples, the pooled
-tuner measures shorter, and every rank decides the same (in one process, and across real
+"""Data-parallel ranks pooled in the step tuner: n ranks' windows are n energy samples and one
+step-time sample (the ranks wait for one another), the pooled tuner measures shorter, and
+every rank decides the same (in one process, and across real
 gloo processes through torch.distributed)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.ranks import SimulatedDataParallel
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.steps import SimulatedJob
-from kdvfs.runtime.trials import open_window
+from kdvfs.runtime.trials import Trial, open_window
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import StepTiming, StepTuner
@@ -68,6 +69,40 @@ def test_four_pooled_ranks_measure_a_window_about_half_as_noisy_as_one():
     assert four < 0.75 * one  # 1/sqrt(4) expected; 30 windows each
 
 
+def test_data_parallel_ranks_end_every_step_together_the_faster_rank_idling():
+    devices = cards(2)
+    workload = open_workload("gpt3-xl-layer", devices[0])
+    job = SimulatedDataParallel(devices, workload)
+    low = devices[0].grid.pairs[0]  # the lowest pair: rank 0's kernels run slower
+    for _ in range(5):
+        slow, fast = job.step([Schedule(((0, low),)), Schedule.stock()])
+        assert slow.step_time_s == fast.step_time_s and slow.end_s == pytest.approx(fast.end_s)
+        assert sum(fast.group_times_s) == pytest.approx(fast.step_time_s)
+    kernels_s = job.jobs[1].run_kernels(Schedule.stock()).step_s
+    assert fast.step_time_s > 1.2 * kernels_s  # the stock rank waited at the all-reduce
+
+
+def test_a_pooled_trial_counts_the_ranks_shared_step_time_once():
+    # four lockstep ranks, stock against stock: their step times are one measurement, so the
+    # pooled trial's time error is rank 0's own, not half of it (four copies taken as samples)
+    devices = cards(4, seed=5)
+    workload = open_workload("gpt3-xl-layer", devices[0])
+    job = SimulatedDataParallel(devices, workload)
+    trial = Trial(Schedule.stock(), Schedule.stock(), blocks=8, window_s=0.5, settle_s=0.0)
+    reports = job.step([Schedule.stock()] * 4)
+    while not trial.done:
+        if trial.current is None:
+            trial.open([r.end_s for r in reports])
+        reports = job.step([trial.schedule()] * 4)
+        trial.add(reports)
+    rank0 = []
+    for k in range(trial.blocks):
+        a1, b1, b2, a2 = (w.rank_steps_s[0] for w in trial.closed[4 * k : 4 * k + 4])
+        rank0.append((b1 + b2) / (a1 + a2) - 1.0)
+    rank0_se = np.std(rank0, ddof=1) / np.sqrt(len(rank0))
+    assert trial.outcome().time_se == pytest.approx(rank0_se, rel=0.05)
+
+
 def test_pooled_timing_measures_a_trial_over_a_quarter_of_one_ranks_training():
     one, four = StepTiming.for_ranks(1), StepTiming.for_ranks(4)
     assert one == StepTiming()
@@ -76,6 +111,10 @@ def test_pooled_timing_measures_a_trial_over_a_quarter_of_one_ranks_training():
         one.verify_blocks * one.verify_window_s / 4
     )
     assert four.trial_blocks >= 2 and four.reference_s == pytest.approx(one.reference_s / 4)
+    # the step time does not pool: an undecided verification may run as long as one rank's
+    assert four.verify_max_blocks * four.verify_window_s == pytest.approx(
+        one.verify_max_blocks * one.verify_window_s
+    )
 
 
 def test_a_tuner_on_each_in_process_rank_decides_the_same_schedule_every_step():
