@@ -4,7 +4,9 @@
   (name, overload, input shapes, dtypes,
   strides and scalar values as the profiler recorded them, and the device time its kernels
   took inside the step, averaged over the steps recorded);
-- `record_ops`: profile a few training steps with record_shapes and keep their ops;
+- `record_ops`: profile a few training steps with record_shapes and keep their ops; the
+  profiler records no shapes inside a list of tensors (the optimizer's `_foreach_*` ops), so
+  the last warm-up step runs under `ListShapes`, a dispatch mode that notes them;
 - `rebuild`: a callable that runs one recorded op on random inputs of its recorded shapes and
   dtypes (integer inputs are zeros, valid as indices), or None where the op cannot be rebuilt;
 - `time_rebuilt`: its time per call, run back to back (CUDA events on a GPU);
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode  # public in use; no other hook sees list inputs
 
 from kdvfs.runtime.torch_discovery import is_outermost_compute_op
 from kdvfs.runtime.types import KdvfsError
@@ -44,7 +47,7 @@ TORCH_DTYPES = {
     "bool": torch.bool,
 }
 """The profiler's dtype names (FunctionEvent.input_dtypes) and the torch dtypes they stand for."""
-LIST_DTYPE = torch.float32  # elements of a TensorList, whose dtype the profiler does not record
+LIST_DTYPE = torch.float32  # elements of a TensorList whose dtype was not noted (ListShapes)
 MIN_TIME_S = 0.02  # s: a rebuilt op runs back to back for at least this long when timed
 
 
@@ -64,6 +67,8 @@ class RecordedOp:
             (on the CPU, where there are no kernels: the op's own CPU time).
         pass_name: the pass it ran in, from the profiler's enclosing ranges: "backward" under
             an autograd engine function, "optimizer" under an Optimizer.step, else "forward".
+        list_dtypes: each input's element dtype where it is a TensorList whose shapes were
+            noted (ListShapes), else "".
     """
 
     name: str
@@ -75,17 +80,53 @@ class RecordedOp:
     position: int
     device_time_s: float
     pass_name: str = "forward"
+    list_dtypes: tuple[str, ...] = ()
+
+
+PROFILER_DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+"""A torch dtype's name as the profiler writes it (TORCH_DTYPES reversed)."""
+
+
+class ListShapes(TorchDispatchMode):
+    """Notes the element shapes and dtype of every list-of-tensors input of the foreach ops
+    run under it (`calls`: the op's name, then per input (shapes, profiler dtype name) or
+    None), in the order they ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[tuple[list[list[int]], str] | None]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name  # "aten::_foreach_mul_": the name the profiler records
+        if name.startswith("aten::_foreach_"):
+            schema = func._schema.arguments
+            values = [*args, *(kwargs.get(a.name) for a in schema[len(args) :])]
+            self.calls.append((name, [_list_shapes(v) for v in values]))
+        return func(*args, **kwargs)
+
+
+def _list_shapes(value: Any) -> tuple[list[list[int]], str] | None:
+    if not (isinstance(value, list | tuple) and value and all(isinstance(t, torch.Tensor) for t in value)):
+        return None
+    return [list(t.shape) for t in value], PROFILER_DTYPE_NAMES.get(value[0].dtype, "")
 
 
 def record_ops(
     step: Callable[[], object], *, steps: int = 2, warmup: int = 1, cuda: bool
 ) -> list[RecordedOp]:
     """The outermost compute ops of one training step, as recorded over `steps` steps (their
-    in-step device times averaged), after `warmup` unprofiled steps."""
+    in-step device times averaged), after `warmup` unprofiled steps (the last of them noting
+    the shapes inside the foreach ops' lists of tensors: ListShapes)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(warmup):
-        step()
+    lists = ListShapes()
+    for i in range(warmup):
+        if i == warmup - 1:
+            with lists:
+                step()
+        else:
+            step()
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
@@ -124,6 +165,31 @@ def record_ops(
                 pass_name=_pass_of(e),
             )
         )
+    return _with_list_shapes(out, lists.calls)
+
+
+def _with_list_shapes(
+    ops: list[RecordedOp], calls: list[tuple[str, list[tuple[list[list[int]], str] | None]]]
+) -> list[RecordedOp]:
+    """The ops with the shapes noted in their lists of tensors: the k-th op of a name gets the
+    k-th noted call of that name (both in the order they ran; a step runs its foreach ops in
+    the same order every time). An op without a noted call keeps its empty shapes."""
+    pending: dict[str, list] = {}
+    for name, inputs in calls:
+        pending.setdefault(name, []).append(inputs)
+    out = []
+    for op in ops:
+        noted = pending.get(op.name)
+        if not noted or "TensorList" not in op.dtypes:
+            out.append(op)
+            continue
+        inputs = noted.pop(0)
+        shapes, list_dtypes = list(op.shapes), [""] * len(op.dtypes)
+        shapes += [[]] * (len(op.dtypes) - len(shapes))
+        for i, dtype in enumerate(op.dtypes):
+            if dtype == "TensorList" and i < len(inputs) and inputs[i] is not None:
+                shapes[i], list_dtypes[i] = inputs[i]
+        out.append(dataclasses.replace(op, shapes=tuple(shapes), list_dtypes=tuple(list_dtypes)))
     return out
 
 
@@ -234,7 +300,8 @@ def _argument(op: RecordedOp, i: int, device: str) -> Any:
     dtype, shape = op.dtypes[i], op.shapes[i] if i < len(op.shapes) else []
     value = op.values[i] if i < len(op.values) else None
     if dtype == "TensorList":
-        return [_tensor(list(s), None, LIST_DTYPE, device) for s in shape]
+        element = op.list_dtypes[i] if i < len(op.list_dtypes) else ""
+        return [_tensor(list(s), None, TORCH_DTYPES.get(element, LIST_DTYPE), device) for s in shape]
     if dtype in TORCH_DTYPES and isinstance(shape, list | tuple) and (shape or value is None):
         strides = op.strides[i] if i < len(op.strides) else None
         return _tensor(list(shape), strides, TORCH_DTYPES[dtype], device)

@@ -65,3 +65,29 @@ def test_an_op_that_cannot_be_rebuilt_is_none_not_an_error():
     wrong = RecordedOp("aten::mm", "", ([2, 3], [4, 5]), ("float", "float"), (), (None, None), 1, 1e-6)
     odd = RecordedOp("aten::mm", "", ([2, 3], [3, 5]), ("SomeStruct", "float"), (), (None, None), 2, 1e-6)
     assert rebuild(unknown, "cpu") is None and rebuild(wrong, "cpu") is None and rebuild(odd, "cpu") is None
+
+
+def test_the_optimizers_foreach_ops_are_rebuilt_on_lists_of_the_parameters_shapes():
+    # the profiler records no shapes inside a list of tensors: the last warm-up step notes them
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+
+    def step() -> None:
+        model(x).float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    ops = [op for op in record_ops(step, steps=2, cuda=False) if op.name.startswith("aten::_foreach_")]
+    shapes = [list(p.shape) for p in model.parameters()]
+    assert {"aten::_foreach_lerp_", "aten::_foreach_addcdiv_", "aten::_foreach_sqrt"} <= {
+        op.name for op in ops
+    }
+    for op in ops:
+        lists = [i for i, d in enumerate(op.dtypes) if d == "TensorList"]
+        assert lists and all(len(op.shapes[i]) == len(shapes) for i in lists), op
+        assert rebuild(op, "cpu") is not None, op.name
+    sqrt = next(op for op in ops if op.name == "aten::_foreach_sqrt")
+    out = rebuild(sqrt, "cpu")()
+    assert [list(t.shape) for t in out] == shapes and {t.dtype for t in out} == {torch.bfloat16}
