@@ -494,6 +494,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             body.config,
             body.time_s,
             body.energy_j,
+            pooled=body.pooled,
         )
         if stored:
             tracking.metrics(

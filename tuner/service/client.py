@@ -144,6 +144,7 @@ class _Tell:
     config: int
     time_s: float
     energy_j: float
+    pooled: bool = False
 
 
 class ServicePolicy:
@@ -166,7 +167,9 @@ class ServicePolicy:
         self.session_id: str | None = None
         self.outbox: list[_Tell] = []
         self.answers = {"service": 0, "local": 0}
+        self.told = 0  # measurements told (each to the local strategy and into the outbox)
         self.refused: str | None = None  # why the service refused this job; it is not asked again
+        self.pooled = False  # the ranks pool their readings first: every rank tells one figure alike
         self._warned = False
 
     # --- Policy ----------------------------------------------------------------------------------
@@ -181,7 +184,10 @@ class ServicePolicy:
 
     def tell(self, task: Task, config: int, time_s: float, energy_j: float) -> None:
         self.local.tell(task, config, time_s, energy_j)
-        self.outbox.append(_Tell(uuid.uuid4().hex, _spec(task), int(config), float(time_s), float(energy_j)))
+        self.told += 1
+        self.outbox.append(
+            _Tell(uuid.uuid4().hex, _spec(task), int(config), float(time_s), float(energy_j), self.pooled)
+        )
         del self.outbox[:-MAX_OUTBOX]
         try:
             self._flush()
@@ -235,6 +241,7 @@ class ServicePolicy:
                 "config": t.config,
                 "time_s": t.time_s,
                 "energy_j": t.energy_j,
+                "pooled": t.pooled,
             }
             try:
                 TellReply(**self._call("tell", body))
@@ -398,6 +405,7 @@ class ServiceRankPool:
     def __init__(self, policy: ServicePolicy) -> None:
         self.policy = policy
         self.ranks = policy.session.ranks
+        policy.pooled = True  # the ranks' tells now carry one pooled figure: the service stores it once
 
     def gather(self, report: StepReport) -> list[StepReport]:
         from kdvfs.runtime.ranks import PoolLost
@@ -406,6 +414,7 @@ class ServiceRankPool:
         try:
             reply = PoolReply(**self.policy._call("pool", body))
         except (ServiceDown, ServiceRefused) as exc:
+            self.policy.pooled = False  # the rank tunes alone from here: its figures are its own
             raise PoolLost(f"tuning service {self.policy.client.url}: {exc}") from None
         return [_step_report(r) for r in reply.reports]
 

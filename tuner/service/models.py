@@ -10,7 +10,8 @@ whose measured stock differs a little pool on one scale.
 - `FleetModel`: the strategy (rebuilt from the database on first use, then caught up with
   observations of other processes before each ask), each task's model reference, and each
   session's pending decision per task: the ranks of one job get the same config until every
-  rank told it (data-parallel readings are pooled as independent samples).
+  rank told it (data-parallel readings are independent samples; ranks that pooled their
+  readings first tell one figure alike, stored once: `pooled`).
 - `ModelBank`: the models of this process, created on first use.
 
 Design: docs/service.md.
@@ -37,6 +38,9 @@ from kdvfs.tuner.service.store import Database, Observation
 MAX_PER_TASK = 20
 #: Longest a model goes without reading the observations other processes stored; s.
 CATCH_UP_S = 1.0
+#: Longest a pooled rank's tell waits for the figure another rank's tell of the same decision
+#: is storing; past it, the tell is stored itself (a second copy, never a lost figure); s.
+POOLED_WAIT_S = 5.0
 #: The module of policies/ that holds each strategy (policies/registry.py's names), imported
 #: only when a model uses it: the registry imports BoTorch and torch, seconds of a service's start.
 STRATEGY_MODULES = {
@@ -70,7 +74,18 @@ class Pending:
     """A decision given to a job's ranks: its config and the ranks that told it so far."""
 
     config: int | None
+    number: int = 0  # the model's count of decisions given, when this one was made
     told: set[int] = field(default_factory=set)
+
+
+@dataclass
+class PooledFigure:
+    """The figure data-parallel ranks that pooled their readings tell alike for one decision:
+    the tell that holds it (the first to come), and whether it is stored and told."""
+
+    tell_id: str
+    config: int
+    applied: bool = False
 
 
 class FleetModel:
@@ -96,6 +111,9 @@ class FleetModel:
         self.last_id = 0
         self.references: dict[str, tuple[float, float]] = {}
         self.pending: dict[tuple[str, str], Pending] = {}
+        self.decisions = 0  # decisions given so far (Pending.number)
+        self.given: dict[tuple[str, str, int], int] = {}  # (session, task, rank) -> its decision's number
+        self.pooled: dict[tuple[str, str, int], PooledFigure] = {}  # (session, task, decision number)
         self.observations: dict[str, int] = {}  # per task key
         self.applied: set[tuple[str, str]] = set()  # (session id, tell id) told to the strategy
         self._caught_up_s = -math.inf  # when catch_up last read the database, monotonic s
@@ -146,11 +164,19 @@ class FleetModel:
         with self.lock:
             pending = self.pending.get((session_id, task.key))
             if pending is not None and rank not in pending.told:
+                self.given[(session_id, task.key, rank)] = pending.number
                 return pending.config, True
             self.reference(task)
             self.catch_up()
             config = self.policy.ask(self._task(task))
-            self.pending[(session_id, task.key)] = Pending(config)
+            self.decisions += 1
+            self.pending[(session_id, task.key)] = Pending(config, self.decisions)
+            self.given[(session_id, task.key, rank)] = self.decisions
+            # a late rank tells at most the decision before: older pooled figures are done
+            for key in [
+                k for k in self.pooled if k[:2] == (session_id, task.key) and k[2] < self.decisions - 1
+            ]:
+                del self.pooled[key]
             return config, False
 
     def shared_decision(self, session_id: str, rank: int, task_key: str) -> int | bool | None:
@@ -158,7 +184,10 @@ class FleetModel:
         no database access, so a coroutine may call it."""
         with self.lock:
             pending = self.pending.get((session_id, task_key))
-            return pending.config if pending is not None and rank not in pending.told else False
+            if pending is None or rank in pending.told:
+                return False
+            self.given[(session_id, task_key, rank)] = pending.number
+            return pending.config
 
     def tell(
         self,
@@ -170,11 +199,26 @@ class FleetModel:
         config: int,
         time_s: float,
         energy_j: float,
+        pooled: bool = False,
     ) -> tuple[bool, int]:
-        """Store the measurement (on disk before this returns) and tell the strategy."""
+        """Store the measurement (on disk before this returns) and tell the strategy; a pooled
+        rank's copy of a figure another rank of the session stored only completes the decision."""
         self.reference(task)
         obs = self._observation(task, config, time_s, energy_j)
-        stored = self.db.tell(self.key, session_id, tell_id, rank, obs)
+        deadline_s = time.monotonic() + POOLED_WAIT_S
+        while (
+            pooled
+            and (state := self._pooled_state(session_id, tell_id, rank, task.key, config, deadline_s))
+            != "store"
+        ):
+            if state == "copy":
+                return self._told(session_id, tell_id, rank, ranks, task, config, obs, False)
+            time.sleep(0.005)
+        try:
+            stored = self.db.tell(self.key, session_id, tell_id, rank, obs)
+        except Exception:
+            self._release_pooled(session_id, tell_id, rank, task.key)
+            raise
         return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
 
     async def tell_async(
@@ -187,13 +231,51 @@ class FleetModel:
         config: int,
         time_s: float,
         energy_j: float,
+        pooled: bool = False,
     ) -> tuple[bool, int]:
         """tell() for a coroutine: the commit is awaited, not waited for in a thread."""
         if task.key not in self.references:
             await asyncio.to_thread(self.reference, task)
         obs = self._observation(task, config, time_s, energy_j)
-        stored = await self.db.tell_async(self.key, session_id, tell_id, rank, obs)
+        deadline_s = time.monotonic() + POOLED_WAIT_S
+        while (
+            pooled
+            and (state := self._pooled_state(session_id, tell_id, rank, task.key, config, deadline_s))
+            != "store"
+        ):
+            if state == "copy":
+                return self._told(session_id, tell_id, rank, ranks, task, config, obs, False)
+            await asyncio.sleep(0.005)
+        try:
+            stored = await self.db.tell_async(self.key, session_id, tell_id, rank, obs)
+        except Exception:
+            self._release_pooled(session_id, tell_id, rank, task.key)
+            raise
         return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
+
+    def _pooled_state(
+        self, session_id: str, tell_id: str, rank: int, task_key: str, config: int, deadline_s: float
+    ) -> str:
+        """What a pooled tell does: "store" (the first of its decision, whose figure it now
+        holds; or of no decision known, as after a restart; or the wait ran out), "copy"
+        (another rank's tell of the same figure is stored and told to the strategy: this one
+        only completes the decision), "wait" (that tell is being stored: a rank that asks
+        before it is told must not get a decision made without it)."""
+        with self.lock:
+            number = self.given.get((session_id, task_key, rank))
+            if number is None:
+                return "store"
+            figure = self.pooled.setdefault((session_id, task_key, number), PooledFigure(tell_id, config))
+            if figure.tell_id == tell_id or figure.config != config or time.monotonic() > deadline_s:
+                return "store"
+            return "copy" if figure.applied else "wait"
+
+    def _release_pooled(self, session_id: str, tell_id: str, rank: int, task_key: str) -> None:
+        """A pooled tell that failed to store no longer holds its decision's figure."""
+        with self.lock:
+            key = (session_id, task_key, self.given.get((session_id, task_key, rank), -1))
+            if key in self.pooled and self.pooled[key].tell_id == tell_id:
+                del self.pooled[key]
 
     @staticmethod
     def _observation(task: TaskSpec, config: int, time_s: float, energy_j: float) -> Observation:
@@ -214,6 +296,9 @@ class FleetModel:
         with self.lock:
             if stored:
                 self._apply((session_id, tell_id), obs)
+            figure = self.pooled.get((session_id, task.key, self.given.get((session_id, task.key, rank), -1)))
+            if figure is not None and figure.tell_id == tell_id:
+                figure.applied = True  # stored now, or before (a retry)
             pending = self.pending.get((session_id, task.key))
             if pending is not None and pending.config == config:
                 pending.told.add(rank)

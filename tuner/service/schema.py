@@ -117,7 +117,9 @@ class AskReply(_Body):
 
 
 class TellRequest(_Body):
-    """One measurement of a task at a config, per launch; tell_id makes a retried tell count once."""
+    """One measurement of a task at a config, per launch; tell_id makes a retried tell count once.
+    `pooled`: the ranks pooled their readings before telling (StepTuner's pool), so every rank
+    tells the same figure for the decision: the first is stored, the others only complete it."""
 
     tell_id: Hex32
     rank: Rank = 0
@@ -125,10 +127,11 @@ class TellRequest(_Body):
     config: Annotated[int, Field(ge=0, lt=MAX_GRID_PAIRS)]
     time_s: Positive
     energy_j: Positive
+    pooled: bool = False  # the figure is the rank's data-parallel pool's, told alike by every rank
 
 
 class TellReply(_Body):
-    stored: bool  # False: this tell_id was stored before (a retry)
+    stored: bool  # False: this tell_id was stored before (a retry), or a pooled rank's copy
     observations: int  # the task's observations in the fleet's model
 
 
