@@ -248,9 +248,8 @@ def run_service_ranks(url: str, ranks: int, steps: int, kill_at: int | None = No
 
 
 def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(tmp_path):
-    from tests.tuner.service_process import ServiceProcess
-
     from kdvfs.tuner.service.client import ServiceClient
+    from tests.tuner.service_process import ServiceProcess
 
     service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
     try:
