@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.cli import main
-from kdvfs.tuner.sweep import evaluate, pass_level_choice, run_sweep
+from kdvfs.tuner.sweep import MAX_REPLANS, evaluate, held_to_budget, pass_level_choice, run_sweep
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GTX1080TI = DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
@@ -89,6 +90,8 @@ def test_cli_sweep_json_and_determinism(tmp_path):
         and 0 <= realisable["energy_saving"] <= a["kernel_level"]["energy_saving"]
     )
     assert realisable["groups"][0]["start"] == 0 and realisable["switch_latency_s"] == 0.015
+    # the A100's cap holds per launch: every plan of the budget holds in the step as planned
+    assert {h["planned_budget"] for h in a["held_to_budget"].values()} == {0.02}
     starts = [g["start"] for g in realisable["groups"]]
     assert starts == sorted(set(starts))
 
@@ -130,3 +133,24 @@ def distinct_kernels(workload) -> int:
     return len(
         {(k.flops, k.bytes_moved, k.tensor_core, k.kind, k.wait_s, k.launches) for k in workload.kernels}
     )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    planned_at: float
+    energy_saving: float
+    slowdown: float
+
+
+def test_a_plan_the_step_runs_over_budget_is_planned_again_at_a_tighter_budget():
+    # the step runs each plan 3x slower than planned (as a windowed cap can); saving grows with it
+    held = held_to_budget(lambda b: _Plan(b, 5.0 * b, 3.0 * b), lambda: _Plan(0.0, 0.0, 0.0), 0.01)
+    assert held.first_slowdown == pytest.approx(0.03) and held.plan.slowdown <= 0.01
+    assert 0.01 / 3 - 0.01 / 2**MAX_REPLANS < held.planned_budget <= 0.01 / 3
+    assert held.plan.planned_at == held.planned_budget
+
+
+def test_a_plan_over_budget_at_every_planning_budget_falls_back_to_stock():
+    # a pair measured faster alone than with its neighbours: every plan picks it
+    held = held_to_budget(lambda b: _Plan(b, 0.05, 0.03), lambda: _Plan(0.0, 0.0, 0.0), 0.01)
+    assert held.plan == _Plan(0.0, 0.0, 0.0) and held.planned_budget == 0.0 and held.first_slowdown == 0.03
