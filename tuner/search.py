@@ -1,7 +1,9 @@
 """The tuning loop of a search strategy: policy x measurements until every kernel converges.
 
-- run_search: tunes every kernel with one strategy (longest first, at an estimated exchange
-  rate), solves the plan and verifies it; returns a SearchResult. What `kdvfs compare` runs.
+- run_search: tunes every distinct kernel with one strategy (longest first, at an estimated
+  exchange rate; a kernel doing the same work as another shares its cells, as the full sweep
+  does: sweep.sources), solves the plan and verifies it; returns a SearchResult. What
+  `kdvfs compare` runs.
 - The exchange rate: estimate_exchange_rate_w (the multiplier of the tuned kernels' plan),
   exchange_rates_around (the rates a policy looks at), task_tol (when a policy stops).
 - Bench: measures cells, pairing a throttled pair with the adjacent stock measurement.
@@ -34,7 +36,7 @@ from kdvfs.runtime.measure import (
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
-from kdvfs.tuner.sweep import evaluate
+from kdvfs.tuner.sweep import evaluate, sources
 
 #: Exchange rate before any kernel is tuned, as a fraction of the iteration's mean power.
 PRIOR_EXCHANGE_RATE_SHARE = 0.5
@@ -224,8 +226,18 @@ def run_search(
     prior_exchange_rate_w = (
         PRIOR_EXCHANGE_RATE_SHARE * obs.reference.iteration_energy_j / obs.reference.iteration_time_s
     )
+    copies = sources(device, workload)  # a kernel doing the same work as another shares its cells
+
+    def share(source: int) -> None:
+        for copy, s in enumerate(copies):
+            if s == source and copy != source:
+                obs.share(source, copy)
+                tuned[copy] = True
+
     for done, k in enumerate(np.argsort(-obs.ref_time_s, kind="stable")):
         kernel = workload.kernels[k]
+        if copies[k] != k:
+            continue  # measured as its source; shared once that is tuned
         bench.stock(obs, k)
         tasks[k] = Task(
             key=kernel.name,
@@ -239,6 +251,7 @@ def run_search(
         )
         tune(k)
         tuned[k] = True
+        share(k)
         curve.append(
             (obs.measurements, evaluate(device, workload, obs.kernel_level_choice(budget)).energy_saving)
         )
@@ -247,6 +260,7 @@ def run_search(
     policy.exchange_rates_w = exchange_rates_around(estimate_exchange_rate_w(obs, budget, tuned))
     for k in tasks:
         tune(k)
+        share(k)
     before = obs.measurements
     plan = verified_plan(bench, obs, budget)
     device.reset_clocks()

@@ -155,9 +155,7 @@ def measure_every_pair(
     measured again after its pairs (the A/A pair of Observations.null_sd), and at the end each
     cell that beat its stock by the margin is measured again beside a fresh stock."""
     workload = obs.workload
-    first: dict[tuple, int] = {}
-    by_work = getattr(device, "costs_by_work", False)  # else a kernel's costs go by its name (a table)
-    copies = [first.setdefault(_work(k) if by_work else (k.name,), i) for i, k in enumerate(workload.kernels)]
+    copies = sources(device, workload)
     distinct = [i for i, source in enumerate(copies) if source == i]
     total = len(distinct) * len(obs.pairs)
     try:
@@ -180,6 +178,15 @@ def measure_every_pair(
     finally:
         device.reset_clocks()
     return obs
+
+
+def sources(device: KernelRunner, workload: Workload) -> list[int]:
+    """Each kernel's source: the first kernel doing the same work (itself where none before
+    does), whose measurements it may share; on a device whose costs go by a kernel's name (a
+    replayed table), each kernel is its own."""
+    first: dict[tuple, int] = {}
+    by_work = getattr(device, "costs_by_work", False)
+    return [first.setdefault(_work(k) if by_work else (k.name,), i) for i, k in enumerate(workload.kernels)]
 
 
 def _work(kernel: Kernel) -> tuple:
