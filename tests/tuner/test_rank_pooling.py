@@ -5,7 +5,11 @@ gloo processes through torch.distributed)."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -282,3 +286,55 @@ def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_p
         assert tuner.timing == StepTiming()  # one rank's lengths from then on
         assert tuner.phases[-2:] == ["Retuning", "Reference"] or "Exploring" in tuner.phases[-3:]
         assert tuner.account.slack_s() > 0.0  # the budget kept through it
+
+
+class _SlowAsks(BaseHTTPRequestHandler):
+    """A service whose every ask takes 1 s (a BoTorch fit on a loaded host), answering 7."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path == "/v1/sessions":
+            body = {"session_id": "s1", "model_key": "k", "observations": 0, "joined": False}
+        else:
+            time.sleep(1.0)
+            body = {"config": 7, "shared": False}
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_pooled_rank_waits_for_a_slow_services_decision_where_a_lone_one_answers_locally():
+    # pooled ranks must run the same decision: one that answered from its local strategy
+    # while the others got the service's would run another schedule
+    from kdvfs.policies.base import Task
+    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAsks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    card = open_device(SPEC)
+    workload = open_workload("gpt3-xl-layer", card)
+    answers = {}
+    try:
+        for pooled in (False, True):
+            client = ServiceClient(f"http://127.0.0.1:{server.server_port}", timeout_s=0.3)
+            policy = service_policy(
+                client,
+                job="slow",
+                gpu_name=card.name,
+                pairs=card.grid.pairs,
+                workload=workload,
+                budget=BUDGET,
+            )
+            if pooled:
+                ServiceRankPool(policy)
+            policy.ask(Task("group0", 0.065, 20.0, BUDGET))
+            answers[pooled] = dict(policy.answers)
+    finally:
+        server.shutdown()
+    assert answers[False] == {"service": 0, "local": 1} and answers[True] == {"service": 1, "local": 0}

@@ -57,6 +57,10 @@ ATTEMPTS = 2
 RETRY_BACKOFF_S = 0.02
 #: First back-off after a failed call, during which the service is not tried; s.
 FIRST_DOWN_S = 1.0
+#: Longest one ask of a pooled rank may take: pooled ranks must run the same decision, so
+#: each waits this long for the service's (the others get it as the shared one) before it
+#: answers from its local strategy and may differ from them; s.
+POOLED_ASK_TIMEOUT_S = 10.0
 #: Longest back-off; s.
 MAX_DOWN_S = 60.0
 #: Most tells kept in the outbox while the service is down (the oldest dropped beyond); tells.
@@ -99,8 +103,11 @@ class ServiceClient:
         """Not in a back-off (the next call will be tried)."""
         return self._clock() >= self._down_until_s
 
-    def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One call's JSON reply; ServiceDown or ServiceRefused."""
+    def call(
+        self, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None
+    ) -> dict:
+        """One call's JSON reply; ServiceDown or ServiceRefused. timeout_s: this call's longest
+        attempt (None: the client's), s."""
         if not self.up:
             raise ServiceDown("in back-off")
         wait_s = RETRY_BACKOFF_S
@@ -110,7 +117,12 @@ class ServiceClient:
                 time.sleep(wait_s)
                 wait_s *= 2
             try:
-                reply = self._http.request(method, path, json=body)
+                reply = self._http.request(
+                    method,
+                    path,
+                    json=body,
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
+                )
             except httpx.HTTPError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
@@ -176,7 +188,8 @@ class ServicePolicy:
     def ask(self, task: Task) -> int | None:
         try:
             self._flush()
-            reply = AskReply(**self._call("ask", {"rank": self.rank, "task": _spec(task).model_dump()}))
+            body = {"rank": self.rank, "task": _spec(task).model_dump()}
+            reply = AskReply(**self._call("ask", body, POOLED_ASK_TIMEOUT_S if self.pooled else None))
         except (ServiceDown, ServiceRefused) as exc:
             return self._local("ask", exc, task)
         self.answers["service"] += 1
@@ -227,8 +240,8 @@ class ServicePolicy:
             self.session_id = reply.session_id
         return self.session_id
 
-    def _call(self, op: str, body: dict) -> dict:
-        return self.client.call("POST", f"/v1/sessions/{self._open()}/{op}", body)
+    def _call(self, op: str, body: dict, timeout_s: float | None = None) -> dict:
+        return self.client.call("POST", f"/v1/sessions/{self._open()}/{op}", body, timeout_s=timeout_s)
 
     def _flush(self) -> None:
         """Send the outbox in order; a tell the service already has (a retry) counts once."""
