@@ -33,7 +33,7 @@ from kdvfs.tuner.plan import plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.step_priors import model_plan, switch_sites
 from kdvfs.tuner.step_tuner import Adoption, StepTuner
-from kdvfs.tuner.sweep import evaluate, held_realisable, held_to_budget, run_sweep
+from kdvfs.tuner.sweep import held_plan, held_realisable, run_sweep
 from kdvfs.tuner.transfer import carry_schedule
 
 #: Training between two reported points of a run; s.
@@ -150,13 +150,8 @@ def oracle(noiseless: ModelDevice, workload: Workload, budget: float) -> Oracle:
     (sweep.held_to_budget: planned from isolated measurements, a plan can run over it, as the
     ideal per-kernel plan of the 3080 Ti layer did by 0.01 point at the step's temperature)."""
     obs = run_sweep(noiseless, workload)
-    best = held_realisable(noiseless, obs, budget)
-    stock = {k.name: None for k in workload.kernels}
-    ideal = held_to_budget(
-        lambda b: evaluate(noiseless, workload, obs.kernel_level_choice(b)),
-        lambda: evaluate(noiseless, workload, stock),
-        budget,
-    ).plan
+    best = held_realisable(noiseless, obs, budget).plan
+    ideal = held_plan(noiseless, obs, obs.kernel_level_choice, budget).plan
     return Oracle(best.schedule, best.energy_saving, best.slowdown, ideal.energy_saving, ideal.slowdown)
 
 

@@ -24,8 +24,6 @@ held: the experiments' oracles use it, and docs/benchmarks.md says where it runs
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -168,9 +166,7 @@ def measure_every_pair(
             if obs.on_real_card:
                 again = measure_isolated(device, workload.kernels[i], None, window_s)
                 obs.add_stock_repeat(i, again.measurement, again.cost_s)
-            for copy, source in enumerate(copies):
-                if source == i and copy != i:
-                    obs.share(i, copy)
+            share_with_copies(obs, copies, i)
         for k, j in obs.unconfirmed_savings():  # a real card's apparent savings, measured again
             again = measure_isolated(device, workload.kernels[k], obs.pairs[j], window_s)
             stock = measure_isolated(device, workload.kernels[k], None, window_s)
@@ -187,6 +183,15 @@ def sources(device: KernelRunner, workload: Workload) -> list[int]:
     first: dict[tuple, int] = {}
     by_work = getattr(device, "costs_by_work", False)
     return [first.setdefault(_work(k) if by_work else (k.name,), i) for i, k in enumerate(workload.kernels)]
+
+
+def share_with_copies(obs: Observations, sources_: list[int], source: int) -> list[int]:
+    """Give every copy of kernel `source` (sources_[copy] == source: sources()) its
+    measurements; the copies."""
+    copies = [k for k, s in enumerate(sources_) if s == source and k != source]
+    for copy in copies:
+        obs.share(source, copy)
+    return copies
 
 
 def _work(kernel: Kernel) -> tuple:
@@ -240,25 +245,32 @@ class Realisable:
     schedule: Schedule
     energy_saving: float
     slowdown: float
-    planned_budget: float = math.nan  # the budget it was grouped at (held_to_budget), a fraction
-    first_slowdown: float = math.nan  # the step's slowdown of the schedule grouped at the budget
-    first_saving: float = math.nan  # ... and its energy saving
 
     @property
     def groups(self) -> int:
         return len(self.schedule.groups)
 
 
-def held_realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisable:
+def held_realisable(device: ModelDevice, obs: Observations, budget: float) -> Held[Realisable]:
     """realisable(), held to the budget in the step (held_to_budget)."""
-    held = held_to_budget(
+    return held_to_budget(
         lambda b: realisable(device, obs, b), lambda: _realisable_stock(device, obs), budget
     )
-    return dataclasses.replace(
-        held.plan,
-        planned_budget=held.planned_budget,
-        first_slowdown=held.first_slowdown,
-        first_saving=held.first.energy_saving,
+
+
+def held_plan(
+    device: RunnableDevice,
+    obs: Observations,
+    choose: Callable[[float], dict[str, ClockPair | None]],
+    budget: float,
+) -> Held[PlanFigures]:
+    """A per-kernel plan chosen at a budget (obs.kernel_level_choice, or a pass-level choice),
+    evaluated in the step and held to the budget (held_to_budget; stock where none holds)."""
+    stock = {k.name: None for k in obs.workload.kernels}
+    return held_to_budget(
+        lambda b: evaluate(device, obs.workload, choose(b)),
+        lambda: evaluate(device, obs.workload, stock),
+        budget,
     )
 
 

@@ -10,7 +10,6 @@ run every cell ran at stock, so the plan must come out stock (a null test of the
 from __future__ import annotations
 
 import argparse
-import math
 
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.commands._common import (
@@ -104,7 +103,7 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
     """Print the sweep's figures (of what was measured, when interrupted); its JSON document."""
     if device.source == "measured":
         return _measured_report(args, device, workload, obs, phases)
-    from kdvfs.tuner.sweep import evaluate, held_realisable, held_to_budget, pass_level_choice
+    from kdvfs.tuner.sweep import held_plan, held_realisable, pass_level_choice
 
     doc = {
         "device": args.device,
@@ -119,16 +118,12 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
     swept = int((obs.counts > 0).all(axis=1).sum())
     # each plan held to the budget in the step (a windowed-cap card runs a plan chosen from
     # isolated measurements slower than they say: tuner/sweep.py, held_to_budget)
-    stock = lambda: evaluate(device, workload, {k.name: None for k in workload.kernels})  # noqa: E731
-    kernel_held = held_to_budget(
-        lambda b: evaluate(device, workload, obs.kernel_level_choice(b)), stock, args.budget
-    )
-    passes_held = held_to_budget(
-        lambda b: evaluate(device, workload, pass_level_choice(obs, b)), stock, args.budget
-    )
-    kernel, passes = kernel_held.plan, passes_held.plan
+    kernel_held = held_plan(device, obs, obs.kernel_level_choice, args.budget)
+    passes_held = held_plan(device, obs, lambda b: pass_level_choice(obs, b), args.budget)
     # grouping needs every kernel at every pair: an interrupted sweep has no realisable plan
-    best = held_realisable(device, obs, args.budget) if swept == len(workload) else None
+    best_held = held_realisable(device, obs, args.budget) if swept == len(workload) else None
+    kernel, passes = kernel_held.plan, passes_held.plan
+    best = best_held.plan if best_held is not None else None
     ref_time_s, ref_energy_j = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
     label = SOURCE_LABEL[device.source]
     print(
@@ -146,11 +141,11 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
         )
     print(
         f"  kernel-level plan: energy saving {pct(kernel.energy_saving)}, slowdown {pct(kernel.slowdown)} [{label}, noiseless evaluation, switch cost ignored]"
-        + _held_note(kernel_held.planned_budget, kernel_held.first_slowdown, args.budget)
+        + _held_note(kernel_held, args.budget)
     )
     print(
         f"  pass-level plan:   energy saving {pct(passes.energy_saving)}, slowdown {pct(passes.slowdown)} [{label}, noiseless evaluation]"
-        + _held_note(passes_held.planned_budget, passes_held.first_slowdown, args.budget)
+        + _held_note(passes_held, args.budget)
     )
     if best is None:
         print("  realisable plan:   none (grouping needs every kernel measured at every pair)")
@@ -164,7 +159,7 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
                 else ""
             )
             + f" [{label}, noiseless evaluation, switches included]"
-            + _held_note(best.planned_budget, best.first_slowdown, args.budget)
+            + _held_note(best_held, args.budget)
         )
     print(
         f"  reference (stock): {ref_time_s * 1e3:.2f} ms and {ref_energy_j:.3f} J an iteration [{label}, noiseless]"
@@ -179,44 +174,35 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
         **plans_json(kernel, passes, best, workload, device),
         "held_to_budget": {
             name: {
-                "planned_budget": planned_budget,
-                "planned_at_the_budget": {"energy_saving": saving, "slowdown": slowdown},
+                "planned_budget": held.planned_budget,
+                "planned_at_the_budget": {
+                    "energy_saving": held.first.energy_saving,
+                    "slowdown": held.first.slowdown,
+                },
             }
-            for name, planned_budget, saving, slowdown in (
-                (
-                    "kernel_level",
-                    kernel_held.planned_budget,
-                    kernel_held.first.energy_saving,
-                    kernel_held.first_slowdown,
-                ),
-                (
-                    "pass_level",
-                    passes_held.planned_budget,
-                    passes_held.first.energy_saving,
-                    passes_held.first_slowdown,
-                ),
-                *(
-                    [("realisable", best.planned_budget, best.first_saving, best.first_slowdown)]
-                    if best
-                    else []
-                ),
+            for name, held in (
+                ("kernel_level", kernel_held),
+                ("pass_level", passes_held),
+                ("realisable", best_held),
             )
+            if held is not None
         },
         "reference": {"iteration_time_s": ref_time_s, "iteration_energy_j": ref_energy_j},
     }
 
 
-def _held_note(planned_budget: float, first_slowdown: float, budget: float) -> str:
-    """What the step made of the plan planned at the budget, where it was planned again."""
-    if planned_budget == budget or math.isnan(planned_budget):
+def _held_note(held, budget: float) -> str:
+    """What the step made of the plan planned at the budget (a sweep.Held), where it was
+    planned again."""
+    if held.planned_budget == budget:
         return ""
     first = (
-        f"the plan of the {pct(budget)} budget ran {pct(first_slowdown)} in the step (isolated "
+        f"the plan of the {pct(budget)} budget ran {pct(held.first_slowdown)} in the step (isolated "
         "measurements misjudge it)"
     )
-    if planned_budget == 0.0:
+    if held.planned_budget == 0.0:
         return f"\n    stock: {first}, and so did every tighter planning budget tried"
-    return f"\n    planned at a budget of {pct(planned_budget)}: {first}"
+    return f"\n    planned at a budget of {pct(held.planned_budget)}: {first}"
 
 
 def plans_json(kernel, passes, best, workload, device) -> dict:
