@@ -36,7 +36,7 @@ from kdvfs.runtime.measure import (
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
-from kdvfs.tuner.sweep import evaluate, sources
+from kdvfs.tuner.sweep import evaluate, share_with_copies, sources
 
 #: Exchange rate before any kernel is tuned, as a fraction of the iteration's mean power.
 PRIOR_EXCHANGE_RATE_SHARE = 0.5
@@ -229,10 +229,7 @@ def run_search(
     copies = sources(device, workload)  # a kernel doing the same work as another shares its cells
 
     def share(source: int) -> None:
-        for copy, s in enumerate(copies):
-            if s == source and copy != source:
-                obs.share(source, copy)
-                tuned[copy] = True
+        tuned[share_with_copies(obs, copies, source)] = True
 
     for done, k in enumerate(np.argsort(-obs.ref_time_s, kind="stable")):
         kernel = workload.kernels[k]
