@@ -189,38 +189,6 @@ class FleetModel:
             self.given[(session_id, task_key, rank)] = pending.number
             return pending.config
 
-    def tell(
-        self,
-        session_id: str,
-        tell_id: str,
-        rank: int,
-        ranks: int,
-        task: TaskSpec,
-        config: int,
-        time_s: float,
-        energy_j: float,
-        pooled: bool = False,
-    ) -> tuple[bool, int]:
-        """Store the measurement (on disk before this returns) and tell the strategy; a pooled
-        rank's copy of a figure another rank of the session stored only completes the decision."""
-        self.reference(task)
-        obs = self._observation(task, config, time_s, energy_j)
-        deadline_s = time.monotonic() + POOLED_WAIT_S
-        while (
-            pooled
-            and (state := self._pooled_state(session_id, tell_id, rank, task.key, config, deadline_s))
-            != "store"
-        ):
-            if state == "copy":
-                return self._told(session_id, tell_id, rank, ranks, task, config, obs, False)
-            time.sleep(0.005)
-        try:
-            stored = self.db.tell(self.key, session_id, tell_id, rank, obs)
-        except Exception:
-            self._release_pooled(session_id, tell_id, rank, task.key)
-            raise
-        return self._told(session_id, tell_id, rank, ranks, task, config, obs, stored)
-
     async def tell_async(
         self,
         session_id: str,
@@ -233,7 +201,9 @@ class FleetModel:
         energy_j: float,
         pooled: bool = False,
     ) -> tuple[bool, int]:
-        """tell() for a coroutine: the commit is awaited, not waited for in a thread."""
+        """Store the measurement (on disk before this returns: the commit is awaited) and tell
+        the strategy; a pooled rank's copy of a figure another rank of the session stored only
+        completes the decision."""
         if task.key not in self.references:
             await asyncio.to_thread(self.reference, task)
         obs = self._observation(task, config, time_s, energy_j)
