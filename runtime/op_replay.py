@@ -121,11 +121,10 @@ def record_ops(
     from torch.profiler import ProfilerActivity, profile
 
     lists = ListShapes()
-    for i in range(warmup):
-        if i == warmup - 1:
-            with lists:
-                step()
-        else:
+    for _ in range(warmup - 1):
+        step()
+    if warmup > 0:
+        with lists:
             step()
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities, record_shapes=True) as prof:
