@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / f"rank{report['rank']}.json").write_text(json.dumps(report, indent=1) + "\n")
         reports: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
+        dist.barrier()  # no rank tears gloo down while another is still in the gather (SIGABRT)
     finally:
         dist.destroy_process_group()
     if report["rank"] == 0:
