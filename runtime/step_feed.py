@@ -5,7 +5,9 @@
   median gap of observed updates), then asleep until `UPDATE_GUARD_S` before the next
   expected update and back to back from there until it comes (an H200 read takes ~4 ms: this
   cut ~200 reads a second to 26 on the H200); an update already there at the wake is not
-  handed out (its time is not known: the window closes at the next one); the sensors (temperature, throttle reasons, enforced power
+  handed out (its time is not known: the window closes at the next one), and the guard
+  doubles (a busy host wakes the thread late; at most half the period) and shrinks back by
+  `GUARD_SHRINK` with each update seen after its wake; the sensors (temperature, throttle reasons, enforced power
   limit) every `sensor_period_s`. The controller takes the updates
   seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
   windows close at observed updates (../shared/data/h200-window-noise/README.md: polling
@@ -38,6 +40,8 @@ SENSOR_PERIOD_S = 0.5
 #: How long before an expected counter update the poller wakes to read back to back, s
 #: (the H200's update gaps spread 97-103 ms around its 100 ms).
 UPDATE_GUARD_S = 0.008
+#: Factor the guard shrinks by (down to guard_s) at each update seen after a wake, not at it.
+GUARD_SHRINK = 0.98
 #: Observed update gaps the period estimate needs before the poller sleeps between updates.
 PERIOD_GAPS = 5
 
@@ -49,8 +53,9 @@ class CounterPoller:
         device: the card (energy_j; temperature_c, throttle_reasons, power_limit_w where it has them).
         poll_s: pause between two counter reads while reading back to back, s.
         sensor_period_s: time between two sensor reads, s.
-        guard_s: how long before an expected update the poller wakes, s; None: never sleeps
-            between updates (reads back to back throughout).
+        guard_s: how long before an expected update the poller wakes at least, s (it widens
+            while updates come before the wake); None: never sleeps between updates (reads
+            back to back throughout).
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class CounterPoller:
         self.poll_s = poll_s
         self.sensor_period_s = sensor_period_s
         self.guard_s = guard_s
+        self.wake_guard_s = guard_s  # the guard now: widened while wakes come late, s
         self.reads = 0
         self.early_updates = 0  # updates already there at the first read after a sleep: not handed out
         self._gaps_s: list[float] = []
@@ -99,6 +105,7 @@ class CounterPoller:
             "period_s": self.period_s(),
             "early_updates": self.early_updates,
             "guard_s": self.guard_s,
+            "wake_guard_s": self.wake_guard_s,
         }
 
     def take(self, until_s: float) -> tuple[tuple[float, float], ...]:
@@ -129,17 +136,20 @@ class CounterPoller:
                 wake_s = None
                 if value_j != self._last_j:
                     self._last_j = value_j
+                    period = self.period_s()
                     if first_after_sleep:  # it came before the wake: when is not known, skip it
                         self.early_updates += 1
+                        self.wake_guard_s = min(2.0 * self.wake_guard_s, 0.5 * period)
                     else:
                         with self._lock:
                             self._updates.append((now, value_j))
                         if seen_s is not None:
                             self._gaps_s.append(now - seen_s)
+                        if self.guard_s is not None and period is not None:
+                            self.wake_guard_s = max(self.guard_s, GUARD_SHRINK * self.wake_guard_s)
                     seen_s = None if first_after_sleep else now
-                    period = self.period_s()
                     if period is not None and self.guard_s is not None and seen_s is not None:
-                        wake_s = seen_s + period - self.guard_s
+                        wake_s = seen_s + period - self.wake_guard_s
                 if now - self._sensors_s >= self.sensor_period_s:
                     self._sensors, self._sensors_s = self._read_sensors(), now
         except Exception as exc:  # the card stopped answering: the tuner sees no more updates

@@ -64,3 +64,36 @@ def test_the_poller_still_sees_each_update_within_a_few_ms(card):
     lags = _lags_s(state, updates[5:])  # once the period is known
     assert statistics.median(lags) < 0.003
     assert poller.early_updates <= 2
+
+
+class _LateWaker:
+    """The card read through a host that wakes a sleeping thread WAKE_LATE_S late: the first
+    read after a pause returns that much later."""
+
+    WAKE_LATE_S = 0.015
+
+    def __init__(self, device) -> None:
+        self._device = device
+        self._last_s = time.monotonic()
+
+    def energy_j(self) -> float:
+        if time.monotonic() - self._last_s > 0.005:
+            time.sleep(self.WAKE_LATE_S)
+        self._last_s = time.monotonic()
+        return self._device.energy_j()
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+def test_the_guard_widens_when_a_busy_host_wakes_the_poller_late_and_updates_are_seen_again(card):
+    _, device = card
+    poller = CounterPoller(_LateWaker(device), poll_s=0.001)
+    poller.start()
+    time.sleep(2.0)
+    early_before = poller.early_updates
+    time.sleep(2.0)
+    poller.stop()
+    assert poller.wake_guard_s > _LateWaker.WAKE_LATE_S
+    assert poller.early_updates - early_before <= 2  # of 20 updates in those 2 s (a fixed guard: ~10)
+    assert poller.early_updates >= 1  # the 8-ms guard was too short at first
