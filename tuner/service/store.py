@@ -5,7 +5,7 @@ file runs in WAL mode with synchronous=FULL, so a committed tell is in the WAL o
 the reply (a killed or crashed service loses nothing it acknowledged), and a busy timeout
 lets concurrent writers queue instead of failing. Every write is one short transaction.
 
-- `Database`: the engine and tables; `open_session`, `session`, `end_session`, `tell`
+- `Database`: the engine and tables; `open_session`, `session`, `end_session`, `tell_async`
   (idempotent on (session, tell id); through `GroupCommit`, which writes the tells that
   arrive together in one transaction: one fsync for many), `observations` (a model's, in order), `task_reference`
   (the first reference a task was told with: the model's scale), `plan_put` (versioned,
@@ -133,20 +133,17 @@ class _Tell:
 
 
 class _Waiting:
-    """A tell waiting for its commit: a thread waits on `done`, a coroutine on `future`."""
+    """A tell waiting for its commit; its coroutine awaits `future`, resolved on `loop`."""
 
-    def __init__(self, tell: _Tell, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, tell: _Tell, loop: asyncio.AbstractEventLoop) -> None:
         self.tell = tell
-        self.done = threading.Event()
         self.stored = False
         self.error: BaseException | None = None
         self.loop = loop
-        self.future = loop.create_future() if loop is not None else None
+        self.future = loop.create_future()
 
     def finish(self) -> None:
-        self.done.set()
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self._resolve)
+        self.loop.call_soon_threadsafe(self._resolve)
 
     def _resolve(self) -> None:
         if self.future.done():
@@ -171,16 +168,9 @@ class GroupCommit:
         self._thread = threading.Thread(target=self._work, name="kdvfs-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, tell: _Tell) -> bool:
-        waiting = _Waiting(tell)
-        self._queue.put(waiting)
-        waiting.done.wait()
-        if waiting.error is not None:
-            raise waiting.error
-        return waiting.stored
-
     async def submit_async(self, tell: _Tell) -> bool:
-        """submit() for a coroutine: the event loop is not held while the commit runs."""
+        """Whether the tell was new, once its commit is on disk; the event loop is not held
+        while the commit runs."""
         waiting = _Waiting(tell, asyncio.get_running_loop())
         self._queue.put(waiting)
         return await waiting.future
@@ -392,15 +382,11 @@ class Database:
             return self.task_reference(model_key, task_key, ref_time_s, ref_energy_j)  # lost a race
         return ref_time_s, ref_energy_j
 
-    def tell(self, model_key: str, session_id: str, tell_id: str, rank: int, obs: Observation) -> bool:
-        """Store one observation, committed (on disk) when this returns; False when this
-        (session, tell id) was stored before. Tells arriving together share one commit."""
-        return self._committer.submit(_Tell(model_key, session_id, tell_id, rank, obs))
-
     async def tell_async(
         self, model_key: str, session_id: str, tell_id: str, rank: int, obs: Observation
     ) -> bool:
-        """tell() for a coroutine."""
+        """Store one observation, committed (on disk) when this returns; False when this
+        (session, tell id) was stored before. Tells arriving together share one commit."""
         return await self._committer.submit_async(_Tell(model_key, session_id, tell_id, rank, obs))
 
     def tell_many(self, tells: list[_Tell]) -> list[bool]:
