@@ -221,10 +221,16 @@ class Observations:
         sd_s = rel_sd * np.sqrt(2.0 * np.sum(ref[explored] ** 2))
         return (1.0 + budget) * float(ref.sum()) - SAFETY_Z * sd_s
 
+    def no_time_budget(self, budget: float) -> bool:
+        """Whether the time limit is below the reference (the noise margin leaves no budget):
+        then only the all-stock plan is safe, and every plan must be it (a planner that must
+        fit under the limit would otherwise pick a pair whose noise made it look fast)."""
+        return self.time_limit_s(budget) < float(self.ref_time_s.sum())
+
     def kernel_level_choice(self, budget: float) -> dict[str, ClockPair | None]:
         """Least measured energy per kernel within the time limit; stock where best, and for
         kernels not measured yet; all stock when the noise margin leaves no budget."""
-        if self.time_limit_s(budget) < float(self.ref_time_s.sum()):
+        if self.no_time_budget(budget):
             return {k.name: None for k in self.workload.kernels}
         time_s, energy_j = self.plannable()
         stock_e = self.stock_plan_energy_j()

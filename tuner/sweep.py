@@ -211,7 +211,7 @@ def pass_level_choice(obs: Observations, budget: float) -> dict[str, ClockPair |
     """One setting per pass (forward / backward / optimizer): a pair every kernel of the pass
     holds, or stock; same time limit (all stock when the noise margin leaves no budget, as
     for the kernel-level plan: the H200 sweep of session 9 found a pass-level plan of noise)."""
-    if obs.time_limit_s(budget) < float(obs.ref_time_s.sum()):
+    if obs.no_time_budget(budget):
         return {k.name: None for k in obs.workload.kernels}
     passes = [k.pass_name for k in obs.workload.kernels]
     time_s, energy_j = obs.plannable()
@@ -284,9 +284,13 @@ def _realisable_stock(device: ModelDevice, obs: Observations) -> Realisable:
 def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisable:
     """Group the swept kernels so that clock switches pay for themselves (grouping.py), then
     evaluate the schedule as the card runs it (all stock when no grouping fits the budget).
-    Planned at the budget from the isolated measurements; not held to it (held_realisable)."""
+    Planned at the budget from the isolated measurements; not held to it (held_realisable).
+    All stock, too, when the noise margin leaves no time budget."""
     from kdvfs.runtime.iteration import schedule_figures
 
+    if obs.no_time_budget(budget):
+        saving, slowdown = schedule_figures(device, obs.workload, Schedule.stock())
+        return Realisable(Schedule.stock(), saving, slowdown)
     time_m, energy_m = obs.plannable()
     t = np.column_stack([time_m, obs.ref_time_s])
     e = np.column_stack([energy_m, _stock_energy_j(obs)])
@@ -324,7 +328,8 @@ def measured_figures(obs: Observations, choice: dict[str, ClockPair | None]) -> 
 def measured_realisable(obs: Observations, budget: float, switch_latency_s: float) -> Realisable:
     """The realisable schedule planned from a real card's table (the energy margin applied,
     as for the per-kernel plan) and evaluated on the measured cells, switches priced as
-    grouping.evaluate_grouping does."""
+    grouping.evaluate_grouping does. All stock when the noise margin leaves no time budget
+    (a dry-run sweep on a loaded CPU planned a pair whose noise made it look 25% faster)."""
     from kdvfs.tuner.grouping import evaluate_grouping
 
     time_p, energy_p = obs.plannable()
@@ -339,9 +344,8 @@ def measured_realisable(obs: Observations, budget: float, switch_latency_s: floa
         obs.time_limit_s(budget),
         0.0,
     )
-    groups = (
-        [(g.start, g.pair_index) for g in grouping.groups] if grouping.feasible else [(0, len(obs.pairs))]
-    )
+    stock_only = not grouping.feasible or obs.no_time_budget(budget)
+    groups = [(0, len(obs.pairs))] if stock_only else [(g.start, g.pair_index) for g in grouping.groups]
     figures = evaluate_grouping(t, np.column_stack([energy_m, stock_e]), groups, switch_latency_s)
     schedule = Schedule(tuple((start, columns[j]) for start, j in groups))
     ref_t, ref_e = float(obs.ref_time_s.sum()), float(stock_e.sum())

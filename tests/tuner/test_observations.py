@@ -103,3 +103,20 @@ def test_on_a_real_card_a_pair_is_planned_only_beyond_the_a_a_noise():
     assert _real_card_table(10.0, 7.0, 10.05).kernel_level_choice(0.01) == {"a": PAIRS[0], "b": PAIRS[0]}
     # a 3% "saving" against a stock that repeats within 4%: noise, stock stays
     assert _real_card_table(10.0, 9.7, 10.4).kernel_level_choice(0.01) == {"a": None, "b": None}
+
+
+def test_when_the_a_a_noise_leaves_no_time_budget_every_plan_is_stock_even_a_pair_that_looked_faster():
+    from kdvfs.tuner.sweep import measured_realisable, pass_level_choice
+
+    obs = Observations(WL, PAIRS, reference())
+    obs.on_real_card = True
+    for k in range(2):  # stock twice 10% apart in time (noise), the pair 25% faster and half the energy
+        obs.add(k, None, m(1.0, 10.0), 1.0)
+        obs.add(k, PAIRS[0], m(0.75, 5.0), 1.0)
+        obs.add(k, PAIRS[1], m(1.0, 10.0), 1.0)
+        obs.add_stock_repeat(k, m(1.1, 10.0), 1.0)
+    assert obs.no_time_budget(0.01)
+    assert obs.kernel_level_choice(0.01) == {"a": None, "b": None}
+    assert set(pass_level_choice(obs, 0.01).values()) == {None}
+    plan = measured_realisable(obs, 0.01, switch_latency_s=0.0)
+    assert plan.schedule.groups == ((0, None),) and plan.energy_saving == 0.0
