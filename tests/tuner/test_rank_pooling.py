@@ -5,12 +5,14 @@ gloo processes through torch.distributed)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -289,10 +291,14 @@ def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_p
 
 
 class _SlowAsks(BaseHTTPRequestHandler):
-    """A service whose every ask takes 1 s (a BoTorch fit on a loaded host), answering 7."""
+    """A service whose every ask takes 1 s (a BoTorch fit on a loaded host), answering 7; the
+    paths posted to it in `posted`."""
+
+    posted: ClassVar[list[str]] = []
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.posted.append(self.path)
         if self.path == "/v1/sessions":
             body = {"session_id": "s1", "model_key": "k", "observations": 0, "joined": False}
         else:
@@ -303,7 +309,8 @@ class _SlowAsks(BaseHTTPRequestHandler):
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client stopped waiting
+            self.wfile.write(data)
 
     def log_message(self, *args) -> None:
         pass
@@ -338,3 +345,37 @@ def test_a_pooled_rank_waits_for_a_slow_services_decision_where_a_lone_one_answe
     finally:
         server.shutdown()
     assert answers[False] == {"service": 0, "local": 1} and answers[True] == {"service": 1, "local": 0}
+
+
+def test_a_pooled_rank_whose_ask_times_out_decides_alone_and_leaves_the_pool(monkeypatch):
+    # its local answer may differ from the service's, which the other ranks run: pooling its
+    # readings with theirs would mix two schedules' figures
+    from kdvfs.policies.base import Task
+    from kdvfs.runtime.ranks import PoolLost
+    from kdvfs.tuner.service import client as service_client
+    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+
+    monkeypatch.setattr(service_client, "POOLED_ASK_TIMEOUT_S", 0.3)  # the service's asks take 1 s
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAsks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    card = open_device(SPEC)
+    workload = open_workload("gpt3-xl-layer", card)
+    try:
+        policy = service_policy(
+            ServiceClient(f"http://127.0.0.1:{server.server_port}", timeout_s=0.3),
+            job="slow",
+            gpu_name=card.name,
+            pairs=card.grid.pairs,
+            workload=workload,
+            budget=BUDGET,
+        )
+        pool = ServiceRankPool(policy)
+        policy.ask(Task("group0", 0.065, 20.0, BUDGET))
+        report = SimulatedJob(card, workload).step(Schedule.stock())
+        _SlowAsks.posted.clear()
+        with pytest.raises(PoolLost, match="ask was answered locally"):
+            pool.gather(report)
+    finally:
+        server.shutdown()
+    assert policy.answers == {"service": 0, "local": 1} and not policy.pooled
+    assert not any(path.endswith("/pool") for path in _SlowAsks.posted)  # no report pooled

@@ -59,7 +59,7 @@ RETRY_BACKOFF_S = 0.02
 FIRST_DOWN_S = 1.0
 #: Longest one ask of a pooled rank may take: pooled ranks must run the same decision, so
 #: each waits this long for the service's (the others get it as the shared one) before it
-#: answers from its local strategy and may differ from them; s.
+#: answers from its local strategy, which may differ from theirs, and leaves the pool; s.
 POOLED_ASK_TIMEOUT_S = 10.0
 #: Longest back-off; s.
 MAX_DOWN_S = 60.0
@@ -182,6 +182,7 @@ class ServicePolicy:
         self.told = 0  # measurements told (each to the local strategy and into the outbox)
         self.refused: str | None = None  # why the service refused this job; it is not asked again
         self.pooled = False  # the ranks pool their readings first: every rank tells one figure alike
+        self.left_pool: str | None = None  # why this pooled rank answered alone (it pools no more)
         self._warned = False
 
     # --- Policy ----------------------------------------------------------------------------------
@@ -268,6 +269,9 @@ class ServicePolicy:
 
     def _local(self, op: str, exc: Exception, task: Task) -> int | None:
         self._note(exc)
+        if self.pooled:  # the other ranks may run the service's answer: pool no readings with them
+            self.pooled = False
+            self.left_pool = f"its {op} was answered locally ({exc})"
         self.answers["local"] += 1
         return self.local.ask(task) if op == "ask" else self.local.best(task)
 
@@ -409,7 +413,10 @@ def read_token(path: str | Path) -> str:
 
 class ServiceRankPool:
     """The job's data-parallel ranks' step reports through the service (a RankPool): one
-    call a step; the ranks share a session (the same job name in service_policy).
+    call a step; the ranks share a session (the same job name in service_policy). A rank whose
+    ask or best the service did not answer in time decided alone: its next gather raises
+    PoolLost (so no rank pools readings of a schedule the others may not run), and the
+    others', missing its report, time out and raise it too.
 
     Args:
         policy: this rank's ServicePolicy (its session, rank and ranks).
@@ -423,6 +430,8 @@ class ServiceRankPool:
     def gather(self, report: StepReport) -> list[StepReport]:
         from kdvfs.runtime.ranks import PoolLost
 
+        if self.policy.left_pool is not None:  # the others' gathers then time out: each goes on alone
+            raise PoolLost(f"tuning service {self.policy.client.url}: {self.policy.left_pool}")
         body = {"rank": self.policy.rank, "report": _rank_step(report)}
         try:
             reply = PoolReply(**self.policy._call("pool", body))
