@@ -289,8 +289,7 @@ def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisa
     from kdvfs.runtime.iteration import schedule_figures
 
     if obs.no_time_budget(budget):
-        saving, slowdown = schedule_figures(device, obs.workload, Schedule.stock())
-        return Realisable(Schedule.stock(), saving, slowdown)
+        return _realisable_stock(device, obs)
     time_m, energy_m = obs.plannable()
     t = np.column_stack([time_m, obs.ref_time_s])
     e = np.column_stack([energy_m, _stock_energy_j(obs)])
@@ -332,20 +331,22 @@ def measured_realisable(obs: Observations, budget: float, switch_latency_s: floa
     (a dry-run sweep on a loaded CPU planned a pair whose noise made it look 25% faster)."""
     from kdvfs.tuner.grouping import evaluate_grouping
 
-    time_p, energy_p = obs.plannable()
     time_m, energy_m = obs.measured_cells()
     stock_e = _stock_energy_j(obs)
     columns = [*obs.pairs, None]
     t = np.column_stack([time_m, obs.ref_time_s])
-    grouping = group_kernels(
-        np.column_stack([time_p, obs.ref_time_s]),
-        np.column_stack([energy_p, obs.stock_plan_energy_j()]),
-        switch_latency_s,
-        obs.time_limit_s(budget),
-        0.0,
-    )
-    stock_only = not grouping.feasible or obs.no_time_budget(budget)
-    groups = [(0, len(obs.pairs))] if stock_only else [(g.start, g.pair_index) for g in grouping.groups]
+    groups = [(0, len(obs.pairs))]  # stock
+    if not obs.no_time_budget(budget):
+        time_p, energy_p = obs.plannable()
+        grouping = group_kernels(
+            np.column_stack([time_p, obs.ref_time_s]),
+            np.column_stack([energy_p, obs.stock_plan_energy_j()]),
+            switch_latency_s,
+            obs.time_limit_s(budget),
+            0.0,
+        )
+        if grouping.feasible:
+            groups = [(g.start, g.pair_index) for g in grouping.groups]
     figures = evaluate_grouping(t, np.column_stack([energy_m, stock_e]), groups, switch_latency_s)
     schedule = Schedule(tuple((start, columns[j]) for start, j in groups))
     ref_t, ref_e = float(obs.ref_time_s.sum()), float(stock_e.sum())
