@@ -316,66 +316,64 @@ class _SlowAsks(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_pooled_rank_waits_for_a_slow_services_decision_where_a_lone_one_answers_locally():
+@pytest.fixture
+def slow_service():
+    """A _SlowAsks server on loopback: its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAsks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def _slow_policy(url: str, card, workload):
+    """A rank's ServicePolicy on the slow service, whose client waits 0.3 s a call."""
+    from kdvfs.tuner.service.client import ServiceClient, service_policy
+
+    return service_policy(
+        ServiceClient(url, timeout_s=0.3),
+        job="slow",
+        gpu_name=card.name,
+        pairs=card.grid.pairs,
+        workload=workload,
+        budget=BUDGET,
+    )
+
+
+def test_a_pooled_rank_waits_for_a_slow_services_decision_where_a_lone_one_answers_locally(slow_service):
     # pooled ranks must run the same decision: one that answered from its local strategy
     # while the others got the service's would run another schedule
     from kdvfs.policies.base import Task
-    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+    from kdvfs.tuner.service.client import ServiceRankPool
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAsks)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     card = open_device(SPEC)
     workload = open_workload("gpt3-xl-layer", card)
     answers = {}
-    try:
-        for pooled in (False, True):
-            client = ServiceClient(f"http://127.0.0.1:{server.server_port}", timeout_s=0.3)
-            policy = service_policy(
-                client,
-                job="slow",
-                gpu_name=card.name,
-                pairs=card.grid.pairs,
-                workload=workload,
-                budget=BUDGET,
-            )
-            if pooled:
-                ServiceRankPool(policy)
-            policy.ask(Task("group0", 0.065, 20.0, BUDGET))
-            answers[pooled] = dict(policy.answers)
-    finally:
-        server.shutdown()
+    for pooled in (False, True):
+        policy = _slow_policy(slow_service, card, workload)
+        if pooled:
+            ServiceRankPool(policy)
+        policy.ask(Task("group0", 0.065, 20.0, BUDGET))
+        answers[pooled] = dict(policy.answers)
     assert answers[False] == {"service": 0, "local": 1} and answers[True] == {"service": 1, "local": 0}
 
 
-def test_a_pooled_rank_whose_ask_times_out_decides_alone_and_leaves_the_pool(monkeypatch):
+def test_a_pooled_rank_whose_ask_times_out_decides_alone_and_leaves_the_pool(monkeypatch, slow_service):
     # its local answer may differ from the service's, which the other ranks run: pooling its
     # readings with theirs would mix two schedules' figures
     from kdvfs.policies.base import Task
     from kdvfs.runtime.ranks import PoolLost
     from kdvfs.tuner.service import client as service_client
-    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+    from kdvfs.tuner.service.client import ServiceRankPool
 
     monkeypatch.setattr(service_client, "POOLED_ASK_TIMEOUT_S", 0.3)  # the service's asks take 1 s
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAsks)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     card = open_device(SPEC)
     workload = open_workload("gpt3-xl-layer", card)
-    try:
-        policy = service_policy(
-            ServiceClient(f"http://127.0.0.1:{server.server_port}", timeout_s=0.3),
-            job="slow",
-            gpu_name=card.name,
-            pairs=card.grid.pairs,
-            workload=workload,
-            budget=BUDGET,
-        )
-        pool = ServiceRankPool(policy)
-        policy.ask(Task("group0", 0.065, 20.0, BUDGET))
-        report = SimulatedJob(card, workload).step(Schedule.stock())
-        _SlowAsks.posted.clear()
-        with pytest.raises(PoolLost, match="ask was answered locally"):
-            pool.gather(report)
-    finally:
-        server.shutdown()
+    policy = _slow_policy(slow_service, card, workload)
+    pool = ServiceRankPool(policy)
+    policy.ask(Task("group0", 0.065, 20.0, BUDGET))
+    report = SimulatedJob(card, workload).step(Schedule.stock())
+    _SlowAsks.posted.clear()
+    with pytest.raises(PoolLost, match="ask was answered locally"):
+        pool.gather(report)
     assert policy.answers == {"service": 0, "local": 1} and not policy.pooled
     assert not any(path.endswith("/pool") for path in _SlowAsks.posted)  # no report pooled
