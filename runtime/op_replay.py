@@ -13,7 +13,7 @@
 - `save_ops` / `load_ops`: a recording as a JSON file (`kdvfs sweep --workload ops:FILE`;
   experiments/record_step_ops.py writes one).
 This is how a real card gets the founding paper's per-kernel measurements: each op of the
-step, repeated at a clock pair (issue 15); the check that they are the same kernels is
+step, repeated at a clock pair; the check that they are the same kernels is
 experiments/op_replay_check.py.
 """
 

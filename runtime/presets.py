@@ -259,7 +259,7 @@ RTX3080TI = Preset(
     auto_hunt_rel=0.15,  # boost hunts under the cap (H200 probe: +/-25%)
     # capped launch by launch: with a 10-ms window the GPT-3-XL layer's sweep saves 4.6% at
     # -2.6% where the founding paper measured 14.6% at 0.6% on this card; per launch: 11.8% at
-    # 0.4% (docs/benchmarks.md, "Simulator fidelity, sessions 8-9"); its controller is unmeasured
+    # 0.4% (docs/design-runtime.md, the power window); its controller is unmeasured
     power_window_s=0.0,
     ambient_c=30.0,
     r_th_c_per_w=0.13,  # ~75 C at 350 W on the stock cooler
@@ -306,7 +306,7 @@ A100 = Preset(
     mem_base_rel=0.35,
     power_cap_w=400.0,
     auto_hunt_rel=0.12,
-    power_window_s=0.0,  # unmeasured: per launch, as before session 8 (only Hopper has the evidence)
+    power_window_s=0.0,  # unmeasured: per launch (only Hopper has evidence of a window)
     ambient_c=30.0,
     r_th_c_per_w=0.09,
     tau_s=20.0,

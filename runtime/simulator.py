@@ -16,7 +16,7 @@
   throttle reasons).
 The constants and their sources: presets.py. The model's equations and reasoning:
 docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy; its fidelity:
-docs/benchmarks.md ("Simulator fidelity, sessions 8-9").
+docs/benchmarks.md ("The simulator's calibration").
 """
 
 from __future__ import annotations

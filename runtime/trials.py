@@ -452,7 +452,7 @@ class StockReference:
         # a window far off the others (a stalled step: a 160-ms pause of the host) is left out
         # of the stock figures; the spreads keep it, so it makes the tuner more cautious, never
         # bolder. Not the median: a window's figures are skewed, and the median's bias broke
-        # the simulated null tests (docs/gpu-validation.md, session 9).
+        # the simulated dry-run null tests (tests/tuner/test_tune_cli.py).
         kept = _typical(steps)
         stock_s = float(np.average(steps[kept], weights=weights[kept]))
         # the spread of one rank's windows about its own mean; a pooled window's mean is

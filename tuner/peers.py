@@ -490,7 +490,7 @@ def _print_peers(args: Any, doc: dict[str, Any]):
             q = p["as_paper_ran_it"]
             print(f"  {'  (switches ignored)':22s} {pct(q['energy_saving']):>8s} {pct(q['slowdown']):>9s}")
     print("  (saving and slowdown against stock over the whole run, tuning included; the card's true energy)")
-    return peers_figure([doc], "peers (issue 18)")
+    return peers_figure([doc], "kdvfs against its peers")
 
 
 def _log_peers(args: Any, doc: dict[str, Any], fig, identity: dict[str, str], status: str) -> str:

@@ -9,7 +9,7 @@
   job starts from it carried to the new card's clocks ("transferred"), or, with fleet_store,
   from the plan another job of the fleet tuned on that card ("store").
 
-What every figure means: docs/design-step-tuner.md (drift); targets: issue 14.
+What every figure means: docs/design-step-tuner.md (drift); figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from kdvfs.tuner.step_tuner import WATCH_CONFIRM_WINDOWS, WATCH_WARMUP, WATCH_WI
 
 #: Share of the new conditions' realisable oracle that counts as recovered; a fraction.
 RECOVERED_SHARE = 0.95
-#: Detection target for a new power limit or workload; s of training (issue 14).
+#: Detection target for a new power limit or workload; s of training.
 DETECT_TARGET_S = 5.0
-#: Detection target of an ambient step, in the card's thermal time constants (issue 14).
+#: Detection target of an ambient step, in the card's thermal time constants.
 DETECT_TARGET_TAUS = 2.0
-#: Recovery target beyond the card's settling time; s of training (issue 14).
+#: Recovery target beyond the card's settling time; s of training.
 RECOVER_EXTRA_S = 60.0
 #: Training after settling before the change lands by default: the watch learns, then some; s.
 READY_S = (WATCH_WARMUP + WATCH_CONFIRM_WINDOWS) * WATCH_WINDOW_S + 10.0

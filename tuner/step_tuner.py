@@ -1,4 +1,4 @@
-"""The step-driven tuner (issue 14, core): fed each training step's report, it answers with the
+"""The step-driven tuner: fed each training step's report, it answers with the
 clocks of the next steps. It never runs kernels itself.
 
 - `StepTuner.on_step_end(report) -> Schedule`: the one entry point; `phase` is the phase object

@@ -210,7 +210,7 @@ def _work(kernel: Kernel) -> tuple:
 def pass_level_choice(obs: Observations, budget: float) -> dict[str, ClockPair | None]:
     """One setting per pass (forward / backward / optimizer): a pair every kernel of the pass
     holds, or stock; same time limit (all stock when the noise margin leaves no budget, as
-    for the kernel-level plan: the H200 sweep of session 9 found a pass-level plan of noise)."""
+    for the kernel-level plan: otherwise a dry-run sweep on the H200 plans noise per pass)."""
     if obs.no_time_budget(budget):
         return {k.name: None for k in obs.workload.kernels}
     passes = [k.pass_name for k in obs.workload.kernels]

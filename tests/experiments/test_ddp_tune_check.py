@@ -120,9 +120,8 @@ def job_in_trial(tmp_path: Path) -> tuple[subprocess.Popen, list[str]]:
     for attempt in range(ATTEMPTS):
         # A budget of 10,000%: the account's slack covers a trial's worst case within a few
         # steps and the guard never abandons it, even when a loaded CPU runs the steps
-        # slower than the reference measured. (Until session 11 launch() dropped the option:
-        # the job ran at the default 1%, whose slack a loaded CI machine spent before the
-        # first trial could start.)
+        # slower than the reference measured. (At the default 1% a loaded CI machine can spend
+        # the slack before the first trial starts.)
         job = launch(tmp_path / f"attempt{attempt}", 40.0, "--budget", "100")
         lines = lines_until(job, in_trial)
         if in_trial(lines):

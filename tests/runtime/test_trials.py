@@ -35,7 +35,7 @@ def _reference(step_times_s: list[float]) -> StockReference:
 
 def test_one_stalled_step_leaves_the_stock_step_and_energy_where_the_other_windows_put_them():
     steps = [STEP_S] * 1000
-    steps[150] = 0.160  # the host paused once, as in the H200 run 1 of session 6
+    steps[150] = 0.160  # the host paused once, as in a kdvfs.tune run on the H200
     figures = _reference(steps).figures()
     assert figures.step_s == pytest.approx(STEP_S, rel=1e-3)
     assert figures.energy_per_step_j == pytest.approx(POWER_W * STEP_S, rel=5e-3)

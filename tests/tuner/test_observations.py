@@ -80,7 +80,7 @@ def test_measure_cell_pairs_a_throttled_measurement_with_stock():
 
 def _real_card_table(stock_j: float, pair_j: float, repeat_j: float) -> Observations:
     """Both kernels measured at stock, at PAIRS[0] and at stock again, on a real card whose
-    replayed reference is noisy (6% between its sub-windows, as the H200's of session 9)."""
+    replayed reference is noisy (6% between its sub-windows, as the H200's dry-run sweep)."""
     obs = Observations(WL, PAIRS, reference(rel_sd=0.06))
     obs.on_real_card = True
     for k, launches in enumerate((1, 2)):
