@@ -1,6 +1,6 @@
-"""The `kdvfs` command line.
+"""kdvfs.cli: the `kdvfs` command line (`python -m kdvfs` or `python -m kdvfs.cli`).
 
-Each subcommand lives in tuner/commands/<name>.py with `add_arguments(parser)` and
+Each subcommand lives in cli/commands/<name>.py with `add_arguments(parser)` and
 `run(args) -> int`. Those modules import only the standard library at top level, so that
 `kdvfs --help` and usage errors answer at once; torch, BoTorch and MLflow are imported inside
 run() of the commands that need them.
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _command_module(name: str):
-    return importlib.import_module(f"kdvfs.tuner.commands.{name}")
+    return importlib.import_module(f"kdvfs.cli.commands.{name}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -101,7 +101,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -62,7 +62,7 @@ class Agent:
                 "KDVFS_NVML_MODULE": "fake_pynvml",
                 "KDVFS_FAKE_NVML_CALLS": str(self.calls_file),
             }
-        command = [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "--socket", str(self.socket)]
+        command = [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(self.socket)]
         command += ["--lease-dir", str(folder / "leases")] + ([] if fake else ["--dry-run"])
         self.started_s = time.monotonic()
         self.process = subprocess.Popen(command, env=self.env, stderr=subprocess.DEVNULL)

@@ -73,7 +73,7 @@ class Service:
 
     def start(self) -> float:
         """Start it; seconds until /health answered (nan when it exited: see output)."""
-        cmd = [sys.executable, "-m", "kdvfs.tuner.cli", "serve", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "kdvfs.cli", "serve", "--port", str(self.port)]
         cmd += [
             "--db",
             f"sqlite:///{self.folder / 'service.db'}",

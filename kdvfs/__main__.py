@@ -2,6 +2,6 @@
 
 import sys
 
-from kdvfs.tuner.cli import main
+from kdvfs.cli import main
 
 sys.exit(main())

@@ -1,8 +1,8 @@
-"""kdvfs.tuner: the orchestration layer: tuning sessions, plans, drift watch, MLflow and the CLI.
+"""kdvfs.tuner: the orchestration layer: tuning sessions, plans, drift watch and MLflow.
 
 The public names below load on first use (a lazy module __getattr__, as kdvfs/__init__ does),
-so that `kdvfs --help` does not import numpy, scipy, torch or MLflow. The CLI is tuner/cli.py
-with its commands in tuner/commands/; the design is docs/design-tuner.md.
+so that `kdvfs --help` does not import numpy, scipy, torch or MLflow. The command line that
+drives it is kdvfs.cli (cli/); the design is docs/design-tuner.md.
 """
 
 from __future__ import annotations

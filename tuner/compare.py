@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.cli.commands._common import plan_json
 from kdvfs.policies.agent import AgentPolicy, load_agent, train_agent
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.commands._common import plan_json
 from kdvfs.tuner.search import SearchResult, run_search, search_space
 from kdvfs.tuner.sweep import evaluate, run_sweep
 
@@ -189,7 +189,7 @@ class Comparison:
             self._on_phase(text)
 
     def _params(self) -> dict[str, Any]:
-        from kdvfs.tuner.commands._common import run_identity
+        from kdvfs.cli.commands._common import run_identity
 
         return {
             "device": self.device_spec,
@@ -209,7 +209,7 @@ class Comparison:
             raise
 
     def _run(self) -> None:
-        from kdvfs.tuner.commands._common import run_identity
+        from kdvfs.cli.commands._common import run_identity
 
         if self.tracker is not None:
             self._phase("opening the MLflow run")
@@ -268,7 +268,7 @@ class Comparison:
         return lambda done, total: progress(f"full sweep seed {seed}", done // pairs, total // pairs, done)
 
     def _search(self, name: str, seed: int) -> None:
-        from kdvfs.tuner.commands._common import run_identity
+        from kdvfs.cli.commands._common import run_identity
 
         device, workload = self._fresh(seed)
         if self._parent is not None:

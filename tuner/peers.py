@@ -421,7 +421,7 @@ def run_peers(
 def run_peers_command(args: Any) -> int:
     """`kdvfs compare --peers NAMES`: the run, its table, its plot (MLflow and --plot), --json;
     interrupted, the JSON (marked partial) and a KILLED MLflow run, exit 130."""
-    from kdvfs.tuner.commands._common import Phases, deferred_interrupts, run_identity, write_all, write_json
+    from kdvfs.cli.commands._common import Phases, deferred_interrupts, run_identity, write_all, write_json
 
     names = parse_peers(args.peers)
     if args.steps is not None and args.steps <= 0:
@@ -473,7 +473,7 @@ def _save_plot(fig, path) -> None:
 
 def _print_peers(args: Any, doc: dict[str, Any]):
     """Print the peers' table; the figure."""
-    from kdvfs.tuner.commands._common import pct
+    from kdvfs.cli.commands._common import pct
     from kdvfs.tuner.plots import peers_figure
 
     print(

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from kdvfs.cli.commands._common import pct, slowdown_text
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.iteration import Schedule, schedule_figures, schedule_items
 from kdvfs.runtime.types import Workload
-from kdvfs.tuner.commands._common import pct, slowdown_text
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.session import Oracle, TuneSession, reached_after_s
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kdvfs.tuner.commands._common import (
+from kdvfs.cli.commands._common import (
     Phases,
     add_json,
     check_file_output,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kdvfs.tuner.commands._common import (
+from kdvfs.cli.commands._common import (
     SOURCE_LABEL,
     Phases,
     add_budget,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kdvfs.tuner.commands._common import nonnegative_int
+from kdvfs.cli.commands._common import nonnegative_int
 
 DEMO = [
     "tune",
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.tuner.cli import main
+    from kdvfs.cli import main
 
     print("kdvfs demo: " + " ".join(["kdvfs", *DEMO]))
     return main([*DEMO, "--seed", str(args.seed), *(["--json", str(args.json)] if args.json else [])])

@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kdvfs.cli.commands._common import check_file_output, write_json
     from kdvfs.runtime.nvml_device import NvmlUnavailable
-    from kdvfs.tuner.commands._common import check_file_output, write_json
 
     check_file_output(args.json, "--json")
     try:

@@ -28,8 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from kdvfs.cli.commands._common import Phases, check_dir_output, positive_float, write_all
 from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.commands._common import Phases, check_dir_output, positive_float, write_all
 
 if TYPE_CHECKING:
     from kdvfs.runtime.nvml_device import NvmlDevice

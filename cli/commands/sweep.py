@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.commands._common import (
+from kdvfs.cli.commands._common import (
     SOURCE_LABEL,
     Phases,
     add_budget,
@@ -29,6 +28,7 @@ from kdvfs.tuner.commands._common import (
     write_all,
     write_json,
 )
+from kdvfs.runtime.types import KdvfsError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

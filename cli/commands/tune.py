@@ -16,7 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from kdvfs.tuner.commands._common import (
+from kdvfs.cli.commands._common import (
     SOURCE_LABEL,
     add_budget,
     add_device_workload,
@@ -122,7 +122,7 @@ class _Tune:
     """One `kdvfs tune`: its phases (prior, training, oracle), then every output."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from kdvfs.tuner.commands._common import open_from_args
+        from kdvfs.cli.commands._common import open_from_args
 
         self.args = args
         self.device, self.workload = open_from_args(args)
@@ -164,7 +164,7 @@ class _Tune:
         args = self.args
         if args.no_mlflow:
             return
-        from kdvfs.tuner.commands._common import run_identity
+        from kdvfs.cli.commands._common import run_identity
         from kdvfs.tuner.tracking import Tracker
 
         identity = run_identity(self.device, self.workload)

@@ -1,6 +1,6 @@
 """Test helper: a real `kdvfs agent` process on the fake NVML card, and what it did to it.
 
-`AgentProcess(tmp_path, *args)` starts `python -m kdvfs.tuner.cli agent --socket ...` with
+`AgentProcess(tmp_path, *args)` starts `python -m kdvfs.cli agent --socket ...` with
 the fake card (KDVFS_NVML_MODULE=fake_pynvml) and waits until it answers; `calls()` reads
 the NVML Set/Reset calls the fake recorded (each with its time.monotonic()).
 """
@@ -45,7 +45,7 @@ class AgentProcess:
         self.lease_dir = tmp_path / "leases"
         self.calls_file = tmp_path / "calls.jsonl"
         self.log = (tmp_path / "agent.log").open("a")
-        command = [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "--socket", str(self.socket)]
+        command = [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(self.socket)]
         command += ["--lease-dir", str(self.lease_dir), *args]
         self.process = subprocess.Popen(
             command, env=fake_nvml_env(self.calls_file, gpu_count), stdout=self.log, stderr=subprocess.STDOUT

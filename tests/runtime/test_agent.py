@@ -108,7 +108,7 @@ def test_a_lease_locks_through_nvml_and_reset_ends_it(agent):
 
 def test_a_second_client_is_refused_naming_the_holders_pid(agent, sigint_default):
     holder = subprocess.Popen(
-        [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "lock", "--socket", str(agent.socket),
+        [sys.executable, "-m", "kdvfs.cli", "agent", "lock", "--socket", str(agent.socket),
          "--gpu", "0", "--core", "1755", "--mem", "3201"],
         env=fake_nvml_env(agent.calls_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -187,7 +187,7 @@ def test_stopping_the_agent_resets_held_clocks_and_removes_its_socket(agent):
 
 def test_a_second_agent_on_a_live_socket_is_one_line_and_exit_2(agent, tmp_path):
     second = subprocess.run(
-        [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "--socket", str(agent.socket)],
+        [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(agent.socket)],
         env=fake_nvml_env(tmp_path / "other-calls.jsonl"), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert second.returncode == 2
@@ -275,7 +275,7 @@ def test_unsupported_pairs_unknown_gpus_and_wrong_uuids_are_refused(shared_agent
 def test_a_bad_policy_file_is_one_line_and_exit_2(tmp_path):
     policy = write_policy(tmp_path / "policy.json", users=["root"], core_mhz=[1980, 990])
     result = subprocess.run(
-        [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "--socket", str(tmp_path / "s"), "--policy", str(policy)],
+        [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(tmp_path / "s"), "--policy", str(policy)],
         env=fake_nvml_env(tmp_path / "calls.jsonl"), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert result.returncode == 2
@@ -549,7 +549,7 @@ def test_a_socket_in_a_folder_others_may_write_is_refused(tmp_path):
     shared.mkdir()
     shared.chmod(0o1777)
     result = subprocess.run(
-        [sys.executable, "-m", "kdvfs.tuner.cli", "agent", "--socket", str(shared / "agent.sock")],
+        [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(shared / "agent.sock")],
         env=fake_nvml_env(tmp_path / "calls.jsonl"), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert result.returncode == 2

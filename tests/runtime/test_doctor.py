@@ -16,17 +16,17 @@ from dataclasses import astuple
 import pynvml
 import pytest
 
+from kdvfs.cli.commands import doctor, probe
+from kdvfs.cli.commands.doctor import energy_update_period_s
+from kdvfs.cli.commands.probe import PROBE_COLUMNS, ProbeRow, write_probe_csv
 from kdvfs.runtime import nvml_device
 from kdvfs.runtime.probe_kernels import DEFAULT_PROBE_KERNELS, SIZE_LADDER, parse_probe_kernel
 from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.commands import doctor, probe
-from kdvfs.tuner.commands.doctor import energy_update_period_s
-from kdvfs.tuner.commands.probe import PROBE_COLUMNS, ProbeRow, write_probe_csv
 from tests.runtime import fake_pynvml
 
 
 def run_command(module, argv: list[str]) -> int:
-    """Parse and run one command module as kdvfs.tuner.cli does."""
+    """Parse and run one command module as kdvfs.cli does."""
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
     return module.run(parser.parse_args(argv))

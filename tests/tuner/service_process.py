@@ -1,6 +1,6 @@
 """Test helper: a real `kdvfs serve` process on loopback that a test can start, kill and restart.
 
-`ServiceProcess(tmp_path, db_url, *args)` runs `python -m kdvfs.tuner.cli serve --port P`
+`ServiceProcess(tmp_path, db_url, *args)` runs `python -m kdvfs.cli serve --port P`
 (a free port chosen here, or the one given), waits for /health, and `kill()` sends SIGKILL;
 `http()` is an httpx client on its base URL.
 """
@@ -36,7 +36,7 @@ class ServiceProcess:
         cmd = [
             sys.executable,
             "-m",
-            "kdvfs.tuner.cli",
+            "kdvfs.cli",
             "serve",
             "--port",
             str(self.port),

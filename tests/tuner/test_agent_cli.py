@@ -10,17 +10,17 @@ import sys
 
 import pytest
 
+from kdvfs.cli.commands import agent as agent_command
+from kdvfs.cli.commands import doctor
 from kdvfs.runtime import agent_client, nvml_device
 from kdvfs.runtime.types import ClockPair
-from kdvfs.tuner.commands import agent as agent_command
-from kdvfs.tuner.commands import doctor
 from tests.runtime import fake_pynvml
 from tests.runtime.agent_process import AgentProcess, fake_nvml_env
 
 
 def kdvfs(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kdvfs.tuner.cli", *argv], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "kdvfs.cli", *argv], env=env, capture_output=True, text=True, timeout=60
     )
 
 
@@ -62,7 +62,7 @@ def test_lock_without_clocks_or_without_an_agent_is_one_line_and_exit_2(agent, t
 
 
 def test_the_command_module_imports_only_the_standard_library():
-    code = "import sys, kdvfs.tuner.commands.agent; print('pydantic' in sys.modules)"
+    code = "import sys, kdvfs.cli.commands.agent; print('pydantic' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
     assert str(agent_client.DEFAULT_SOCKET) == agent_command.DEFAULT_SOCKET

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdvfs.tuner.cli import main
+from kdvfs.cli import main
 
 
 def test_a_missing_agent_file_is_refused_in_one_line_before_any_work(tmp_path, capsys) -> None:

@@ -25,7 +25,7 @@ import kdvfs.tuner.scenarios
 import kdvfs.tuner.session
 import kdvfs.tuner.step_tuner
 import kdvfs.tuner.sweep
-from kdvfs.tuner.cli import main
+from kdvfs.cli import main
 from kdvfs.tuner.plan import load_plan
 
 #: Wall-clock limit of one CLI case in these tests; s.

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kdvfs.tuner.cli import main
+from kdvfs.cli import main
 from kdvfs.tuner.peers import run_peers, zeus_available
 
 ZEUS, WHY_NOT = zeus_available()

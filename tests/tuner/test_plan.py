@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kdvfs import cli
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Kernel, Workload
-from kdvfs.tuner import cli
 from kdvfs.tuner.plan import Plan, PlanGroup, check_compatible, diff_plans, load_plan, save_plan
 
 GRID = ClockGrid.product([1000, 1500], [5000, 7000])
@@ -260,7 +260,7 @@ def test_diff_lists_what_changed():
 
 @pytest.fixture
 def run_cli(monkeypatch, capsys):
-    """kdvfs.tuner.cli.main with the plan command registered (the dispatcher lists each command)."""
+    """kdvfs.cli.main with the plan command registered (the dispatcher lists each command)."""
     monkeypatch.setitem(cli.COMMANDS, "plan", "show, diff or validate a plan file")
 
     def run(*argv: str) -> tuple[int, str, str]:

@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
+from kdvfs.cli import main
 from kdvfs.runtime import clock_lease, nvml_device
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.op_device import OpReplayDevice
 from kdvfs.runtime.op_replay import load_ops, record_ops, save_ops
-from kdvfs.tuner.cli import main
 from kdvfs.tuner.sweep import measure_every_pair, measured_figures, spread_pairs, sweep_reference
 from tests.runtime import fake_pynvml
 

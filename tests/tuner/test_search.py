@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from kdvfs.cli import main
 from kdvfs.runtime.measure import measure_reference_iterations
 from kdvfs.runtime.registry import open_device
 from kdvfs.runtime.replay import ReplayDevice
 from kdvfs.runtime.tables import load_table
 from kdvfs.runtime.workloads import gpt3_xl_layer
-from kdvfs.tuner.cli import main
 from kdvfs.tuner.observations import Observations
 from kdvfs.tuner.search import Bench, estimate_exchange_rate_w, run_search, verified_plan
 from kdvfs.tuner.sweep import evaluate, run_sweep

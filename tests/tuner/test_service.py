@@ -331,7 +331,7 @@ def test_a_non_loopback_bind_without_a_token_file_is_refused(tmp_path):
         [
             sys.executable,
             "-m",
-            "kdvfs.tuner.cli",
+            "kdvfs.cli",
             "serve",
             "--host",
             "0.0.0.0",
@@ -524,7 +524,7 @@ def test_the_jobs_client_loads_no_server_library():
     ids=["missing", "two-words", "short", "empty"],
 )
 def test_a_bad_token_file_is_one_line_and_exit_2(tmp_path, capsys, content, problem):
-    from kdvfs.tuner import cli
+    from kdvfs import cli
 
     tokens = tmp_path / "tokens"
     if content is not None:

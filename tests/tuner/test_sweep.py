@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kdvfs.cli import main
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
-from kdvfs.tuner.cli import main
 from kdvfs.tuner.sweep import MAX_REPLANS, evaluate, held_to_budget, pass_level_choice, run_sweep
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -116,14 +116,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 def test_usage_errors_and_help_import_nothing_heavy():
     code = (
-        "import sys; from kdvfs.tuner.cli import build_parser; build_parser(); "
+        "import sys; from kdvfs.cli import build_parser; build_parser(); "
         "heavy = [m for m in ('torch', 'botorch', 'mlflow', 'gymnasium', 'numpy') if m in sys.modules]; "
         "print(','.join(heavy))"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == ""
     bad = subprocess.run(
-        [sys.executable, "-m", "kdvfs.tuner.cli", "sweep", "--budget", "lots"], capture_output=True, text=True
+        [sys.executable, "-m", "kdvfs.cli", "sweep", "--budget", "lots"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "budget must be a number" in bad.stderr
 

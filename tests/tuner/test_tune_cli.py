@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from kdvfs.tuner.cli import main
+from kdvfs.cli import main
 from kdvfs.tuner.plan import load_plan
 from kdvfs.tuner.tracking import Tracker
 
@@ -70,7 +70,7 @@ def _spawn(tmp_path: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "kdvfs.tuner.cli", *ARGS, *extra],
+        [sys.executable, "-m", "kdvfs.cli", *ARGS, *extra],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

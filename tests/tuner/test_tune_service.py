@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kdvfs.tuner.cli import main
+from kdvfs.cli import main
 from tests.tuner.conftest import free_port
 from tests.tuner.service_process import ServiceProcess
 

@@ -9,5 +9,5 @@
   one MLflow run per session);
 - client.py: the job's side (retries, back-off, local fallback), a Policy for StepTuner.
 
-The command is tuner/commands/serve.py. Design: docs/service.md.
+The command is cli/commands/serve.py. Design: docs/service.md.
 """

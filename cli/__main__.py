@@ -1,0 +1,7 @@
+"""`python -m kdvfs.cli` runs the `kdvfs` command line."""
+
+import sys
+
+from kdvfs.cli import main
+
+sys.exit(main())
