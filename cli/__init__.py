@@ -30,7 +30,7 @@ COMMANDS: dict[str, str] = {
     "plan": "show, diff or validate a plan file",
     "doctor": "what this machine's GPUs allow (read-only)",
     "probe": "read-only stock-clock measurements of reference kernels on a real GPU",
-    "agent": "the root clock agent that locks clocks for unprivileged jobs, and its clients",
+    "daemon": "the root clock daemon that locks clocks for unprivileged jobs, and its clients",
     "serve": "the tuning service: jobs and ranks of a fleet share observations and plans",
 }
 

@@ -9,7 +9,7 @@ and prints JSON (every figure labelled simulated, replayed or measured on a real
 - `h200_inputs`: the drift watch's inputs on a real GPU (read-only);
 - `h200_validation`: the PyTorch integration on a real GPU (dry-run: no clock change);
 - `record_step_trace`: a small GPT's whole training step under torch.profiler, as a trace;
-- `agent_bench`: the clock agent's round trip and resets (fake NVML, or a real card in dry-run);
+- `daemon_bench`: the clock daemon's round trip and resets (fake NVML, or a real card in dry-run);
 - `fit_kinds`: the simulator's per-kind constants fitted to a size ladder (prints JSON);
 - `peers_figure`: rows of `kdvfs compare --peers` in one figure (docs/peers.png, MLflow).
 
@@ -23,9 +23,9 @@ import importlib
 from types import ModuleType
 
 __all__ = [
-    "agent_bench",
     "compare_strategies",
     "cusum_delay",
+    "daemon_bench",
     "fit_kinds",
     "h200_inputs",
     "h200_validation",

@@ -8,7 +8,7 @@ Public names (loaded on first use, so that importing this package stays quick):
 - measurement: `measure_isolated`, `measure_reference_iterations`, `Schedule`, `IterationRunner`;
 - drift on the simulated card: `Scenario`, `get_scenario`;
 - training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`, `shared_decision`;
-- the clock agent (locks clocks for jobs that are not root): `ClockAgent`, `AgentClient`.
+- the clock daemon (locks clocks for jobs that are not root): `ClockDaemon`, `DaemonClient`.
 
 Where each part lives and why it is built so: docs/design-runtime.md.
 """
@@ -45,8 +45,8 @@ _PUBLIC: dict[str, str] = {
     "lightning_callback": "torch_integration",
     "hf_callback": "torch_integration",
     "shared_decision": "distributed",
-    "ClockAgent": "agent",
-    "AgentClient": "agent_client",
+    "ClockDaemon": "clock_daemon",
+    "DaemonClient": "daemon_client",
 }
 
 __all__ = list(_PUBLIC)

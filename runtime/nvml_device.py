@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kdvfs.runtime import agent_client, clock_lease
+from kdvfs.runtime import clock_lease, daemon_client
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source
 
 log = logging.getLogger(__name__)
@@ -167,9 +167,9 @@ class NvmlDevice:
             on shared GPUs).
         lease_dir: where the clock leases live; None: clock_lease.default_lease_dir().
         power_sample_period_s: power sampling period on a card without an energy counter, s.
-        agent_socket: lock clocks through the clock agent at this socket (docs/agent.md);
-            None: $KDVFS_AGENT_SOCKET, else the default socket when this process may not lock
-            clocks itself and it exists, else NVML directly (agent_client.socket_for).
+        daemon_socket: lock clocks through the clock daemon at this socket (docs/clock-daemon.md);
+            None: $KDVFS_DAEMON_SOCKET, else the default socket when this process may not lock
+            clocks itself and it exists, else NVML directly (daemon_client.socket_for).
     """
 
     source: Source = "measured"
@@ -181,7 +181,7 @@ class NvmlDevice:
         dry_run: bool = False,
         lease_dir: Path | str | None = None,
         power_sample_period_s: float = 0.02,
-        agent_socket: Path | str | None = None,
+        daemon_socket: Path | str | None = None,
     ) -> None:
         self._nvml = load_nvml()
         self.index = index
@@ -190,8 +190,8 @@ class NvmlDevice:
         self._leases = clock_lease.LeaseDir(lease_dir)
         self._holding = False
         self._denied_reason: str | None = None
-        self._agent_socket = agent_client.socket_for(agent_socket, lambda: admin_privilege()[0])
-        self._agent: agent_client.AgentClient | None = None
+        self._daemon_socket = daemon_client.socket_for(daemon_socket, lambda: admin_privilege()[0])
+        self._daemon: daemon_client.DaemonClient | None = None
         self._power_integrator: PowerIntegrator | None = None
         try:
             self._open(index)
@@ -239,8 +239,8 @@ class NvmlDevice:
         memory lock (there is nothing to choose).
         """
         pair = self._supported(pair, snap)
-        if self._agent_socket is not None and not self.dry_run:
-            self._lock_through_agent(pair)
+        if self._daemon_socket is not None and not self.dry_run:
+            self._lock_through_daemon(pair)
             return
         if self.dry_run:
             self._hold_as_if_locked()
@@ -252,8 +252,8 @@ class NvmlDevice:
 
     def reset_clocks(self) -> None:
         """Release the graphics and memory locks (stock clocks) and drop the lease."""
-        if self._agent_socket is not None and not self.dry_run:
-            self._reset_through_agent()
+        if self._daemon_socket is not None and not self.dry_run:
+            self._reset_through_daemon()
             return
         self._reset_locks(self._lock_kinds)
         self._drop_lease()
@@ -262,8 +262,8 @@ class NvmlDevice:
         """Whether this process may lock clocks, and why (dry-run or not)."""
         if self._denied_reason is not None:
             return False, self._denied_reason
-        if self._agent_socket is not None:
-            return self._agent_permission()
+        if self._daemon_socket is not None:
+            return self._daemon_permission()
         return admin_privilege()
 
     def nearest_pairs(self, pair: ClockPair, count: int = 2) -> list[ClockPair]:
@@ -320,8 +320,8 @@ class NvmlDevice:
             return
         if self._holding:
             self.reset_clocks()
-        if self._agent is not None:
-            self._agent.close()
+        if self._daemon is not None:
+            self._daemon.close()
         if self._power_integrator is not None:
             self._power_integrator.stop()
         self._nvml.nvmlShutdown()
@@ -373,27 +373,27 @@ class NvmlDevice:
             self._holding = True
             clock_lease.hold(self, self.reset_clocks)
 
-    def _lock_through_agent(self, pair: ClockPair) -> None:
-        """The agent holds the lease for this connection; the hold resets on exit/signals."""
-        if self._agent is None:
-            self._agent = agent_client.AgentClient(self._agent_socket)
-        self._agent.lock(self.index, pair, uuid=self.uuid)
+    def _lock_through_daemon(self, pair: ClockPair) -> None:
+        """The daemon holds the lease for this connection; the hold resets on exit/signals."""
+        if self._daemon is None:
+            self._daemon = daemon_client.DaemonClient(self._daemon_socket)
+        self._daemon.lock(self.index, pair, uuid=self.uuid)
         if not self._holding:
             self._holding = True
             clock_lease.hold(self, self.reset_clocks)
 
-    def _reset_through_agent(self) -> None:
-        if self._holding and self._agent is not None:
+    def _reset_through_daemon(self) -> None:
+        if self._holding and self._daemon is not None:
             try:
-                self._agent.reset(self.index)
+                self._daemon.reset(self.index)
             finally:
                 clock_lease.let_go(self)
                 self._holding = False
 
-    def _agent_permission(self) -> tuple[bool, str]:
-        where = f"the clock agent at {self._agent_socket}"
+    def _daemon_permission(self) -> tuple[bool, str]:
+        where = f"the clock daemon at {self._daemon_socket}"
         try:
-            with agent_client.AgentClient(self._agent_socket) as client:
+            with daemon_client.DaemonClient(self._daemon_socket) as client:
                 hello = client.hello()
         except KdvfsError as exc:
             return False, str(exc)

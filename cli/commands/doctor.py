@@ -2,8 +2,8 @@
 
 Name, driver, supported clocks, the energy counter and how often it updates (polled for
 ~0.5 s), permission to lock clocks, power limit, current clocks, temperature, throttle
-reasons, and any clock lease left on the GPU; then whether a clock agent answers and what
-this user may lock through it (docs/agent.md). Every figure is measured on this machine; the
+reasons, and any clock lease left on the GPU; then whether a clock daemon answers and what
+this user may lock through it (docs/clock-daemon.md). Every figure is measured on this machine; the
 GPU is opened in dry-run, so nothing is changed.
 """
 
@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for report in reports:
         print(format_report(report))
-    agent = agent_report()
-    print(format_agent(agent))
-    write_json(args.json, {"source": "measured", "gpus": reports, "agent": agent})
+    daemon = daemon_report()
+    print(format_daemon(daemon))
+    write_json(args.json, {"source": "measured", "gpus": reports, "daemon": daemon})
     return 0
 
 
@@ -116,17 +116,17 @@ def gpu_report(index: int, energy_poll_s: float = ENERGY_POLL_S) -> dict[str, An
         }
 
 
-def agent_report() -> dict[str, Any]:
-    """Whether a clock agent answers ($KDVFS_AGENT_SOCKET, else the default socket), who it
+def daemon_report() -> dict[str, Any]:
+    """Whether a clock daemon answers ($KDVFS_DAEMON_SOCKET, else the default socket), who it
     takes this process for, and what it may lock through it."""
-    from kdvfs.runtime.agent_client import AGENT_SOCKET_ENV, DEFAULT_SOCKET, AgentClient
+    from kdvfs.runtime.daemon_client import DAEMON_SOCKET_ENV, DEFAULT_SOCKET, DaemonClient
 
-    path = Path(os.environ.get(AGENT_SOCKET_ENV) or DEFAULT_SOCKET)
+    path = Path(os.environ.get(DAEMON_SOCKET_ENV) or DEFAULT_SOCKET)
     report: dict[str, Any] = {"socket": str(path), "answers": False, "reason": None}
     if not path.exists():
         return report | {"reason": "no socket there"}
     try:
-        with AgentClient(path, timeout_s=2.0) as client:
+        with DaemonClient(path, timeout_s=2.0) as client:
             hello = client.hello()
     except KdvfsError as exc:
         return report | {"reason": str(exc)}
@@ -138,15 +138,15 @@ def agent_report() -> dict[str, Any]:
     }
 
 
-def format_agent(a: dict[str, Any]) -> str:
+def format_daemon(a: dict[str, Any]) -> str:
     if not a["answers"]:
-        return f"clock agent: none at {a['socket']} ({a['reason']})"
+        return f"clock daemon: none at {a['socket']} ({a['reason']})"
     may = "; ".join(
         f"GPU {r['gpu']}: core {r['core_mhz'][0]}-{r['core_mhz'][1]} MHz, memory {r['mem_mhz'][0]}-{r['mem_mhz'][1]} MHz"
         for r in a["may_lock"]
     )
     dry = " (dry-run: it records clock changes, makes none)" if a["dry_run"] else ""
-    return f"clock agent: {a['socket']} answers{dry}; uid {a['uid']} may lock {may or 'nothing'}"
+    return f"clock daemon: {a['socket']} answers{dry}; uid {a['uid']} may lock {may or 'nothing'}"
 
 
 def energy_update_period_s(read_energy_j: Callable[[], float], poll_s: float) -> tuple[float | None, int]:

@@ -112,9 +112,9 @@ def test_nvml_device_drives_the_simulated_card_not_dry_run(
     card, workload, monkeypatch, tmp_path, restore_state
 ):
     monkeypatch.setenv(nvml_device.NVML_MODULE_ENV, "kdvfs.runtime.sim_pynvml")
-    monkeypatch.delenv("KDVFS_AGENT_SOCKET", raising=False)
+    monkeypatch.delenv("KDVFS_DAEMON_SOCKET", raising=False)
     monkeypatch.setattr(nvml_device, "admin_privilege", lambda: (True, "simulated card: no root needed"))
-    with NvmlDevice(0, lease_dir=tmp_path / "leases", agent_socket=None) as gpu:
+    with NvmlDevice(0, lease_dir=tmp_path / "leases", daemon_socket=None) as gpu:
         assert gpu.name == card.name and gpu.energy_counter
         assert set(gpu.grid.pairs) == set(card.grid.pairs)
         assert gpu.power_limit_w() == card.power_cap_w

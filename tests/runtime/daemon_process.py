@@ -1,6 +1,6 @@
-"""Test helper: a real `kdvfs agent` process on the fake NVML card, and what it did to it.
+"""Test helper: a real `kdvfs daemon` process on the fake NVML card, and what it did to it.
 
-`AgentProcess(tmp_path, *args)` starts `python -m kdvfs.cli agent --socket ...` with
+`DaemonProcess(tmp_path, *args)` starts `python -m kdvfs.cli daemon --socket ...` with
 the fake card (KDVFS_NVML_MODULE=fake_pynvml) and waits until it answers; `calls()` reads
 the NVML Set/Reset calls the fake recorded (each with its time.monotonic()).
 """
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from kdvfs.runtime.agent_client import AGENT_SOCKET_ENV, AgentClient
+from kdvfs.runtime.daemon_client import DAEMON_SOCKET_ENV, DaemonClient
 from kdvfs.runtime.types import KdvfsError
 
 HERE = Path(__file__).resolve().parent
@@ -33,19 +33,19 @@ def fake_nvml_env(calls: Path, gpu_count: int = 1) -> dict[str, str]:
         KDVFS_FAKE_NVML_CALLS=str(calls),
         KDVFS_FAKE_NVML_GPU_COUNT=str(gpu_count),
     )
-    env.pop(AGENT_SOCKET_ENV, None)
+    env.pop(DAEMON_SOCKET_ENV, None)
     return env
 
 
-class AgentProcess:
-    """`kdvfs agent` serving the fake card on tmp_path/agent.sock, leases in tmp_path/leases."""
+class DaemonProcess:
+    """`kdvfs daemon` serving the fake card on tmp_path/daemon.sock, leases in tmp_path/leases."""
 
     def __init__(self, tmp_path: Path, *args: str, gpu_count: int = 1, wait: bool = True) -> None:
-        self.socket = tmp_path / "agent.sock"
+        self.socket = tmp_path / "daemon.sock"
         self.lease_dir = tmp_path / "leases"
         self.calls_file = tmp_path / "calls.jsonl"
-        self.log = (tmp_path / "agent.log").open("a")
-        command = [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(self.socket)]
+        self.log = (tmp_path / "daemon.log").open("a")
+        command = [sys.executable, "-m", "kdvfs.cli", "daemon", "--socket", str(self.socket)]
         command += ["--lease-dir", str(self.lease_dir), *args]
         self.process = subprocess.Popen(
             command, env=fake_nvml_env(self.calls_file, gpu_count), stdout=self.log, stderr=subprocess.STDOUT
@@ -58,17 +58,17 @@ class AgentProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the agent exited with {self.process.returncode}: {self.log_text()}")
+                raise RuntimeError(f"the daemon exited with {self.process.returncode}: {self.log_text()}")
             try:
-                with AgentClient(self.socket, timeout_s=1.0) as client:
+                with DaemonClient(self.socket, timeout_s=1.0) as client:
                     client.status()
                 return
             except KdvfsError:
                 time.sleep(0.02)
-        raise RuntimeError(f"the agent did not answer within {START_TIMEOUT_S} s: {self.log_text()}")
+        raise RuntimeError(f"the daemon did not answer within {START_TIMEOUT_S} s: {self.log_text()}")
 
-    def client(self) -> AgentClient:
-        return AgentClient(self.socket)
+    def client(self) -> DaemonClient:
+        return DaemonClient(self.socket)
 
     def calls(self) -> list[dict]:
         if not self.calls_file.exists():

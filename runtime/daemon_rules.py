@@ -1,14 +1,14 @@
-"""Who may lease which GPU through the clock agent, and within which clocks.
+"""Who may lease which GPU through the clock daemon, and within which clocks.
 
-A peer is the process at the other end of the agent's socket, as the kernel reports it
+A peer is the process at the other end of the daemon's socket, as the kernel reports it
 (SO_PEERCRED: pid, uid, gid; supplementary groups from /proc/PID/status), never as the
-client says. A policy is a list of rules read from a TOML or JSON file (docs/agent.md): a
-rule names users and groups, the GPUs they may lease (default every GPU) and a floor and
-ceiling per clock (default the card's range). A lock is allowed when any rule matching the
-peer covers the GPU and both clocks. Without a file the policy is `default_policy`: root and
-the socket's group, every GPU, the card's range.
+client says. The daemon's rules are a list read from a TOML or JSON rules file
+(docs/clock-daemon.md): a rule names users and groups, the GPUs they may lease (default every
+GPU) and a floor and ceiling per clock (default the card's range). A lock is allowed when any
+rule matching the peer covers the GPU and both clocks. Without a file the rules are
+`default_rules`: root and the socket's group, every GPU, the card's range.
 
-Parts: `Peer` and `peer_of`, the file's models, `Policy` (load, allows, may_lock).
+Parts: `Peer` and `peer_of`, the file's models, `DaemonRules` (load, allows, may_lock).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class _RuleFile(BaseModel):
         return self
 
 
-class _PolicyFile(BaseModel):
+class _RulesFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     allow: list[_RuleFile]
@@ -122,28 +122,30 @@ def _within(value: int, bounds: tuple[int, int] | None) -> bool:
 
 
 @dataclass(frozen=True)
-class Policy:
+class DaemonRules:
+    """The clock daemon's access rules: who may lease which GPU within which clocks."""
+
     rules: tuple[Rule, ...]
     source: str  # the file it came from, or "default (...)"
 
     @classmethod
-    def load(cls, path: Path | str) -> Policy:
-        """A policy file, TOML (.toml) or JSON; KdvfsError naming the problem otherwise."""
+    def load(cls, path: Path | str) -> DaemonRules:
+        """A rules file, TOML (.toml) or JSON; KdvfsError naming the problem otherwise."""
         path = Path(path)
         try:
             text = path.read_text()
             raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-            parsed = _PolicyFile.model_validate(raw)
+            parsed = _RulesFile.model_validate(raw)
         except OSError as exc:
-            raise KdvfsError(f"policy file {path}: cannot read it ({exc.strerror})") from None
+            raise KdvfsError(f"rules file {path}: cannot read it ({exc.strerror})") from None
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise KdvfsError(
-                f"policy file {path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({exc})"
+                f"rules file {path}: not valid {path.suffix.lstrip('.') or 'JSON'} ({exc})"
             ) from None
         except ValidationError as exc:
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(str(part) for part in first["loc"])
-            raise KdvfsError(f"policy file {path}: {where}: {first['msg']}") from None
+            raise KdvfsError(f"rules file {path}: {where}: {first['msg']}") from None
         rules = tuple(
             Rule(
                 frozenset(_uid(u, path) for u in r.users),
@@ -176,9 +178,11 @@ class Policy:
         return out
 
 
-def default_policy(socket_gid: int) -> Policy:
+def default_rules(socket_gid: int) -> DaemonRules:
     """Root and members of the socket's group may lease every GPU within the card's range."""
-    return Policy((Rule(frozenset({0}), frozenset({socket_gid})),), f"default (uid 0 and gid {socket_gid})")
+    return DaemonRules(
+        (Rule(frozenset({0}), frozenset({socket_gid})),), f"default (uid 0 and gid {socket_gid})"
+    )
 
 
 def _uid(user: str | int, path: Path) -> int:
@@ -187,7 +191,7 @@ def _uid(user: str | int, path: Path) -> int:
     try:
         return pwd.getpwnam(user).pw_uid
     except KeyError:
-        raise KdvfsError(f"policy file {path}: no user named {user!r} on this machine") from None
+        raise KdvfsError(f"rules file {path}: no user named {user!r} on this machine") from None
 
 
 def _gid(group: str | int, path: Path) -> int:
@@ -196,4 +200,4 @@ def _gid(group: str | int, path: Path) -> int:
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
-        raise KdvfsError(f"policy file {path}: no group named {group!r} on this machine") from None
+        raise KdvfsError(f"rules file {path}: no group named {group!r} on this machine") from None

@@ -1,8 +1,8 @@
-"""The clock agent (issue 19): real agent processes on a real Unix socket, the fake NVML card.
+"""The clock daemon: real daemon processes on a real Unix socket, the fake NVML card.
 
-Leases, their end on close, SIGKILL and a dead holder pid, recovery after the agent's own
-SIGKILL, the policy, malformed and hostile requests (hypothesis), dry-run, the socket's
-mode, and NvmlDevice going through the agent as an unprivileged process would.
+Leases, their end on close, SIGKILL and a dead holder pid, recovery after the daemon's own
+SIGKILL, the rules, malformed and hostile requests (hypothesis), dry-run, the socket's
+mode, and NvmlDevice going through the daemon as an unprivileged process would.
 """
 
 from __future__ import annotations
@@ -21,33 +21,33 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kdvfs.runtime import agent_client, clock_lease, nvml_device
-from kdvfs.runtime.agent import HOLDER_CHECK_PERIOD_S
-from kdvfs.runtime.agent_protocol import MAX_LINE_BYTES, ClockRange
+from kdvfs.runtime import daemon_client, nvml_device
+from kdvfs.runtime.clock_daemon import HOLDER_CHECK_PERIOD_S
+from kdvfs.runtime.daemon_protocol import MAX_LINE_BYTES, ClockRange
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError
 from tests.runtime import fake_pynvml
-from tests.runtime.agent_process import HERE, LOCK_CALLS, RESET_CALLS, AgentProcess, fake_nvml_env
+from tests.runtime.daemon_process import HERE, LOCK_CALLS, RESET_CALLS, DaemonProcess, fake_nvml_env
 
-RESET_WITHIN_S = 0.1  # the issue's target: clocks reset this soon after the holder dies
+RESET_WITHIN_S = 0.1  # the target: clocks reset this soon after the holder dies
 
 
 @pytest.fixture
-def agent(tmp_path):
-    process = AgentProcess(tmp_path)
+def daemon(tmp_path):
+    process = DaemonProcess(tmp_path)
     yield process
     process.stop()
 
 
-def write_policy(path: Path, **rule: object) -> Path:
+def write_rules(path: Path, **rule: object) -> Path:
     path.write_text(json.dumps({"allow": [rule]}))
     return path
 
 
-def start_child(agent: AgentProcess, mode: str) -> tuple[subprocess.Popen, str]:
+def start_child(daemon: DaemonProcess, mode: str) -> tuple[subprocess.Popen, str]:
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "agent_child.py"), str(agent.socket), mode],
-        env=fake_nvml_env(agent.calls_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(HERE / "daemon_child.py"), str(daemon.socket), mode],
+        env=fake_nvml_env(daemon.calls_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     line = child.stdout.readline().strip()
     assert line.startswith("locked"), child.stderr.read()
@@ -64,18 +64,18 @@ def ask_raw(sock_file, line: bytes) -> dict:
 
 
 @pytest.fixture(scope="module")
-def shared_agent(tmp_path_factory):
-    """One agent for the tests that never lock (starting one costs about 0.5 s)."""
-    process = AgentProcess(tmp_path_factory.mktemp("shared"))
+def shared_daemon(tmp_path_factory):
+    """One daemon for the tests that never lock (starting one costs about 0.5 s)."""
+    process = DaemonProcess(tmp_path_factory.mktemp("shared"))
     yield process
     process.stop()
 
 
 @pytest.fixture
-def raw(shared_agent):
+def raw(shared_daemon):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
-    sock.connect(str(shared_agent.socket))
+    sock.connect(str(shared_daemon.socket))
     rfile = sock.makefile("rb")
     yield sock, rfile
     rfile.close()
@@ -83,19 +83,19 @@ def raw(shared_agent):
 
 
 # --- leases -------------------------------------------------------------------------------------
-def test_a_lease_locks_through_nvml_and_reset_ends_it(agent):
-    with agent.client() as client:
+def test_a_lease_locks_through_nvml_and_reset_ends_it(daemon):
+    with daemon.client() as client:
         client.lock(0, ClockPair(1410, 2201))
         status = client.status()
         (gpu,) = status.gpus
         assert (gpu.leased, gpu.holder_pid, gpu.core_mhz, gpu.mem_mhz) == (True, os.getpid(), 1410, 2201)
-        (lease_path,) = agent.lease_files()
+        (lease_path,) = daemon.lease_files()
         assert json.loads(lease_path.read_text())["pid"] == os.getpid()
         client.lock(0, ClockPair(990, 3201))  # a switch: same lease, new clocks
         client.reset(0)
         status = client.status()
     assert not status.gpus[0].leased and status.resets == 1
-    assert [(c["fn"], c["args"]) for c in agent.calls()] == [
+    assert [(c["fn"], c["args"]) for c in daemon.calls()] == [
         ("nvmlDeviceSetGpuLockedClocks", [1410, 1410]),
         ("nvmlDeviceSetMemoryLockedClocks", [2201, 2201]),
         ("nvmlDeviceSetGpuLockedClocks", [990, 990]),
@@ -103,102 +103,102 @@ def test_a_lease_locks_through_nvml_and_reset_ends_it(agent):
         ("nvmlDeviceResetGpuLockedClocks", []),
         ("nvmlDeviceResetMemoryLockedClocks", []),
     ]
-    assert agent.lease_files() == []
+    assert daemon.lease_files() == []
 
 
-def test_a_second_client_is_refused_naming_the_holders_pid(agent, sigint_default):
+def test_a_second_client_is_refused_naming_the_holders_pid(daemon, sigint_default):
     holder = subprocess.Popen(
-        [sys.executable, "-m", "kdvfs.cli", "agent", "lock", "--socket", str(agent.socket),
+        [sys.executable, "-m", "kdvfs.cli", "daemon", "lock", "--socket", str(daemon.socket),
          "--gpu", "0", "--core", "1755", "--mem", "3201"],
-        env=fake_nvml_env(agent.calls_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=fake_nvml_env(daemon.calls_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout.readline().startswith("GPU 0 locked at 1755/3201 MHz"), holder.stderr.read()
-    with agent.client() as client, pytest.raises(KdvfsError, match=rf"GPU 0 is leased by pid {holder.pid}$"):
+    with daemon.client() as client, pytest.raises(KdvfsError, match=rf"GPU 0 is leased by pid {holder.pid}$"):
         client.lock(0, ClockPair(1410, 3201))
-    assert agent.fns() == LOCK_CALLS
+    assert daemon.fns() == LOCK_CALLS
     holder.send_signal(signal.SIGINT)
     assert holder.wait(timeout=10) == 0 and "GPU 0 released" in holder.stdout.read()
-    assert agent.fns() == LOCK_CALLS + RESET_CALLS
+    assert daemon.fns() == LOCK_CALLS + RESET_CALLS
 
 
-def test_closing_the_connection_ends_the_lease(agent):
-    client = agent.client()
+def test_closing_the_connection_ends_the_lease(daemon):
+    client = daemon.client()
     client.lock(0, ClockPair(1410, 3201))
     client.close()
-    assert [c["fn"] for c in agent.wait_for_calls(4)] == LOCK_CALLS + RESET_CALLS
-    with agent.client() as other:
+    assert [c["fn"] for c in daemon.wait_for_calls(4)] == LOCK_CALLS + RESET_CALLS
+    with daemon.client() as other:
         other.lock(0, ClockPair(990, 2201))  # free again
 
 
-def test_client_sigkill_resets_clocks_within_100_ms(agent):
+def test_client_sigkill_resets_clocks_within_100_ms(daemon):
     delays_s = []
     for trial in range(3):
-        child, _ = start_child(agent, "hold")
+        child, _ = start_child(daemon, "hold")
         killed_s = time.monotonic()
         child.kill()
-        calls = agent.wait_for_calls(4 * (trial + 1))
+        calls = daemon.wait_for_calls(4 * (trial + 1))
         child.wait(timeout=10)
         assert [c["fn"] for c in calls[-4:]] == LOCK_CALLS + RESET_CALLS
         delays_s.append(calls[-1]["monotonic_s"] - killed_s)
     assert max(delays_s) < RESET_WITHIN_S, delays_s
 
 
-def test_a_dead_holder_is_found_by_its_pid_while_a_forked_child_keeps_the_connection(agent):
-    child, line = start_child(agent, "fork")
+def test_a_dead_holder_is_found_by_its_pid_while_a_forked_child_keeps_the_connection(daemon):
+    child, line = start_child(daemon, "fork")
     grandchild = int(line.split()[1])
     try:
         child.wait(timeout=10)
         exited_s = time.monotonic()
-        calls = agent.wait_for_calls(4)
+        calls = daemon.wait_for_calls(4)
         assert [c["fn"] for c in calls] == LOCK_CALLS + RESET_CALLS
         assert calls[-1]["monotonic_s"] - exited_s < HOLDER_CHECK_PERIOD_S + RESET_WITHIN_S
-        with agent.client() as client:
+        with daemon.client() as client:
             assert not client.status().gpus[0].leased
     finally:
         os.kill(grandchild, signal.SIGKILL)
 
 
-def test_an_agent_killed_holding_a_lease_resets_it_when_it_starts_again(tmp_path):
-    first = AgentProcess(tmp_path)
+def test_a_daemon_killed_holding_a_lease_resets_it_when_it_starts_again(tmp_path):
+    first = DaemonProcess(tmp_path)
     client = first.client()
     client.lock(0, ClockPair(1410, 3201))
     first.kill()
     client.close()
     assert first.fns() == LOCK_CALLS and len(first.lease_files()) == 1  # nothing reset: it died
-    second = AgentProcess(tmp_path)  # answers only once it has recovered
+    second = DaemonProcess(tmp_path)  # answers only once it has recovered
     try:
         assert second.fns() == LOCK_CALLS + RESET_CALLS
         assert second.lease_files() == []
         with second.client() as client:
             assert client.status().resets == 1
-        assert "reset clocks a previous agent left locked" in second.log_text()
+        assert "reset clocks a previous daemon left locked" in second.log_text()
     finally:
         second.stop()
 
 
-def test_stopping_the_agent_resets_held_clocks_and_removes_its_socket(agent):
-    client = agent.client()
+def test_stopping_the_daemon_resets_held_clocks_and_removes_its_socket(daemon):
+    client = daemon.client()
     client.lock(0, ClockPair(1410, 3201))
-    assert agent.stop() == 0
+    assert daemon.stop() == 0
     client.close()
-    assert agent.fns() == LOCK_CALLS + RESET_CALLS
-    assert not agent.socket.exists() and agent.lease_files() == []
+    assert daemon.fns() == LOCK_CALLS + RESET_CALLS
+    assert not daemon.socket.exists() and daemon.lease_files() == []
 
 
-def test_a_second_agent_on_a_live_socket_is_one_line_and_exit_2(agent, tmp_path):
+def test_a_second_daemon_on_a_live_socket_is_one_line_and_exit_2(daemon, tmp_path):
     second = subprocess.run(
-        [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(agent.socket)],
+        [sys.executable, "-m", "kdvfs.cli", "daemon", "--socket", str(daemon.socket)],
         env=fake_nvml_env(tmp_path / "other-calls.jsonl"), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert second.returncode == 2
     assert second.stderr.splitlines()[-1] == (
-        f"kdvfs agent: error: another process already answers on {agent.socket}: stop it first"
+        f"kdvfs daemon: error: another process already answers on {daemon.socket}: stop it first"
     )
 
 
 def test_the_socket_is_0660_and_has_the_chosen_group(tmp_path):
     group = grp.getgrall()[-1]
-    process = AgentProcess(tmp_path, "--group", group.gr_name)
+    process = DaemonProcess(tmp_path, "--group", group.gr_name)
     try:
         stat = process.socket.stat()
         assert (stat.st_mode & 0o777, stat.st_gid) == (0o660, group.gr_gid)
@@ -207,7 +207,7 @@ def test_the_socket_is_0660_and_has_the_chosen_group(tmp_path):
 
 
 def test_dry_run_keeps_leases_but_makes_no_nvml_call(tmp_path):
-    process = AgentProcess(tmp_path, "--dry-run")
+    process = DaemonProcess(tmp_path, "--dry-run")
     try:
         with process.client() as client:
             assert client.hello().dry_run
@@ -221,16 +221,16 @@ def test_dry_run_keeps_leases_but_makes_no_nvml_call(tmp_path):
         process.stop()
 
 
-# --- the policy -----------------------------------------------------------------------------------
+# --- the rules -------------------------------------------------------------------------------------
 def test_a_user_outside_the_policy_may_lock_nothing_and_changes_nothing(tmp_path):
-    policy = write_policy(tmp_path / "policy.json", users=[os.getuid() + 12345])
-    process = AgentProcess(tmp_path, "--policy", str(policy))
+    rules = write_rules(tmp_path / "rules.json", users=[os.getuid() + 12345])
+    process = DaemonProcess(tmp_path, "--rules", str(rules))
     try:
         with process.client() as client:
             hello = client.hello()
             assert (hello.uid, hello.pid, hello.may_lock) == (os.getuid(), os.getpid(), [])
             with pytest.raises(
-                KdvfsError, match=rf"uid {os.getuid()} may not lease GPU 0 \(policy: {policy}\)"
+                KdvfsError, match=rf"uid {os.getuid()} may not lease GPU 0 \(rules: {rules}\)"
             ):
                 client.lock(0, ClockPair(1410, 3201))
             with pytest.raises(KdvfsError, match="not leased by this connection"):
@@ -241,10 +241,10 @@ def test_a_user_outside_the_policy_may_lock_nothing_and_changes_nothing(tmp_path
         process.stop()
 
 
-def test_the_policy_bounds_gpus_and_clocks(tmp_path):
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f"[[allow]]\nusers = [{os.getuid()}]\ngpus = [1]\ncore_mhz = [990, 1755]\n")
-    process = AgentProcess(tmp_path, "--policy", str(policy), gpu_count=2)
+def test_the_rules_bound_gpus_and_clocks(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(f"[[allow]]\nusers = [{os.getuid()}]\ngpus = [1]\ncore_mhz = [990, 1755]\n")
+    process = DaemonProcess(tmp_path, "--rules", str(rules), gpu_count=2)
     try:
         with process.client() as client:
             assert client.hello().may_lock == [ClockRange(gpu=1, core_mhz=(990, 1755), mem_mhz=(2201, 3201))]
@@ -261,26 +261,26 @@ def test_the_policy_bounds_gpus_and_clocks(tmp_path):
         process.stop()
 
 
-def test_unsupported_pairs_unknown_gpus_and_wrong_uuids_are_refused(shared_agent):
-    with shared_agent.client() as client:
+def test_unsupported_pairs_unknown_gpus_and_wrong_uuids_are_refused(shared_daemon):
+    with shared_daemon.client() as client:
         with pytest.raises(KdvfsError, match=r"GPU 0 does not support 1400/3201 MHz"):
             client.lock(0, ClockPair(1400, 3201))
         with pytest.raises(KdvfsError, match=r"no GPU with index 4 \(1 found\)"):
             client.lock(4, ClockPair(1410, 3201))
         with pytest.raises(KdvfsError, match=r"GPU 0 is GPU-fa4e.*, not GPU-other"):
             client.lock(0, ClockPair(1410, 3201), uuid="GPU-other")
-    assert shared_agent.calls() == []
+    assert shared_daemon.calls() == []
 
 
-def test_a_bad_policy_file_is_one_line_and_exit_2(tmp_path):
-    policy = write_policy(tmp_path / "policy.json", users=["root"], core_mhz=[1980, 990])
+def test_a_bad_rules_file_is_one_line_and_exit_2(tmp_path):
+    rules = write_rules(tmp_path / "rules.json", users=["root"], core_mhz=[1980, 990])
     result = subprocess.run(
-        [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(tmp_path / "s"), "--policy", str(policy)],
+        [sys.executable, "-m", "kdvfs.cli", "daemon", "--socket", str(tmp_path / "s"), "--rules", str(rules)],
         env=fake_nvml_env(tmp_path / "calls.jsonl"), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == (
-        f"kdvfs agent: error: policy file {policy}: allow.0: Value error, core_mhz: floor 1980 is above ceiling 990\n"
+        f"kdvfs daemon: error: rules file {rules}: allow.0: Value error, core_mhz: floor 1980 is above ceiling 990\n"
     )
 
 
@@ -308,11 +308,11 @@ def test_a_bad_policy_file_is_one_line_and_exit_2(tmp_path):
         (b"x" * (1 << 20) + b"\n", "line_too_long"),
     ],
 )  # fmt: skip
-def test_a_malformed_request_gets_an_error_reply_and_the_agent_keeps_serving(shared_agent, raw, line, code):
+def test_a_malformed_request_gets_an_error_reply_and_the_daemon_keeps_serving(shared_daemon, raw, line, code):
     reply = ask_raw(raw, line)
     assert (reply["ok"], reply["error"]) == (False, code) and reply["message"]
     assert ask_raw(raw, b'{"op": "status"}\n')["ok"] is True  # same connection, still served
-    assert shared_agent.calls() == [] and shared_agent.process.poll() is None
+    assert shared_daemon.calls() == [] and shared_daemon.process.poll() is None
 
 
 def test_a_line_at_the_limit_is_read_whole(raw):
@@ -339,11 +339,11 @@ _hostile_lines = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def outsider_agent(tmp_path_factory):
-    """An agent whose policy leaves out this test's uid, and one raw connection to it."""
+def outsider_daemon(tmp_path_factory):
+    """A daemon whose rules leave out this test's uid, and one raw connection to it."""
     tmp_path = tmp_path_factory.mktemp("outsider")
-    policy = write_policy(tmp_path / "policy.json", users=[os.getuid() + 12345])
-    process = AgentProcess(tmp_path, "--policy", str(policy))
+    rules = write_rules(tmp_path / "rules.json", users=[os.getuid() + 12345])
+    process = DaemonProcess(tmp_path, "--rules", str(rules))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect(str(process.socket))
@@ -359,8 +359,8 @@ FUZZ_LINES_SENT = [0]  # lines the outsider fuzz sent, for the test after it
 
 @settings(max_examples=500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=st.lists(_hostile_lines, min_size=4, max_size=12))
-def test_fuzz_an_outsider_gets_an_answer_to_every_line_and_changes_nothing(outsider_agent, lines):
-    process, raw_conn = outsider_agent
+def test_fuzz_an_outsider_gets_an_answer_to_every_line_and_changes_nothing(outsider_daemon, lines):
+    process, raw_conn = outsider_daemon
     FUZZ_LINES_SENT[0] += len(lines)
     for line in lines:
         reply = ask_raw(raw_conn, line)
@@ -372,8 +372,8 @@ def test_fuzz_an_outsider_gets_an_answer_to_every_line_and_changes_nothing(outsi
     assert process.calls_file.exists() is False and process.process.poll() is None
 
 
-def test_the_fuzz_sent_thousands_of_lines_and_the_agent_still_serves(outsider_agent):
-    process, raw_conn = outsider_agent
+def test_the_fuzz_sent_thousands_of_lines_and_the_daemon_still_serves(outsider_daemon):
+    process, raw_conn = outsider_daemon
     assert FUZZ_LINES_SENT[0] >= 2000  # 500 examples of 4 to 12 lines
     assert ask_raw(raw_conn, b'{"op": "status"}\n')["ok"] is True
     with process.client() as client:
@@ -381,13 +381,13 @@ def test_the_fuzz_sent_thousands_of_lines_and_the_agent_still_serves(outsider_ag
 
 
 @pytest.fixture(scope="module")
-def bounded_agent(tmp_path_factory):
-    """An agent that lets this uid lock GPU 0 and 1 within 990-1755 MHz core, 2201 MHz memory."""
+def bounded_daemon(tmp_path_factory):
+    """A daemon that lets this uid lock GPU 0 and 1 within 990-1755 MHz core, 2201 MHz memory."""
     tmp_path = tmp_path_factory.mktemp("bounded")
-    policy = write_policy(
-        tmp_path / "policy.json", users=[os.getuid()], gpus=[0, 1], core_mhz=[990, 1755], mem_mhz=[2201, 2201]
+    rules = write_rules(
+        tmp_path / "rules.json", users=[os.getuid()], gpus=[0, 1], core_mhz=[990, 1755], mem_mhz=[2201, 2201]
     )
-    process = AgentProcess(tmp_path, "--policy", str(policy), gpu_count=3)
+    process = DaemonProcess(tmp_path, "--rules", str(rules), gpu_count=3)
     yield process
     process.stop()
 
@@ -408,97 +408,91 @@ _lock_or_reset = st.one_of(
 
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=st.lists(_lock_or_reset, min_size=1, max_size=8))
-def test_fuzz_no_request_locks_a_clock_outside_the_policy(bounded_agent, requests):
+def test_fuzz_no_request_locks_a_clock_outside_the_policy(bounded_daemon, requests):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
-    sock.connect(str(bounded_agent.socket))
+    sock.connect(str(bounded_daemon.socket))
     with sock, sock.makefile("rb") as rfile:
         for request in requests:
             ask_raw((sock, rfile), json.dumps(request).encode() + b"\n")
-    for call in bounded_agent.calls():
+    for call in bounded_daemon.calls():
         assert call["index"] in (0, 1)
         if call["fn"] == "nvmlDeviceSetGpuLockedClocks":
             assert call["args"][0] in (990, 1410, 1755)
         if call["fn"] == "nvmlDeviceSetMemoryLockedClocks":
             assert call["args"] == [2201, 2201]
-    assert bounded_agent.process.poll() is None
+    assert bounded_daemon.process.poll() is None
 
 
-def test_after_the_fuzz_every_lease_was_given_back(bounded_agent):
+def test_after_the_fuzz_every_lease_was_given_back(bounded_daemon):
     deadline = time.monotonic() + 2.0  # the last connection's close is seen a moment later
-    with bounded_agent.client() as client:
+    with bounded_daemon.client() as client:
         status = client.status()
         while any(gpu.leased for gpu in status.gpus) and time.monotonic() < deadline:
             time.sleep(0.01)
             status = client.status()
     assert not any(gpu.leased for gpu in status.gpus)
-    fns = bounded_agent.fns()
+    fns = bounded_daemon.fns()
     assert fns.count("nvmlDeviceResetGpuLockedClocks") == status.resets
 
 
-# --- NvmlDevice through the agent ----------------------------------------------------------------
+# --- NvmlDevice through the daemon ----------------------------------------------------------------
 @pytest.fixture
-def fake_here(monkeypatch, tmp_path):
+def fake_here(monkeypatch, tmp_path, lease_registry):
     """The fake card in this process too, which is not root (as far as NvmlDevice knows)."""
     state = fake_pynvml.configure()
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
     monkeypatch.delenv(nvml_device.NVML_MODULE_ENV, raising=False)
-    monkeypatch.delenv(agent_client.AGENT_SOCKET_ENV, raising=False)
+    monkeypatch.delenv(daemon_client.DAEMON_SOCKET_ENV, raising=False)
     monkeypatch.setattr(nvml_device, "admin_privilege", lambda: (False, "not root and no CAP_SYS_ADMIN"))
-    monkeypatch.setattr(clock_lease, "_held", {})
-    monkeypatch.setattr(clock_lease, "_owner_pid", None)
-    monkeypatch.setattr(clock_lease, "_previous_handlers", {})
-    handlers = {s: signal.getsignal(s) for s in clock_lease.RESTORE_SIGNALS}
-    yield state
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+    return state
 
 
-def test_nvml_device_locks_through_the_agent_when_not_root(agent, fake_here, tmp_path):
-    with NvmlDevice(0, lease_dir=tmp_path / "own-leases", agent_socket=agent.socket) as dev:
+def test_nvml_device_locks_through_the_daemon_when_not_root(daemon, fake_here, tmp_path):
+    with NvmlDevice(0, lease_dir=tmp_path / "own-leases", daemon_socket=daemon.socket) as dev:
         allowed, why = dev.can_set_clocks()
         assert allowed and why == (
-            f"through the clock agent at {agent.socket} (core 345-1980 MHz, memory 2201-3201 MHz)"
+            f"through the clock daemon at {daemon.socket} (core 345-1980 MHz, memory 2201-3201 MHz)"
         )
         dev.set_clocks(ClockPair(1410, 3201))
         dev.set_clocks(ClockPair(1400, 2201), snap=True)
-        with agent.client() as client:
+        with daemon.client() as client:
             assert client.status().gpus[0].holder_pid == os.getpid()
         dev.reset_clocks()
         dev.set_clocks(ClockPair(990, 2201))
     assert fake_here.calls == []  # nothing from this process itself
-    assert agent.fns() == LOCK_CALLS * 2 + RESET_CALLS + LOCK_CALLS + RESET_CALLS  # close() reset
+    assert daemon.fns() == LOCK_CALLS * 2 + RESET_CALLS + LOCK_CALLS + RESET_CALLS  # close() reset
     assert not (tmp_path / "own-leases").exists()
 
 
-def test_nvml_device_finds_the_agent_named_by_the_environment(agent, fake_here, tmp_path, monkeypatch):
-    monkeypatch.setenv(agent_client.AGENT_SOCKET_ENV, str(agent.socket))
-    holder = agent.client()
+def test_nvml_device_finds_the_daemon_named_by_the_environment(daemon, fake_here, tmp_path, monkeypatch):
+    monkeypatch.setenv(daemon_client.DAEMON_SOCKET_ENV, str(daemon.socket))
+    holder = daemon.client()
     holder.lock(0, ClockPair(345, 2201))
     with NvmlDevice(0, lease_dir=tmp_path / "own") as dev:
         with pytest.raises(KdvfsError, match=rf"GPU 0 is leased by pid {os.getpid()}"):
             dev.set_clocks(ClockPair(1410, 3201))  # another connection of this process holds it
         holder.close()
-        agent.wait_for_calls(4)
+        daemon.wait_for_calls(4)
         dev.set_clocks(ClockPair(1410, 3201))
-    assert agent.fns() == LOCK_CALLS + RESET_CALLS + LOCK_CALLS + RESET_CALLS
+    assert daemon.fns() == LOCK_CALLS + RESET_CALLS + LOCK_CALLS + RESET_CALLS
 
 
-def test_nvml_device_dry_run_with_an_agent_records_and_sends_nothing(agent, fake_here, tmp_path):
-    with NvmlDevice(0, dry_run=True, lease_dir=tmp_path / "own", agent_socket=agent.socket) as dev:
+def test_nvml_device_dry_run_with_a_daemon_records_and_sends_nothing(daemon, fake_here, tmp_path):
+    with NvmlDevice(0, dry_run=True, lease_dir=tmp_path / "own", daemon_socket=daemon.socket) as dev:
         dev.set_clocks(ClockPair(1410, 3201))
         dev.reset_clocks()
         assert [fn for _, fn, _ in dev.calls] == LOCK_CALLS + RESET_CALLS
-    assert agent.calls() == [] and fake_here.calls == []
+    assert daemon.calls() == [] and fake_here.calls == []
 
 
 def test_nvml_device_refused_by_the_policy_is_one_error(tmp_path, fake_here):
-    policy = write_policy(tmp_path / "policy.json", users=[os.getuid() + 12345])
-    process = AgentProcess(tmp_path, "--policy", str(policy))
+    rules = write_rules(tmp_path / "rules.json", users=[os.getuid() + 12345])
+    process = DaemonProcess(tmp_path, "--rules", str(rules))
     try:
-        with NvmlDevice(0, lease_dir=tmp_path / "own", agent_socket=process.socket) as dev:
+        with NvmlDevice(0, lease_dir=tmp_path / "own", daemon_socket=process.socket) as dev:
             assert dev.can_set_clocks() == (
-                False, f"the clock agent at {process.socket} lets uid {os.getuid()} lock no clocks on GPU 0",
+                False, f"the clock daemon at {process.socket} lets uid {os.getuid()} lock no clocks on GPU 0",
             )  # fmt: skip
             with pytest.raises(KdvfsError, match="may not lease GPU 0") as err:
                 dev.set_clocks(ClockPair(1410, 3201))
@@ -508,39 +502,39 @@ def test_nvml_device_refused_by_the_policy_is_one_error(tmp_path, fake_here):
         process.stop()
 
 
-def test_nvml_device_without_an_agent_answering_says_so(fake_here, tmp_path):
-    with NvmlDevice(0, lease_dir=tmp_path / "own", agent_socket=tmp_path / "none.sock") as dev:
+def test_nvml_device_without_a_daemon_answering_says_so(fake_here, tmp_path):
+    with NvmlDevice(0, lease_dir=tmp_path / "own", daemon_socket=tmp_path / "none.sock") as dev:
         allowed, why = dev.can_set_clocks()
-        assert not allowed and why.startswith(f"no clock agent answers on {tmp_path / 'none.sock'}")
-        with pytest.raises(KdvfsError, match="no clock agent answers"):
+        assert not allowed and why.startswith(f"no clock daemon answers on {tmp_path / 'none.sock'}")
+        with pytest.raises(KdvfsError, match="no clock daemon answers"):
             dev.set_clocks(ClockPair(1410, 3201))
 
 
 def test_the_default_socket_is_used_only_when_not_privileged(tmp_path, monkeypatch):
-    monkeypatch.delenv(agent_client.AGENT_SOCKET_ENV, raising=False)
-    default = tmp_path / "agent.sock"
-    monkeypatch.setattr(agent_client, "DEFAULT_SOCKET", default)
-    assert agent_client.socket_for(None, lambda: False) is None  # no socket there
+    monkeypatch.delenv(daemon_client.DAEMON_SOCKET_ENV, raising=False)
+    default = tmp_path / "daemon.sock"
+    monkeypatch.setattr(daemon_client, "DEFAULT_SOCKET", default)
+    assert daemon_client.socket_for(None, lambda: False) is None  # no socket there
     default.touch()
-    assert agent_client.socket_for(None, lambda: False) == default
-    assert agent_client.socket_for(None, lambda: True) is None  # root locks itself
-    assert agent_client.socket_for("x.sock", lambda: True) == Path("x.sock")
-    monkeypatch.setenv(agent_client.AGENT_SOCKET_ENV, "/elsewhere.sock")
-    assert agent_client.socket_for(None, lambda: True) == Path("/elsewhere.sock")
+    assert daemon_client.socket_for(None, lambda: False) == default
+    assert daemon_client.socket_for(None, lambda: True) is None  # root locks itself
+    assert daemon_client.socket_for("x.sock", lambda: True) == Path("x.sock")
+    monkeypatch.setenv(daemon_client.DAEMON_SOCKET_ENV, "/elsewhere.sock")
+    assert daemon_client.socket_for(None, lambda: True) == Path("/elsewhere.sock")
 
 
 @pytest.mark.parametrize("ending", ["sigkill", "sigterm"])
-def test_a_training_process_that_dies_through_the_agent_gets_its_clocks_reset(agent, ending):
-    env = dict(fake_nvml_env(agent.calls_file), KDVFS_AGENT_SOCKET=str(agent.socket))
+def test_a_training_process_that_dies_through_the_daemon_gets_its_clocks_reset(daemon, ending):
+    env = dict(fake_nvml_env(daemon.calls_file), KDVFS_DAEMON_SOCKET=str(daemon.socket))
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "nvml_child.py"), str(agent.socket.parent / "own-leases"), "sleep"],
+        [sys.executable, str(HERE / "nvml_child.py"), str(daemon.socket.parent / "own-leases"), "sleep"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert child.stdout.readline().strip() == "locked", child.stderr.read()
     child.send_signal(signal.SIGKILL if ending == "sigkill" else signal.SIGTERM)
     child.wait(timeout=10)
-    assert [c["fn"] for c in agent.wait_for_calls(4)] == LOCK_CALLS + RESET_CALLS
-    with agent.client() as client:
+    assert [c["fn"] for c in daemon.wait_for_calls(4)] == LOCK_CALLS + RESET_CALLS
+    with daemon.client() as client:
         assert client.status().resets == 1
 
 
@@ -549,21 +543,21 @@ def test_a_socket_in_a_folder_others_may_write_is_refused(tmp_path):
     shared.mkdir()
     shared.chmod(0o1777)
     result = subprocess.run(
-        [sys.executable, "-m", "kdvfs.cli", "agent", "--socket", str(shared / "agent.sock")],
+        [sys.executable, "-m", "kdvfs.cli", "daemon", "--socket", str(shared / "daemon.sock")],
         env=fake_nvml_env(tmp_path / "calls.jsonl"), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
-        f"kdvfs agent: error: the socket's folder {shared} may be written by others (mode 1777, owner uid "
+        f"kdvfs daemon: error: the socket's folder {shared} may be written by others (mode 1777, owner uid "
         f"{os.getuid()}): use a folder only root may write, such as /run/kdvfs"
     )
-    assert not (shared / "agent.sock").exists()
+    assert not (shared / "daemon.sock").exists()
 
 
 def test_a_lease_that_cannot_be_written_locks_nothing(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    process = AgentProcess(tmp_path, "--lease-dir", str(blocker / "leases"))
+    process = DaemonProcess(tmp_path, "--lease-dir", str(blocker / "leases"))
     try:
         with process.client() as client:
             with pytest.raises(KdvfsError, match=r"cannot write clock lease in .*a-file/leases"):

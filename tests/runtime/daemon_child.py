@@ -1,6 +1,6 @@
-"""Test helper run as a subprocess: lock GPU 0 through the clock agent, then hold or fork.
+"""Test helper run as a subprocess: lock GPU 0 through the clock daemon, then hold or fork.
 
-Usage: agent_child.py SOCKET hold|fork. `hold` prints "locked" and sleeps with the lease
+Usage: daemon_child.py SOCKET hold|fork. `hold` prints "locked" and sleeps with the lease
 held. `fork` forks a child that inherits the connection and sleeps, prints "locked CHILD_PID"
 and exits at once: the connection stays open, but the lease's holder is dead.
 """
@@ -9,13 +9,13 @@ import os
 import sys
 import time
 
-from kdvfs.runtime.agent_client import AgentClient
+from kdvfs.runtime.daemon_client import DaemonClient
 from kdvfs.runtime.types import ClockPair
 
 
 def main() -> None:
     socket_path, mode = sys.argv[1], sys.argv[2]
-    client = AgentClient(socket_path)
+    client = DaemonClient(socket_path)
     client.lock(0, ClockPair(1410, 3201))
     if mode == "hold":
         print("locked", flush=True)

@@ -1,18 +1,18 @@
-"""The clock agent: a root service that locks GPU clocks for unprivileged clients (issue 19).
+"""The clock daemon: a root service that locks GPU clocks for unprivileged clients.
 
-Clients connect to a Unix socket (mode 0660, a chosen group) and speak agent_protocol.py.
-The kernel names each client (agent_policy.peer_of); the policy says what it may lock. A
+Clients connect to a Unix socket (mode 0660, a chosen group) and speak daemon_protocol.py.
+The kernel names each client (daemon_rules.peer_of); the rules say what it may lock. A
 client's first lock on a GPU takes that GPU's lease for its connection; the lease ends, and
-the agent resets the clocks, when the client asks, when its connection closes (its process
+the daemon resets the clocks, when the client asks, when its connection closes (its process
 died: the read sees it at once), or when the holder's pid is found dead (a forked child may
 keep the connection open). Leases are also written to a lease directory (clock_lease.py) so
-that an agent killed with leases held resets those GPUs when it starts again. With
-dry_run=True every Set/Reset is recorded in `calls` and none is made. docs/agent.md has the
+that a daemon killed with leases held resets those GPUs when it starts again. With
+dry_run=True every Set/Reset is recorded in `calls` and none is made. docs/clock-daemon.md has the
 design and the measured figures.
 
-Parts: `GpuSlot` (one GPU and its holder), `ClockAgent` (requests to replies, leases,
-recovery at start, the holder check), `AgentServer` (the socket, a thread per connection,
-the watch thread), `serve` (what `kdvfs agent` runs).
+Parts: `GpuSlot` (one GPU and its holder), `ClockDaemon` (requests to replies, leases,
+recovery at start, the holder check), `DaemonServer` (the socket, a thread per connection,
+the watch thread), `serve` (what `kdvfs daemon` runs).
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdvfs.runtime import agent_client, clock_lease
-from kdvfs.runtime import agent_protocol as proto
-from kdvfs.runtime.agent_policy import Peer, Policy, default_policy, peer_of
+from kdvfs.runtime import clock_lease, daemon_client
+from kdvfs.runtime import daemon_protocol as proto
+from kdvfs.runtime.daemon_rules import DaemonRules, Peer, default_rules, peer_of
 from kdvfs.runtime.nvml_device import load_nvml
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = agent_client.DEFAULT_SOCKET
+DEFAULT_SOCKET = daemon_client.DEFAULT_SOCKET
 SOCKET_MODE = 0o660  # the socket's permission bits: owner and group may connect
 HOLDER_CHECK_PERIOD_S = 0.05  # how often the holders' pids are checked for life, s
 MAX_CONNECTIONS = 64  # connections served at once; more are answered an error and closed
@@ -47,8 +47,8 @@ DRY_RUN_CALLS_KEPT = 100_000  # recorded dry-run calls kept in memory (oldest dr
 SHUTDOWN_POLL_S = 0.05  # how often the accept loop looks for a shutdown request, s
 
 
-class AgentError(Exception):
-    """A request the agent refuses: `code` for programs, the message for people."""
+class DaemonError(Exception):
+    """A request the daemon refuses: `code` for programs, the message for people."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -78,18 +78,18 @@ class GpuSlot:
         self.holder: Holder | None = None
 
 
-class ClockAgent:
+class ClockDaemon:
     """Answers requests for the GPUs NVML sees; owns their leases."""
 
-    def __init__(self, policy: Policy, *, lease_dir: Path | str, dry_run: bool = False) -> None:
-        """Open every GPU and reset the locks a killed agent left (see `recover`).
+    def __init__(self, rules: DaemonRules, *, lease_dir: Path | str, dry_run: bool = False) -> None:
+        """Open every GPU and reset the locks a killed daemon left (see `recover`).
 
         Args:
-            policy: who may lock which GPU within which clocks.
-            lease_dir: where leases are written while held (survives the agent's crash).
+            rules: who may lock which GPU within which clocks.
+            lease_dir: where leases are written while held (survives the daemon's crash).
             dry_run: record every NVML Set/Reset in `calls` instead of making it.
         """
-        self.policy = policy
+        self.rules = rules
         self.dry_run = dry_run
         self.calls: collections.deque[tuple[float, int, str, tuple[int, ...]]] = collections.deque(
             maxlen=DRY_RUN_CALLS_KEPT
@@ -102,7 +102,7 @@ class ClockAgent:
             self.slots = [self._open(i) for i in range(self._nvml.nvmlDeviceGetCount())]
         except self._nvml.NVMLError as exc:
             self._nvml.nvmlShutdown()
-            raise KdvfsError(f"clock agent: NVML could not open the GPUs ({type(exc).__name__})") from None
+            raise KdvfsError(f"clock daemon: NVML could not open the GPUs ({type(exc).__name__})") from None
         self.recover()
 
     def _open(self, index: int) -> GpuSlot:
@@ -125,10 +125,10 @@ class ClockAgent:
                     "line_too_long", f"a request line is at most {proto.MAX_LINE_BYTES} bytes"
                 )
             return self.handle(conn_id, peer, proto.parse_request(line))
-        except (proto.ProtocolError, AgentError) as exc:
+        except (proto.ProtocolError, DaemonError) as exc:
             return proto.error_reply(exc.code, str(exc))
-        except Exception as exc:  # a bug must cost one request, not the agent
-            log.exception("kdvfs agent: request from pid %d failed", peer.pid)
+        except Exception as exc:  # a bug must cost one request, not the daemon
+            log.exception("kdvfs daemon: request from pid %d failed", peer.pid)
             return proto.error_reply("internal", f"{type(exc).__name__}: {exc}")
 
     def handle(self, conn_id: int, peer: Peer, request: proto.Request) -> proto.Reply:
@@ -144,7 +144,7 @@ class ClockAgent:
         grids = {slot.index: slot.grid for slot in self.slots}
         may_lock = [
             proto.ClockRange(gpu=gpu, core_mhz=core, mem_mhz=mem)
-            for gpu, core, mem in self.policy.may_lock(peer, grids)
+            for gpu, core, mem in self.rules.may_lock(peer, grids)
         ]
         return proto.HelloReply(
             uid=peer.uid, gid=peer.gid, pid=peer.pid, dry_run=self.dry_run, may_lock=may_lock
@@ -172,23 +172,23 @@ class ClockAgent:
     def _lock(self, conn_id: int, peer: Peer, req: proto.LockRequest) -> proto.LockReply:
         slot = self._slot(req.gpu)
         if req.uuid is not None and req.uuid != slot.uuid:
-            raise AgentError("wrong_gpu", f"GPU {slot.index} is {slot.uuid}, not {req.uuid}")
-        if not self.policy.may_lease(peer, slot.index):
-            raise AgentError(
-                "denied", f"uid {peer.uid} may not lease GPU {slot.index} (policy: {self.policy.source})"
+            raise DaemonError("wrong_gpu", f"GPU {slot.index} is {slot.uuid}, not {req.uuid}")
+        if not self.rules.may_lease(peer, slot.index):
+            raise DaemonError(
+                "denied", f"uid {peer.uid} may not lease GPU {slot.index} (rules: {self.rules.source})"
             )
         pair = ClockPair(req.core_mhz, req.mem_mhz)
         if pair not in slot.grid:
-            raise AgentError("unsupported_pair", f"GPU {slot.index} does not support {pair}")
-        if not self.policy.allows(peer, slot.index, pair):
-            raise AgentError(
-                "outside_policy",
-                f"uid {peer.uid} may not lock GPU {slot.index} at {pair} (policy: {self.policy.source})",
+            raise DaemonError("unsupported_pair", f"GPU {slot.index} does not support {pair}")
+        if not self.rules.allows(peer, slot.index, pair):
+            raise DaemonError(
+                "outside_rules",
+                f"uid {peer.uid} may not lock GPU {slot.index} at {pair} (rules: {self.rules.source})",
             )
         with slot.lock:
             holder = slot.holder
             if holder is not None and holder.conn_id != conn_id:
-                raise AgentError("busy", f"GPU {slot.index} is leased by pid {holder.peer.pid}")
+                raise DaemonError("busy", f"GPU {slot.index} is leased by pid {holder.peer.pid}")
             if holder is None:
                 self._start_lease(slot, conn_id, peer, pair)
             else:
@@ -200,13 +200,13 @@ class ClockAgent:
         slot = self._slot(req.gpu)
         with slot.lock:
             if slot.holder is None or slot.holder.conn_id != conn_id:
-                raise AgentError("not_holder", f"GPU {slot.index} is not leased by this connection")
+                raise DaemonError("not_holder", f"GPU {slot.index} is not leased by this connection")
             self._end_lease(slot, "the client asked")
         return proto.ResetReply(gpu=slot.index)
 
     def _slot(self, index: int) -> GpuSlot:
         if not 0 <= index < len(self.slots):
-            raise AgentError("no_such_gpu", f"no GPU with index {index} ({len(self.slots)} found)")
+            raise DaemonError("no_such_gpu", f"no GPU with index {index} ({len(self.slots)} found)")
         return self.slots[index]
 
     # --- leases (the slot's lock held) -------------------------------------------------------
@@ -224,15 +224,15 @@ class ClockAgent:
             try:
                 self._leases.write(lease)
             except KdvfsError as exc:  # no lease on disk, no lock: a crash could not reset it
-                raise AgentError("lease_file", str(exc)) from None
+                raise DaemonError("lease_file", str(exc)) from None
         try:
             self._set_clocks(slot, pair)
-        except AgentError:
+        except DaemonError:
             self._reset_clocks(slot, slot.lock_kinds)
             self._leases.remove(slot.uuid)
             raise
         slot.holder = Holder(conn_id, peer, lease, pair)
-        log.info("kdvfs agent: GPU %d leased by pid %d (uid %d) at %s", slot.index, peer.pid, peer.uid, pair)
+        log.info("kdvfs daemon: GPU %d leased by pid %d (uid %d) at %s", slot.index, peer.pid, peer.uid, pair)
 
     def _end_lease(self, slot: GpuSlot, why: str) -> None:
         holder = slot.holder
@@ -244,7 +244,7 @@ class ClockAgent:
             self._count_reset()
         self._leases.remove(slot.uuid)
         log.info(
-            "kdvfs agent: GPU %d: lease of pid %d ended (%s); clocks reset", slot.index, holder.peer.pid, why
+            "kdvfs daemon: GPU %d: lease of pid %d ended (%s); clocks reset", slot.index, holder.peer.pid, why
         )
 
     def release_connection(self, conn_id: int, why: str = "connection closed") -> None:
@@ -269,41 +269,43 @@ class ClockAgent:
         for slot in self.slots:
             with slot.lock:
                 if slot.holder is not None:
-                    self._end_lease_logged(slot, "the agent stops")
+                    self._end_lease_logged(slot, "the daemon stops")
 
     def _end_lease_logged(self, slot: GpuSlot, why: str) -> None:
         try:
             self._end_lease(slot, why)
-        except AgentError as exc:  # the lease file stays: the next start tries again
-            log.error("kdvfs agent: GPU %d: could not reset clocks (%s): %s", slot.index, why, exc)
+        except DaemonError as exc:  # the lease file stays: the next start tries again
+            log.error("kdvfs daemon: GPU %d: could not reset clocks (%s): %s", slot.index, why, exc)
 
     def recover(self) -> None:
-        """Reset the GPUs whose lease a killed agent left, and remove those leases
+        """Reset the GPUs whose lease a killed daemon left, and remove those leases
         (dry-run: record the resets, leave the leases, warn)."""
         for slot in self.slots:
             try:
                 lease = self._leases.read(slot.uuid)
                 locks = None if lease is None else lease.locks
             except KdvfsError as exc:  # half a file: reset everything it could have locked
-                log.warning("kdvfs agent: %s", exc)
+                log.warning("kdvfs daemon: %s", exc)
                 locks = slot.lock_kinds
             if locks is None:
                 continue
             try:
                 self._reset_clocks(slot, locks)
-            except AgentError as exc:
+            except DaemonError as exc:
                 log.error(
-                    "kdvfs agent: GPU %d: left locked by a previous agent, reset failed: %s", slot.index, exc
+                    "kdvfs daemon: GPU %d: left locked by a previous daemon, reset failed: %s",
+                    slot.index,
+                    exc,
                 )
                 continue
             self._count_reset()
             if self.dry_run:
                 log.warning(
-                    "kdvfs agent: GPU %d: a previous agent's lease is left as it is (dry-run)", slot.index
+                    "kdvfs daemon: GPU %d: a previous daemon's lease is left as it is (dry-run)", slot.index
                 )
                 continue
             self._leases.remove(slot.uuid)
-            log.warning("kdvfs agent: GPU %d: reset clocks a previous agent left locked", slot.index)
+            log.warning("kdvfs daemon: GPU %d: reset clocks a previous daemon left locked", slot.index)
 
     def close(self) -> None:
         """End every lease (clocks reset) and shut NVML down."""
@@ -318,7 +320,7 @@ class ClockAgent:
 
     def _reset_clocks(self, slot: GpuSlot, kinds: tuple[str, ...]) -> None:
         """Reset every lock kind, even when one reset fails (the first failure is raised)."""
-        failure: AgentError | None = None
+        failure: DaemonError | None = None
         for kind, fn_name in (
             ("gpu", "nvmlDeviceResetGpuLockedClocks"),
             ("mem", "nvmlDeviceResetMemoryLockedClocks"),
@@ -326,7 +328,7 @@ class ClockAgent:
             if kind in kinds:
                 try:
                     self._call(slot, fn_name, ())
-                except AgentError as exc:
+                except DaemonError as exc:
                     failure = failure or exc
         if failure is not None:
             raise failure
@@ -340,7 +342,7 @@ class ClockAgent:
         try:
             getattr(nvml, fn_name)(slot.handle, *args)
         except nvml.NVMLError as exc:
-            raise AgentError("nvml_error", f"GPU {slot.index}: {fn_name}{args} failed: {exc}") from None
+            raise DaemonError("nvml_error", f"GPU {slot.index}: {fn_name}{args} failed: {exc}") from None
 
     def _count_reset(self) -> None:
         with self._count_lock:
@@ -351,21 +353,21 @@ class ClockAgent:
 class _Connection(socketserver.BaseRequestHandler):
     """One client: request lines in, replies out, until it closes; then its leases end."""
 
-    server: AgentServer
+    server: DaemonServer
 
     def handle(self) -> None:
         sock: socket.socket = self.request
-        agent = self.server.agent
+        daemon = self.server.daemon
         peer = peer_of(sock)
         conn_id = self.server.register(sock)
         try:
             with sock.makefile("rb") as rfile:
                 for line in _request_lines(rfile):
-                    sock.sendall(proto.encode(agent.answer(conn_id, peer, line)))
+                    sock.sendall(proto.encode(daemon.answer(conn_id, peer, line)))
         except OSError:
             pass  # the client went away mid-reply: same as a close
         finally:
-            agent.release_connection(conn_id)
+            daemon.release_connection(conn_id)
             self.server.unregister(conn_id)
 
 
@@ -384,23 +386,23 @@ def _request_lines(rfile):
             yield line
 
 
-class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """The agent's listening socket: a thread per connection, and a thread that ends the
+class DaemonServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The daemon's listening socket: a thread per connection, and a thread that ends the
     leases of holders whose process is gone."""
 
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, agent: ClockAgent, socket_path: Path | str, *, gid: int | None = None) -> None:
+    def __init__(self, daemon: ClockDaemon, socket_path: Path | str, *, gid: int | None = None) -> None:
         """Bind `socket_path` (mode SOCKET_MODE, group `gid`) and start the holder watch.
 
         Args:
-            agent: the agent whose requests this socket serves.
+            daemon: the daemon whose requests this socket serves.
             socket_path: the Unix socket's path; a stale socket there is replaced, a live one
-                (another agent answers) is a KdvfsError.
-            gid: the socket's group (None: the agent's own group).
+                (another daemon answers) is a KdvfsError.
+            gid: the socket's group (None: the daemon's own group).
         """
-        self.agent = agent
+        self.daemon = daemon
         self.socket_path = Path(socket_path)
         self._gid = os.getegid() if gid is None else gid
         self._conns: dict[int, socket.socket] = {}
@@ -410,7 +412,7 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self._serving = False
         _refuse_live_socket(self.socket_path)
         super().__init__(str(self.socket_path), _Connection)
-        self._watch = threading.Thread(target=self._watch_holders, name="kdvfs-agent-watch", daemon=True)
+        self._watch = threading.Thread(target=self._watch_holders, name="kdvfs-daemon-watch", daemon=True)
         self._watch.start()
 
     def server_bind(self) -> None:
@@ -435,7 +437,7 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             if len(self._conns) < MAX_CONNECTIONS:
                 return True
         message = proto.error_reply(
-            "too_many_connections", f"the agent serves {MAX_CONNECTIONS} connections at most"
+            "too_many_connections", f"the daemon serves {MAX_CONNECTIONS} connections at most"
         )
         with contextlib.suppress(OSError):
             request.sendall(proto.encode(message))
@@ -453,7 +455,7 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def _watch_holders(self) -> None:
         while not self._stop.wait(HOLDER_CHECK_PERIOD_S):
-            for conn_id in self.agent.release_dead_holders():
+            for conn_id in self.daemon.release_dead_holders():
                 with self._conns_lock:
                     sock = self._conns.get(conn_id)
                 if sock is not None:
@@ -466,12 +468,12 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         if self._serving:
             self.shutdown()
         self.server_close()
-        self.agent.close()
+        self.daemon.close()
         self.socket_path.unlink(missing_ok=True)
 
 
 def _refuse_shared_folder(folder: Path) -> None:
-    """The socket's folder must be writable by its owner (root, or this agent's user) only:
+    """The socket's folder must be writable by its owner (root, or this daemon's user) only:
     where others may write, they could swap the socket for a link before its chown/chmod."""
     stat = folder.stat()
     if stat.st_uid not in (0, os.geteuid()) or stat.st_mode & 0o022:
@@ -482,7 +484,7 @@ def _refuse_shared_folder(folder: Path) -> None:
 
 
 def _refuse_live_socket(path: Path) -> None:
-    """Remove a stale socket at `path`; a KdvfsError when an agent answers there."""
+    """Remove a stale socket at `path`; a KdvfsError when a daemon answers there."""
     if not path.exists() and not path.is_symlink():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -509,33 +511,35 @@ def group_id(group: str | int | None) -> int | None:
 def serve(
     socket_path: Path | str = DEFAULT_SOCKET,
     *,
-    policy_path: Path | str | None = None,
+    rules_path: Path | str | None = None,
     group: str | int | None = None,
     lease_dir: Path | str | None = None,
     dry_run: bool = False,
 ) -> None:
-    """Run the agent until SIGTERM or SIGINT; then end every lease and remove the socket."""
+    """Run the daemon until SIGTERM or SIGINT; then end every lease and remove the socket."""
     socket_path = Path(socket_path)
     gid = group_id(group)
-    policy = Policy.load(policy_path) if policy_path else default_policy(os.getegid() if gid is None else gid)
-    agent = ClockAgent(policy, lease_dir=lease_dir or socket_path.parent / "leases", dry_run=dry_run)
+    rules = (
+        DaemonRules.load(rules_path) if rules_path else default_rules(os.getegid() if gid is None else gid)
+    )
+    daemon = ClockDaemon(rules, lease_dir=lease_dir or socket_path.parent / "leases", dry_run=dry_run)
     try:
-        server = AgentServer(agent, socket_path, gid=gid)
+        server = DaemonServer(daemon, socket_path, gid=gid)
     except BaseException:
-        agent.close()
+        daemon.close()
         raise
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     thread = threading.Thread(
-        target=server.serve_forever, args=(SHUTDOWN_POLL_S,), name="kdvfs-agent", daemon=True
+        target=server.serve_forever, args=(SHUTDOWN_POLL_S,), name="kdvfs-daemon", daemon=True
     )
     thread.start()
     log.warning(
-        "kdvfs agent: serving %d GPU(s) on %s (policy: %s%s)",
-        len(agent.slots),
+        "kdvfs daemon: serving %d GPU(s) on %s (rules: %s%s)",
+        len(daemon.slots),
         socket_path,
-        policy.source,
+        rules.source,
         "; dry-run: NVML calls are recorded, not made" if dry_run else "",
     )
     try:

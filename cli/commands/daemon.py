@@ -1,10 +1,10 @@
-"""`kdvfs agent`: the privileged clock agent, and two clients of it (docs/agent.md).
+"""`kdvfs daemon`: the privileged clock daemon, and two clients of it (docs/clock-daemon.md).
 
-    kdvfs agent [serve] --socket PATH [--policy FILE] [--group G] [--lease-dir DIR] [--dry-run]
-    kdvfs agent status --socket PATH [--json [PATH]]
-    kdvfs agent lock --socket PATH --gpu N --core MHZ --mem MHZ
+    kdvfs daemon [serve] --socket PATH [--rules FILE] [--group G] [--lease-dir DIR] [--dry-run]
+    kdvfs daemon status --socket PATH [--json [PATH]]
+    kdvfs daemon lock --socket PATH --gpu N --core MHZ --mem MHZ
 
-`serve` (the default) runs the agent as root until SIGTERM/SIGINT; `status` prints every
+`serve` (the default) runs the daemon as root until SIGTERM/SIGINT; `status` prints every
 GPU's lease; `lock` holds a lease until it is interrupted (an operator's tool, and a test
 client). The runtime modules are imported inside run(), so `kdvfs --help` stays quick.
 """
@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-DEFAULT_SOCKET = "/run/kdvfs/agent.sock"  # kept equal to agent_client.DEFAULT_SOCKET (tested)
+DEFAULT_SOCKET = "/run/kdvfs/daemon.sock"  # kept equal to daemon_client.DEFAULT_SOCKET (tested)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--socket", type=Path, default=Path(DEFAULT_SOCKET), help="default %(default)s")
     parser.add_argument(
-        "--policy", type=Path, help="serve: TOML or JSON policy (default: root and the socket's group)"
+        "--rules", type=Path, help="serve: TOML or JSON rules file (default: root and the socket's group)"
     )
-    parser.add_argument("--group", help="serve: the socket's group, a name or gid (default: the agent's)")
+    parser.add_argument("--group", help="serve: the socket's group, a name or gid (default: the daemon's)")
     parser.add_argument(
         "--lease-dir", type=Path, help="serve: lease directory (default: SOCKET's folder/leases)"
     )
@@ -58,19 +58,19 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    from kdvfs.runtime import agent
+    from kdvfs.runtime import clock_daemon
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    agent.serve(
-        args.socket, policy_path=args.policy, group=args.group, lease_dir=args.lease_dir, dry_run=args.dry_run
+    clock_daemon.serve(
+        args.socket, rules_path=args.rules, group=args.group, lease_dir=args.lease_dir, dry_run=args.dry_run
     )
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from kdvfs.runtime.agent_client import AgentClient
+    from kdvfs.runtime.daemon_client import DaemonClient
 
-    with AgentClient(args.socket) as client:
+    with DaemonClient(args.socket) as client:
         status = client.status()
     payload = {
         "gpus": [
@@ -87,19 +87,19 @@ def _status(args: argparse.Namespace) -> int:
     for gpu in status.gpus:
         held = f"leased by pid {gpu.holder_pid} at {gpu.core_mhz}/{gpu.mem_mhz} MHz" if gpu.leased else "free"
         print(f"GPU {gpu.index} ({gpu.uuid}): {held}")
-    print(f"resets since the agent started: {status.resets}{' (dry-run)' if status.dry_run else ''}")
+    print(f"resets since the daemon started: {status.resets}{' (dry-run)' if status.dry_run else ''}")
     return 0
 
 
 def _lock(args: argparse.Namespace) -> int:
-    from kdvfs.runtime.agent_client import AgentClient
+    from kdvfs.runtime.daemon_client import DaemonClient
     from kdvfs.runtime.types import ClockPair, KdvfsError
 
     missing = [f"--{name}" for name in ("gpu", "core", "mem") if getattr(args, name) is None]
     if missing:
-        raise KdvfsError(f"agent lock needs {', '.join(missing)}")
+        raise KdvfsError(f"daemon lock needs {', '.join(missing)}")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM releases like Ctrl-C
-    with AgentClient(args.socket) as client:
+    with DaemonClient(args.socket) as client:
         pair = ClockPair(args.core, args.mem)
         client.lock(args.gpu, pair)
         try:  # an interrupt right after the lock is a release too

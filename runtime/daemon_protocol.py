@@ -1,7 +1,7 @@
-"""The clock agent's wire protocol: JSON lines over a Unix stream socket, checked by pydantic.
+"""The clock daemon's wire protocol: JSON lines over a Unix stream socket, checked by pydantic.
 
 One request per line, one reply per line, in order, on a connection that lives as long as
-the client's leases (docs/agent.md). Requests are a union on "op": `hello` (who the agent
+the client's leases (docs/clock-daemon.md). Requests are a union on "op": `hello` (who the daemon
 sees and what it may do), `status`, `lock` and `reset`; every field is strict and bounded,
 unknown fields are refused. Replies carry "ok"; an error reply names a code and says why.
 
@@ -31,13 +31,13 @@ class _Request(BaseModel):
 
 
 class HelloRequest(_Request):
-    """Who is asking (as the agent sees it) and what that peer may do."""
+    """Who is asking (as the daemon sees it) and what that peer may do."""
 
     op: Literal["hello"]
 
 
 class StatusRequest(_Request):
-    """Every GPU's lease and clocks, and how many leases the agent has reset."""
+    """Every GPU's lease and clocks, and how many leases the daemon has reset."""
 
     op: Literal["status"]
 
@@ -151,7 +151,7 @@ def encode(reply: Reply) -> bytes:
 
 
 def decode_reply(line: bytes, model: type[_Reply]) -> Any:
-    """A reply line as `model`, or as ErrorReply when the agent answered an error
+    """A reply line as `model`, or as ErrorReply when the daemon answered an error
     (pydantic's ValidationError, a ValueError, for anything else)."""
     return _reply_adapter(model).validate_json(line)
 
