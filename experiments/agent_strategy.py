@@ -1,4 +1,4 @@
-"""The learning agent (issue 16) against BoTorch and the bandits, in `kdvfs compare`'s table.
+"""The learning agent against BoTorch and the bandits, in `kdvfs compare`'s table.
 
     python -m kdvfs.experiments.agent_strategy --device sim:rtx3080ti --seeds 5
 

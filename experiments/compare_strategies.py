@@ -1,4 +1,4 @@
-"""Search strategies against the full sweep: the comparison of issue 3, top to bottom.
+"""Search strategies against the full sweep: the comparison, top to bottom.
 
     python -m kdvfs.experiments.compare_strategies --device sim:rtx3080ti --seeds 5 --out results/compare-rtx3080ti
 

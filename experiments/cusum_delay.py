@@ -1,4 +1,4 @@
-"""Detection delay of the drift watch's CUSUM, with and without confirmation (issue 6).
+"""Detection delay of the drift watch's CUSUM, with and without confirmation.
 
 One stream of Gaussian residuals (sd 1%) learns its baseline over 200 windows, then shifts
 by `shift` s.d.; the windows until drift.DriftMonitor reports it are counted, per seed. With

@@ -1,4 +1,4 @@
-"""The peers' figure of docs/benchmarks.md (issue 18): rows of `kdvfs compare --peers --json`
+"""The peers' figure of docs/benchmarks.md (docs/peers.png): rows of `kdvfs compare --peers --json`
 in one plot, saved as PNG and logged to MLflow; prints the rows as JSON.
 
     python -m kdvfs.experiments.peers_figure ROW.json ... --out docs/peers.png [--mlflow-uri URI]

@@ -1,4 +1,4 @@
-"""Do pooled data-parallel ranks tune sooner (issue 20)? One rank against n pooled ranks.
+"""Do pooled data-parallel ranks tune sooner? One rank against n pooled ranks.
 
     python -m kdvfs.experiments.rank_pooling --device sim:rtx3080ti --workload gpt3-xl-layer
 

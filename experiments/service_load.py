@@ -1,4 +1,4 @@
-"""The tuning service under load (issue 20): simulated ranks asking and telling, and its faults.
+"""The tuning service under load: simulated ranks asking and telling, and its faults.
 
     python -m kdvfs.experiments.service_load [--jobs 32 --ranks-per-job 8] [--seconds 30] [--think-s 1]
     python -m kdvfs.experiments.service_load --fault kill        # SIGKILL under load, then restart

@@ -1,4 +1,4 @@
-"""Does sharing through the service pay (issue 20)? Two jobs of one workload, one after the other.
+"""Does sharing through the service pay? Two jobs of one workload, one after the other.
 
     python -m kdvfs.experiments.service_sharing --device sim:rtx3080ti --workload gpt3-xl-layer
 

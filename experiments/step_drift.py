@@ -1,14 +1,15 @@
-"""Drift scenarios on the step-driven tuner, timed in seconds of training (issue 14), over seeds.
+"""Drift scenarios on the step-driven tuner, timed in seconds of training, over seeds.
 
     python -m kdvfs.experiments.step_drift --device sim:h200 --workload gpt3-xl-layer --scenario power-cap
 
-Each seed runs tuner/scenarios.py's run_scenario (the same code as `kdvfs compare --scenario`):
+Each seed runs tuner/scenarios.py's run_scenario (the same code as `kdvfs scenario`):
 a simulated job trains under the tuner (prior: the card's own model) until settled with its
 drift watch ready (or --at-s), the scenario changes the card or the kernels in place, training
 goes on for --after-s. Reported per seed, in training seconds after the change:
 detected_after_s, settled_after_s (the card's new stock settled: the tuner left Retuning),
 recovered_after_s (the plan >= 95% of the new conditions' realisable oracle, to the end),
-against the issue's targets; a summary of the worst seed. Prints JSON.
+against the targets of tuner/scenarios.py (DETECT_TARGET_S, DETECT_TARGET_TAUS,
+RECOVER_EXTRA_S); a summary of the worst seed. Prints JSON.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step-driven tuner on a simulated training job (issue 14), cold starts over seeds.
+"""The step-driven tuner on a simulated training job, cold starts over seeds.
 
     python -m kdvfs.experiments.step_tuning --device sim:rtx3080ti --workload gpt3-xl-layer
 

@@ -1,4 +1,4 @@
-"""Timed-run noise of a simulated card, as a tuner measuring in training sees it (issue 13).
+"""Timed-run noise of a simulated card, as a tuner measuring in training sees it.
 
 Two figures, beside the real H200's (../shared/data/h200-window-noise/README.md: 0.15% for
 the mean step time over 1 s):

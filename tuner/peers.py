@@ -11,7 +11,7 @@ true energy and clock (run_peers). The peers:
 - `paper-sweep`: the founding paper's offline sweep and its per-kernel plan (run_paper_sweep).
 Once a peer has settled, the rest of the run is fast-forwarded under what it settled on
 (_hold): chunks of HOLD_CHUNK_S after a thermal settling in SETTLE_CHUNK_S chunks.
-Findings: docs/benchmarks.md#peers-issue-18
+Findings: docs/benchmarks.md#peers
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gpu-swap: another job of the fleet has tuned the new card and left its plan in the store",
     )
     peers = parser.add_argument_group(
-        "peers (issue 18): kdvfs against Zeus, EnvPipe and the paper's sweep, whole runs on one simulated card"
+        "peers: kdvfs against Zeus, EnvPipe and the paper's sweep, whole runs on one simulated card"
     )
     peers.add_argument(
         "--peers",

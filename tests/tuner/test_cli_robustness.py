@@ -264,7 +264,7 @@ def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
     monkeypatch.chdir(tmp_path)
     _terminate_on_call(monkeypatch, owner, name)
     uri = sqlite_store_uri
-    # MLflow only where the issue lost the run (the last phase); Ctrl-C while tuning with
+    # MLflow only where an interrupt can lose the run (the last phase); Ctrl-C while tuning with
     # MLflow is test_tune_cli's subprocess test
     tracking = ["--mlflow-uri", uri] if phase.endswith("sweep)") else ["--no-mlflow"]
     code, _, err = run_cli(*TINY_TUNE, *tracking, "--json", "t.json", "--plan-out", "plan.json")
