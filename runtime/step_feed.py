@@ -16,7 +16,8 @@
 - `site_workload`: a workload of one segment per site, for a job whose kernels were not
   discovered (kdvfs.tune does not need them: clocks change only at sites).
 
-ClockController (torch_integration.py) builds the reports; the host clock is time.monotonic.
+ClockController (torch_integration.py) builds the reports; the host clock is time.monotonic
+(`MONOTONIC`; a `Clock` of its own makes the poller's time and waits deterministic in a test).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from kdvfs.runtime.device import Device
 from kdvfs.runtime.iteration import Schedule
@@ -46,6 +48,32 @@ GUARD_SHRINK = 0.98
 PERIOD_GAPS = 5
 
 
+class Clock(Protocol):
+    """The host time the poller stamps reads with, and its waits between them."""
+
+    def now_s(self) -> float:
+        """Host time now, s (any origin; only differences count)."""
+        ...
+
+    def wait(self, stop: threading.Event, timeout_s: float) -> bool:
+        """Wait timeout_s or until stop is set, whichever comes first; True when stop is set."""
+        ...
+
+
+class MonotonicClock:
+    """The host's monotonic clock; waits are the stop event's own."""
+
+    def now_s(self) -> float:
+        return time.monotonic()
+
+    def wait(self, stop: threading.Event, timeout_s: float) -> bool:
+        return stop.wait(timeout_s)
+
+
+#: The clock of a real training loop.
+MONOTONIC = MonotonicClock()
+
+
 class CounterPoller:
     """The energy counter's updates and the card's sensors, read on their own thread.
 
@@ -56,6 +84,7 @@ class CounterPoller:
         guard_s: how long before an expected update the poller wakes at least, s (it widens
             while updates come before the wake); None: never sleeps between updates (reads
             back to back throughout).
+        clock: the host time reads are stamped with and the waits between them.
     """
 
     def __init__(
@@ -65,8 +94,10 @@ class CounterPoller:
         poll_s: float = COUNTER_POLL_S,
         sensor_period_s: float = SENSOR_PERIOD_S,
         guard_s: float | None = UPDATE_GUARD_S,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.device = device
+        self.clock = clock
         self.poll_s = poll_s
         self.sensor_period_s = sensor_period_s
         self.guard_s = guard_s
@@ -81,23 +112,24 @@ class CounterPoller:
         self._stop = threading.Event()
         self._last_j = device.energy_j()
         self._sensors = self._read_sensors()
-        self._sensors_s = time.monotonic()
-        self._thread = threading.Thread(target=self._poll, name="kdvfs-counter", daemon=True)
+        self._sensors_s = clock.now_s()
+        self._thread = threading.Thread(target=self.run, name="kdvfs-counter", daemon=True)
 
     def start(self) -> None:
-        self._started_s = time.monotonic()
+        """Poll on a thread of its own until stop()."""
+        self._started_s = self.clock.now_s()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        self._stopped_s = self._stopped_s or time.monotonic()
+        self._stopped_s = self._stopped_s or self.clock.now_s()
 
     def figures(self) -> dict[str, float | int | None]:
         """What the polling cost and saw: reads, reads a second, the counter period it
         learnt (s), and the updates that came before a planned wake (seen late)."""
-        end_s = self._stopped_s or time.monotonic()
+        end_s = self._stopped_s or self.clock.now_s()
         seconds = end_s - self._started_s if self._started_s else 0.0
         return {
             "reads": self.reads,
@@ -125,12 +157,14 @@ class CounterPoller:
         gaps = sorted(self._gaps_s[-51:])
         return gaps[len(gaps) // 2] if len(gaps) >= PERIOD_GAPS else None
 
-    def _poll(self) -> None:
+    def run(self) -> None:
+        """Poll on the calling thread until stop() (start() runs this on a thread of its own)."""
+        self._started_s = self._started_s or self.clock.now_s()
         try:
             wake_s = seen_s = None  # the next planned wake; when the last update was seen
-            while not self._stop.wait(self._pause_s(wake_s)):
+            while not self.clock.wait(self._stop, self._pause_s(wake_s)):
                 value_j = self.device.energy_j()
-                now = time.monotonic()
+                now = self.clock.now_s()
                 self.reads += 1
                 first_after_sleep = wake_s is not None
                 wake_s = None
@@ -160,7 +194,7 @@ class CounterPoller:
         """poll_s while reading back to back, else the time to the planned wake."""
         if wake_s is None:
             return self.poll_s
-        return max(wake_s - time.monotonic(), self.poll_s)
+        return max(wake_s - self.clock.now_s(), self.poll_s)
 
     def _read_sensors(self) -> tuple[float, frozenset[str], float]:
         return (

@@ -52,12 +52,17 @@ class FakeState:
     locked_gpu_mhz: dict[int, tuple[int, int]] = field(default_factory=dict)
     locked_mem_mhz: dict[int, tuple[int, int]] = field(default_factory=dict)
     init_count: int = 0
-    start_s: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic  # the card's time, s (a test's fake clock: deterministic)
+    start_s: float | None = None  # when the counters started, on clock; None: now
     energy_period_s: float = ENERGY_UPDATE_PERIOD_S  # the counter advances this often, s
     # power (mW) at the locked (min, max) graphics and memory clocks (None: not locked);
     # None: power_mw whatever the clocks
     power_at: Callable[[tuple[int, int] | None, tuple[int, int] | None], int] | None = None
-    power_changes: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, mW from then)
+    power_changes: list[tuple[float, int]] = field(default_factory=list)  # (clock s, mW from then)
+
+    def __post_init__(self) -> None:
+        if self.start_s is None:
+            self.start_s = self.clock()
 
 
 STATE = FakeState()
@@ -195,7 +200,7 @@ def _power_mw(index: int = 0) -> int:
 
 def _power_changed(handle: Handle) -> None:
     if STATE.power_at is not None:
-        STATE.power_changes.append((time.monotonic(), _power_mw(handle.index)))
+        STATE.power_changes.append((STATE.clock(), _power_mw(handle.index)))
 
 
 def _energy_mj(at_s: float) -> float:
@@ -230,7 +235,7 @@ def nvmlDeviceGetTotalEnergyConsumption(handle: Handle) -> int:
     """mJ, advancing only every energy_period_s as on a real card."""
     _check("nvmlDeviceGetTotalEnergyConsumption")
     period_s = STATE.energy_period_s
-    ticks = int((time.monotonic() - STATE.start_s) / period_s)
+    ticks = int((STATE.clock() - STATE.start_s) / period_s)
     if STATE.power_at is None:
         return 2_760_605 + int(STATE.power_mw * ticks * period_s)
     return 2_760_605 + int(_energy_mj(STATE.start_s + ticks * period_s))
