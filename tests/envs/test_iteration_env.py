@@ -17,8 +17,8 @@ from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-REAL_TABLE = SHARED_DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
+DATA = Path(__file__).resolve().parents[2] / "data"
+REAL_TABLE = DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
 SMALL = Workload(
     "gpt3-slice", tuple(gpt3_xl_layer().kernel(n) for n in ("ln1_fwd", "qkv_fwd", "gelu_fwd", "fc_fwd"))
 )
@@ -60,7 +60,7 @@ def test_check_env_on_a_synthetic_table(toy_csv: Path) -> None:
     check_env(make(f"replay:{toy_csv}", "table").unwrapped, skip_render_check=True)
 
 
-@pytest.mark.skipif(not REAL_TABLE.exists(), reason="shared data not present")
+@pytest.mark.skipif(not REAL_TABLE.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 def test_check_env_on_the_recorded_gtx1080ti_table() -> None:
     env = make(f"replay:{REAL_TABLE}", "table", iterations_per_step=3)
     check_env(env.unwrapped, skip_render_check=True)

@@ -25,8 +25,8 @@ from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.search import run_search, search_space
 from kdvfs.tuner.step_tuner import StepTuner
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-REAL_TABLE = SHARED_DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
+DATA = Path(__file__).resolve().parents[2] / "data"
+REAL_TABLE = DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
 #: Three kernels of the layer, 40 launches each, in two passes: a 0.5-s step, so that a trial
 #: is a few steps and PPO's few hundred trials take seconds.
 LONG = Workload(
@@ -52,7 +52,7 @@ def test_check_env_passes_on_a_simulated_card() -> None:
     check_env(make(workload=LONG, **QUICK).unwrapped, skip_render_check=True)
 
 
-@pytest.mark.skipif(not REAL_TABLE.exists(), reason="shared data not present")
+@pytest.mark.skipif(not REAL_TABLE.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 def test_check_env_passes_on_the_recorded_gtx1080ti_table() -> None:
     env = make(f"replay:{REAL_TABLE}", "table", **QUICK)
     check_env(env.unwrapped, skip_render_check=True)

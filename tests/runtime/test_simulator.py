@@ -11,7 +11,7 @@ from kdvfs.runtime.simulator import SimulatedDevice, idle_power_w
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel
 from kdvfs.runtime.workloads import gpt3_xl_layer
 
-PROBE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "h200-probe" / "kernels_stock.csv"
+PROBE = Path(__file__).resolve().parents[2] / "data" / "h200-probe" / "kernels_stock.csv"
 GEMM = Kernel("gemm", flops=2 * 4096**3, bytes_moved=3 * 4096**2 * 2, tensor_core=True)
 STREAM = Kernel("stream", flops=1e6, bytes_moved=512e6)
 
@@ -58,7 +58,6 @@ def test_memory_bound_kernels_lose_little_time_at_lower_core_clock():
     assert dev.expected(STREAM, ClockPair(2100, 5001))[0] > 1.6 * t_max
 
 
-@pytest.mark.skipif(not PROBE.exists(), reason="shared probe data not present")
 def test_h200_auto_mode_matches_the_probe():
     from kdvfs.tuner.calibration import calibrate
 

@@ -9,10 +9,12 @@ import pytest
 from kdvfs.runtime.tables import load_table
 from kdvfs.runtime.types import ClockPair, KdvfsError
 
-DVFS_REAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dvfs-real"
+DVFS_REAL = Path(__file__).resolve().parents[2] / "data" / "dvfs-real"
 GTX1080TI = DVFS_REAL / "gtx1080ti-dvfs-real-Performance-Power.csv"
 RTX2070S = DVFS_REAL / "gtx2070s-dvfs-real-Performance-Power.csv"
-needs_real_data = pytest.mark.skipif(not GTX1080TI.exists(), reason="shared/data/dvfs-real not present")
+needs_real_data = pytest.mark.skipif(
+    not GTX1080TI.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)"
+)
 
 
 def write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:

@@ -13,9 +13,8 @@ from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.trace import KINDS, classify, load_trace
 from kdvfs.runtime.types import PASSES, KdvfsError
 
-PROBE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "h200-probe"
+PROBE = Path(__file__).resolve().parents[2] / "data" / "h200-probe"
 TRACE = PROBE / "gpt3xl_block_kernels.csv"
-needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared/data/h200-probe not present")
 
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
 FPROP = (
@@ -32,7 +31,6 @@ ADAM = (
 )
 
 
-@needs_trace
 def test_gpt3xl_trace_one_step_of_110_kernels() -> None:
     workload = load_trace(TRACE)
     # 111 rows per step in the file, one of them the Optimizer.step annotation (not a kernel)
@@ -45,14 +43,12 @@ def test_gpt3xl_trace_one_step_of_110_kernels() -> None:
     assert sum(k.ref_time_s for k in workload.kernels) == pytest.approx(6.69e-3, rel=0.01)
 
 
-@needs_trace
 def test_gpt3xl_trace_signature_is_stable() -> None:
     assert (
         load_trace(TRACE).signature == load_trace(TRACE).signature == "fb90e8fa228d3128"
     )  # the work is the simulated H200's for each recorded duration
 
 
-@needs_trace
 def test_gpt3xl_trace_passes_in_order() -> None:
     workload = load_trace(TRACE)
     passes = [k.pass_name for k in workload.kernels]
@@ -67,7 +63,6 @@ def test_gpt3xl_trace_passes_in_order() -> None:
     assert passes.count("optimizer") == 24
 
 
-@needs_trace
 def test_gpt3xl_trace_durations_and_work() -> None:
     with TRACE.open() as f:
         rows = list(csv.DictReader(f))

@@ -137,14 +137,13 @@ def test_botorch_beats_random_at_equal_measurements_on_a_real_table():
     from pathlib import Path
 
     csv = (
-        Path(__file__).resolve().parents[2].parent
-        / "shared"
+        Path(__file__).resolve().parents[2]
         / "data"
         / "dvfs-real"
         / "gtx1080ti-dvfs-real-Performance-Power.csv"
     )
     if not csv.exists():
-        pytest.skip("shared data not present")
+        pytest.skip("data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 
     def saving(strategy, seed):
         device = ReplayDevice(load_table(csv), seed=seed)

@@ -13,7 +13,7 @@ from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.sweep import MAX_REPLANS, evaluate, held_to_budget, pass_level_choice, run_sweep
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 GTX1080TI = DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
 
 
@@ -58,7 +58,7 @@ def test_a_tighter_budget_saves_less_and_holds(rtx_sweep):
     assert loose.slowdown <= 0.05 and loose.energy_saving > tight.energy_saving
 
 
-@pytest.mark.skipif(not GTX1080TI.exists(), reason="shared data not present")
+@pytest.mark.skipif(not GTX1080TI.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 @pytest.mark.parametrize("noise", [0.0, 0.03])
 def test_replay_sweep_plan_is_within_budget(noise):
     device = open_device(f"replay:{GTX1080TI}", seed=1, noise=noise)
