@@ -4,8 +4,9 @@
   index, lock kinds, time), written before a lock and removed when the clocks are reset;
 - `LeaseDir`: this machine's lease files, one per GPU uuid, where the next process that
   opens a GPU finds the locks of a dead owner and resets them;
-- `hold` / `let_go` / `release_all`: release callbacks run at normal exit (atexit) and on
-  `RESTORE_SIGNALS`, before the signal's previous behaviour goes on.
+- `LeaseRegistry` (`hold` / `let_go` / `release_all` on the process's registry): release
+  callbacks run at normal exit (atexit) and on `RESTORE_SIGNALS`, before the signal's
+  previous behaviour goes on.
 
 How a crash is recovered from: docs/design-runtime.md.
 """
@@ -20,7 +21,8 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -144,64 +146,128 @@ def new_lease(gpu_uuid: str, gpu_index: int, locks: tuple[str, ...]) -> Lease:
 
 
 # --- restore on exit and on signals ---------------------------------------------------------
-_lock = threading.RLock()
-_held: dict[object, Callable[[], None]] = {}
-_owner_pid: int | None = None
-_previous_handlers: dict[int, object] = {}
+class LeaseRegistry:
+    """One process's release callbacks: run at normal exit (atexit) and on RESTORE_SIGNALS,
+    before the signal's previous behaviour goes on, unless let go first.
+
+    The atexit call and the signal handlers are installed at the first hold (signal handlers
+    only from the main thread); a forked child starts with no holds of its own. `hold`,
+    `let_go` and `release_all` use the process's registry (`default_registry()`;
+    `use_registry` puts another in its place, as a test does).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._held: dict[object, Callable[[], None]] = {}
+        self._owner_pid: int | None = None
+        self._atexit = False
+        self._previous_handlers: dict[int, object] = {}
+
+    @property
+    def held(self) -> int:
+        """How many holds of this process are not yet let go."""
+        with self._lock:
+            return len(self._held) if self._owner_pid == os.getpid() else 0
+
+    def hold(self, key: object, release: Callable[[], None]) -> None:
+        """Run `release` at exit or on SIGINT/SIGTERM unless `let_go(key)` comes first.
+
+        Signal handlers can only be installed from the main thread; from another thread only
+        atexit and the stale-lease recovery protect the clocks (logged once).
+        """
+        with self._lock:
+            if self._owner_pid != os.getpid():  # first hold here, or a forked child: start afresh
+                self._held.clear()
+                self._owner_pid = os.getpid()
+                if not self._atexit:
+                    atexit.register(self.release_all)
+                    self._atexit = True
+                self._install_signal_handlers()
+            self._held[key] = release
+
+    def let_go(self, key: object) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def release_all(self) -> None:
+        """Release every hold of this process; errors are logged, never raised."""
+        with self._lock:
+            if self._owner_pid != os.getpid():
+                return
+            releases = list(self._held.items())
+            self._held.clear()
+        for _, release in releases:
+            try:
+                release()
+            except Exception as exc:
+                log.warning("kdvfs: could not restore stock clocks: %s", exc)
+
+    def close(self) -> None:
+        """Forget the holds without running them, give back the signal handlers it replaced
+        (where still its own) and drop its atexit call."""
+        with self._lock:
+            self._held.clear()
+            self._owner_pid = None
+            if self._atexit:
+                atexit.unregister(self.release_all)
+                self._atexit = False
+            if threading.current_thread() is threading.main_thread():
+                for signum, previous in self._previous_handlers.items():
+                    if signal.getsignal(signum) == self._on_signal:
+                        signal.signal(signum, previous)  # type: ignore[arg-type]
+            self._previous_handlers.clear()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("kdvfs: clocks locked from a non-main thread: no SIGINT/SIGTERM restore, only atexit")
+            return
+        for signum in RESTORE_SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous != self._on_signal:
+                self._previous_handlers[signum] = previous
+                signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """Reset clocks, then carry on as the signal would have without us."""
+        self.release_all()
+        previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt here
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+_registry = LeaseRegistry()
+
+
+def default_registry() -> LeaseRegistry:
+    """The registry hold / let_go / release_all use now."""
+    return _registry
+
+
+@contextmanager
+def use_registry(registry: LeaseRegistry) -> Iterator[LeaseRegistry]:
+    """Use `registry` for hold / let_go / release_all inside the block (a test's fresh one),
+    the previous one after it."""
+    global _registry
+    previous, _registry = _registry, registry
+    try:
+        yield registry
+    finally:
+        _registry = previous
 
 
 def hold(key: object, release: Callable[[], None]) -> None:
-    """Run `release` at exit or on SIGINT/SIGTERM unless `let_go(key)` comes first.
-
-    Signal handlers can only be installed from the main thread; from another thread only
-    atexit and the stale-lease recovery protect the clocks (logged once).
-    """
-    global _owner_pid
-    with _lock:
-        if _owner_pid != os.getpid():  # first hold here, or a forked child: start afresh
-            _held.clear()
-            _owner_pid = os.getpid()
-            atexit.register(release_all)
-            _install_signal_handlers()
-        _held[key] = release
+    """`LeaseRegistry.hold` on the registry in use."""
+    _registry.hold(key, release)
 
 
 def let_go(key: object) -> None:
-    with _lock:
-        _held.pop(key, None)
+    """`LeaseRegistry.let_go` on the registry in use."""
+    _registry.let_go(key)
 
 
 def release_all() -> None:
-    """Release every hold of this process; errors are logged, never raised."""
-    with _lock:
-        if _owner_pid != os.getpid():
-            return
-        releases = list(_held.items())
-        _held.clear()
-    for _, release in releases:
-        try:
-            release()
-        except Exception as exc:
-            log.warning("kdvfs: could not restore stock clocks: %s", exc)
-
-
-def _install_signal_handlers() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        log.warning("kdvfs: clocks locked from a non-main thread: no SIGINT/SIGTERM restore, only atexit")
-        return
-    for signum in RESTORE_SIGNALS:
-        previous = signal.getsignal(signum)
-        if previous is not _on_signal:
-            _previous_handlers[signum] = previous
-            signal.signal(signum, _on_signal)
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    """Reset clocks, then carry on as the signal would have without us."""
-    release_all()
-    previous = _previous_handlers.get(signum, signal.SIG_DFL)
-    if callable(previous):
-        previous(signum, frame)  # SIGINT's default raises KeyboardInterrupt here
-    elif previous != signal.SIG_IGN:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    """`LeaseRegistry.release_all` on the registry in use."""
+    _registry.release_all()

@@ -26,16 +26,7 @@ LOCK_CALLS = ["nvmlDeviceSetGpuLockedClocks", "nvmlDeviceSetMemoryLockedClocks"]
 RESET_CALLS = ["nvmlDeviceResetGpuLockedClocks", "nvmlDeviceResetMemoryLockedClocks"]
 
 
-@pytest.fixture(autouse=True)
-def fresh_restore_state(monkeypatch):
-    """Keep clock_lease's process-wide holds and signal handlers from leaking between tests."""
-    handlers = {s: signal.getsignal(s) for s in clock_lease.RESTORE_SIGNALS}
-    monkeypatch.setattr(clock_lease, "_held", {})
-    monkeypatch.setattr(clock_lease, "_owner_pid", None)
-    monkeypatch.setattr(clock_lease, "_previous_handlers", {})
-    yield
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+pytestmark = pytest.mark.usefixtures("lease_registry")  # each test's holds and signal handlers its own
 
 
 @pytest.fixture

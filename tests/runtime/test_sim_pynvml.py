@@ -3,11 +3,9 @@ kdvfs's NvmlDevice (not dry run) driving the simulated card through it."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
-from kdvfs.runtime import clock_lease, nvml_device, sim_pynvml
+from kdvfs.runtime import nvml_device, sim_pynvml
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.registry import open_workload
 from kdvfs.runtime.simulator import SimulatedDevice
@@ -97,15 +95,9 @@ def test_locked_clocks_take_effect_after_the_switch_latency_and_reset_to_stock(c
 
 
 @pytest.fixture
-def restore_state(monkeypatch):
-    """Keep clock_lease's process-wide holds and signal handlers from leaking between tests."""
-    handlers = {s: signal.getsignal(s) for s in clock_lease.RESTORE_SIGNALS}
-    monkeypatch.setattr(clock_lease, "_held", {})
-    monkeypatch.setattr(clock_lease, "_owner_pid", None)
-    monkeypatch.setattr(clock_lease, "_previous_handlers", {})
-    yield
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+def restore_state(lease_registry):
+    """Keep clock_lease's holds and signal handlers from leaking between tests."""
+    return lease_registry
 
 
 def test_nvml_device_drives_the_simulated_card_not_dry_run(

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from kdvfs.runtime import clock_lease, nvml_device
+from kdvfs.runtime import nvml_device
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.presets import get_preset
@@ -50,16 +50,7 @@ class LoggingDevice(SimulatedDevice):
         return super().run(kernel, launches)
 
 
-@pytest.fixture(autouse=True)
-def fresh_restore_state(monkeypatch):
-    """The controller registers with clock_lease (signal handlers): keep that per test."""
-    handlers = {s: signal.getsignal(s) for s in clock_lease.RESTORE_SIGNALS}
-    monkeypatch.setattr(clock_lease, "_held", {})
-    monkeypatch.setattr(clock_lease, "_owner_pid", None)
-    monkeypatch.setattr(clock_lease, "_previous_handlers", {})
-    yield
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+pytestmark = pytest.mark.usefixtures("lease_registry")  # the controller holds its halt there
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 import kdvfs
-from kdvfs.runtime import clock_lease, nvml_device
+from kdvfs.runtime import nvml_device
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.torch_integration import HFTrainerHooks, LightningHooks
 from kdvfs.runtime.types import ClockPair
@@ -42,18 +42,12 @@ PATIENCE_S = 20.0
 
 
 @pytest.fixture(autouse=True)
-def fake_card(monkeypatch):
-    """The fake NVML card as `pynvml`, and clock_lease's signal state per test."""
-    handlers = {s: signal.getsignal(s) for s in clock_lease.RESTORE_SIGNALS}
+def fake_card(monkeypatch, lease_registry):
+    """The fake NVML card as `pynvml`, and clock_lease's holds and signal handlers per test."""
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
     monkeypatch.delenv("KDVFS_NVML_MODULE", raising=False)
-    monkeypatch.setattr(clock_lease, "_held", {})
-    monkeypatch.setattr(clock_lease, "_owner_pid", None)
-    monkeypatch.setattr(clock_lease, "_previous_handlers", {})
     monkeypatch.setattr(nvml_device, "admin_privilege", lambda: (True, "the fake card needs no root"))
-    yield configure_card(fake_pynvml)
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
+    return configure_card(fake_pynvml)
 
 
 def tuning_of(tmp_path: Path, *, dry_run: bool = False, **options):

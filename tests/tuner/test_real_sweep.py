@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kdvfs.cli import main
-from kdvfs.runtime import clock_lease, nvml_device
+from kdvfs.runtime import nvml_device
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.op_device import OpReplayDevice
 from kdvfs.runtime.op_replay import load_ops, record_ops, save_ops
@@ -21,14 +21,11 @@ FAST = ["--window-s", "0.1", "--warmup-s", "0.3", "--reference-s", "0.6", "--pai
 
 
 @pytest.fixture
-def card(monkeypatch, tmp_path):
+def card(monkeypatch, tmp_path, lease_registry):
     """The fake NVML card as pynvml, its counter advancing every 20 ms; leases in tmp_path."""
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
     monkeypatch.delenv("KDVFS_NVML_MODULE", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setattr(clock_lease, "_held", {})
-    monkeypatch.setattr(clock_lease, "_owner_pid", None)
-    monkeypatch.setattr(clock_lease, "_previous_handlers", {})
     monkeypatch.setattr(nvml_device, "admin_privilege", lambda: (True, "the fake card needs no root"))
     return fake_pynvml.configure(energy_period_s=0.02, clock_event_reasons=0)
 
