@@ -29,8 +29,8 @@ from scipy.optimize import least_squares
 from kdvfs.runtime.presets import ATTENTION_BLOCK_BYTES, KindModel, get_preset
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import operating_point
-from kdvfs.runtime.tables import read_csv
-from kdvfs.runtime.types import Kernel
+from kdvfs.runtime.tables import read_csv, repo_data_file
+from kdvfs.runtime.types import KdvfsError, Kernel
 
 MIN_TIME_S = 5e-6  # s: the target holds kernels of 5 us or more
 FLOOR_STARTS_US = (1.0, 5.0, 20.0)  # us: starting values of the floor for the least squares
@@ -121,12 +121,21 @@ def errors(preset, kind: str, model: KindModel, rows) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ladder", type=Path, default=Path("data/h200/kernels_ladder.csv"), help="probe CSV")
+    p.add_argument(
+        "--ladder",
+        type=Path,
+        default=None,
+        help="probe CSV (default: the checkout's data/h200/kernels_ladder.csv)",
+    )
     p.add_argument("--preset", default="h200", help="simulated card the ladder was measured on")
     args = p.parse_args(argv)
 
-    preset = get_preset(args.preset)
-    by_kind = sorted(rows_by_kind(args.ladder).items())
+    try:
+        preset = get_preset(args.preset)
+        ladder = args.ladder or repo_data_file("h200/kernels_ladder.csv", "--ladder")
+        by_kind = sorted(rows_by_kind(ladder).items())
+    except KdvfsError as e:
+        p.error(str(e))
     # the card-wide constants (DRAM power, blend, L2 rate) on a grid, each kind fitted at every point
     trials = []
     for card_wide in itertools.product(MEM_W_GRID, FLOOR_BLEND_GRID, L2_STREAM_GRID):

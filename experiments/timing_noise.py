@@ -1,6 +1,6 @@
 """Timed-run noise of a simulated card, as a tuner measuring in training sees it.
 
-Two figures, beside the real H200's (../shared/data/h200-window-noise/README.md: 0.15% for
+Two figures, beside the real H200's (data/h200-window-noise/README.md: 0.15% for
 the mean step time over 1 s):
 - `step_cv_per_root_s`: a stock job's steps (runtime/steps.py SimulatedJob), their mean time
   over consecutive 1-s windows, CV across windows (relative s.d. x sqrt(1 s));

@@ -13,7 +13,7 @@ step against the mean of the two bare runs. Null test: since no clock is applied
 candidate is stock; reported are the adoptions (none may claim a saving beyond its own bound),
 the tuner's running saving (within +-0.3% of zero), and each trial's measured difference.
 Window noise: the tuner's own (energy per step over its 2-s reference windows, step time over
-1 s) beside ../shared/data/h200-window-noise/README.md; what polling the counter cost
+1 s) beside data/h200-window-noise/README.md; what polling the counter cost
 (`counter_polling`: reads a second, the period learnt). `--callbacks`: the Lightning and
 Hugging Face callbacks tuning a small block (shortened timing), a smoke run
 (`--only-callbacks`: that alone). Without a GPU

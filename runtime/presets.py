@@ -174,7 +174,7 @@ LADDER_KINDS = (
 # NVIDIA H200 SXM. mem_w, mem_base_rel: DRAM power at full streaming fitted to the ladder by
 # experiments/fit_kinds.py (350 W: a byte from DRAM costs ~75 pJ more than one L2 holds; the
 # ladder's LayerNorm and softmax over 4k rows drew ~65 pJ/B less than at 256k rows), the 35 W
-# at zero traffic kept. Clocks, cap, counter period: ../shared/data/h200-probe (nvml.json,
+# at zero traffic kept. Clocks, cap, counter period: data/h200-probe (nvml.json,
 # README.md). Rates: H200 datasheet (989 TFLOP/s dense bf16 at 1980 MHz boost -> 500k
 # FLOP/cycle; the probe's 8192^3 GEMM reached 656 TFLOP/s at ~1470 MHz -> 446k, i.e. 89%);
 # HBM3e 4.8 TB/s, the probe's copy reached 4.2 TB/s. Idle ~80 W cold at 345 MHz and ~127 W

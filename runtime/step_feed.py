@@ -10,7 +10,7 @@
   `GUARD_SHRINK` with each update seen after its wake; the sensors (temperature, throttle reasons, enforced power
   limit) every `sensor_period_s`. The controller takes the updates
   seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
-  windows close at observed updates (../shared/data/h200-window-noise/README.md: polling
+  windows close at observed updates (data/h200-window-noise/README.md: polling
   sees an update within ~2 ms; the NVML field-value timestamp is no better a clock).
 - `site_groups`: which schedule group each step site's time belongs to.
 - `site_workload`: a workload of one segment per site, for a job whose kernels were not

@@ -3,10 +3,13 @@
 Two CSV layouts load into the same `MeasurementTable`:
 - canonical: `kernel,core_mhz,mem_mhz,time_s,energy_j` (or `power_w` instead of `energy_j`),
   an optional `pass` column, and any extra numeric columns as kernel features;
-- NV-DVFS raw (../shared/data/dvfs-real, Wang & Chu, ICPADS 2018): `appName, kernel, coreF,
+- NV-DVFS raw (data/dvfs-real, Wang & Chu, ICPADS 2018): `appName, kernel, coreF,
   memF, time/ms, power/W` plus nvprof counters, recognised by those columns.
 Every bad cell raises a one-line KdvfsError naming the file, the row and the column; so does a
 value beyond physical plausibility (MAX_LAUNCH_TIME_S, MAX_POWER_W, MAX_CLOCK_MHZ).
+
+`repo_data_file` finds a recording of the source checkout's data/ folder (the default of an
+option that names a file), wherever the command runs from.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ MAX_POWER_W = 3000.0
 """Highest plausible average power of one GPU; W."""
 MAX_CLOCK_MHZ = 100_000
 """Highest plausible clock value (memory clocks are given in effective MHz); MHz."""
+REPO_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+"""The source checkout's data/ folder (recorded probes, traces and tables), found from the
+package; an installed wheel does not carry it."""
 _NVDVFS_NOT_FEATURES = frozenset(NVDVFS_COLUMNS) | {"argNo"}
 _CANONICAL_NOT_FEATURES = frozenset(CANONICAL_COLUMNS) | {"energy_j", "power_w", "pass"}
 
@@ -72,6 +78,25 @@ def read_csv(path: str | Path) -> tuple[tuple[str, ...], list[CsvRow]]:
     except (csv.Error, UnicodeDecodeError) as e:
         raise KdvfsError(f"{path}: not a readable CSV file ({e})") from None
     return tuple(h for h in header if h), rows
+
+
+def repo_data_file(relative: str, flag: str) -> Path:
+    """A file of the source checkout's data/ folder, found from the package, not from the
+    working directory: the default of an option that names a file.
+
+    Args:
+        relative: the file's path under data/, such as `h200/kernels_ladder.csv`.
+        flag: the option that names the file instead, such as `--ladder`; the error names it.
+
+    Raises:
+        KdvfsError: the file is not there (an installed wheel has no data/ folder).
+    """
+    path = REPO_DATA_DIR / relative
+    if not path.is_file():
+        raise KdvfsError(
+            f"data/{relative} is not beside this kdvfs (only a source checkout has data/): pass {flag} FILE"
+        )
+    return path
 
 
 def _unique(header: list[str]) -> list[str]:

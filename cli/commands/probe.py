@@ -7,7 +7,7 @@ the `mode` column). The graph is replayed for at least --seconds; a sampler thre
 SM and memory clocks, power and the energy counter meanwhile, and the power is the energy
 between the first and last counter updates it saw while the GPU was busy (the counter
 advances only every ~100 ms; a window closed at observed updates resolves power to ~0.3%
-in 1 s, ../shared/data/h200-window-noise). Rows go to DIR/kernels_stock.csv with the columns
+in 1 s, data/h200-window-noise). Rows go to DIR/kernels_stock.csv with the columns
 of h200-probe/kernels_stock.csv (plus window_s and mode), so `kdvfs calibrate --against`
 reads it. Clocks are never changed: the GPU is opened in dry run. Interrupted (Ctrl-C,
 SIGTERM), it writes the rows it has and exits 130.
