@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "sweep": "full sweep of every clock pair of every kernel: the baseline plan and its cost",
     "calibrate": "simulated card in auto mode against a probe of a real card",
     "compare": "search strategies against the full sweep",
+    "scenario": "the step-driven tuner through a drift scenario, against the new conditions' oracle",
+    "peers": "kdvfs against Zeus, EnvPipe and the paper's sweep: whole runs on one simulated card",
     "tune": "tune clocks inside a (simulated) training run: the step-driven tuner",
     "demo": "run the main job on the simulated GPU (what `make demo` runs)",
     "plan": "show, diff or validate a plan file",

@@ -11,7 +11,7 @@ and prints JSON (every figure labelled simulated, replayed or measured on a real
 - `record_step_trace`: a small GPT's whole training step under torch.profiler, as a trace;
 - `daemon_bench`: the clock daemon's round trip and resets (fake NVML, or a real card in dry-run);
 - `fit_kinds`: the simulator's per-kind constants fitted to a size ladder (prints JSON);
-- `peers_figure`: rows of `kdvfs compare --peers` in one figure (docs/peers.png, MLflow).
+- `peers_figure`: rows of `kdvfs peers` in one figure (docs/peers.png, MLflow).
 
 The modules are public by name (`kdvfs.experiments.step_tuning`, loaded on first use), each
 with its `main()`. Their findings: docs/benchmarks.md and docs/gpu-validation.md.

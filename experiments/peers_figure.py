@@ -1,4 +1,4 @@
-"""The peers' figure of docs/benchmarks.md (docs/peers.png): rows of `kdvfs compare --peers --json`
+"""The peers' figure of docs/benchmarks.md (docs/peers.png): rows of `kdvfs peers --json`
 in one plot, saved as PNG and logged to MLflow; prints the rows as JSON.
 
     python -m kdvfs.experiments.peers_figure ROW.json ... --out docs/peers.png [--mlflow-uri URI]
@@ -15,7 +15,7 @@ from kdvfs.tuner.plots import peers_figure
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kdvfs.experiments.peers_figure")
-    parser.add_argument("rows", nargs="+", type=Path, help="JSON documents of `kdvfs compare --peers`")
+    parser.add_argument("rows", nargs="+", type=Path, help="JSON documents of `kdvfs peers`")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--mlflow-uri", default=None, help="log the figure to this tracking URI too")
     args = parser.parse_args(argv)

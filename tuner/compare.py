@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.cli.commands._common import plan_json
+from kdvfs.extras import require_extra
 from kdvfs.policies.agent import AgentPolicy, load_agent, train_agent
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.search import SearchResult, run_search, search_space
 from kdvfs.tuner.sweep import evaluate, run_sweep
+from kdvfs.tuner.text import plan_json, run_identity
 
 #: Trials the ppo strategy is trained through kdvfs/IterationDVFS-v1 when no agent is given; trials.
 AGENT_STEPS = 256
@@ -32,6 +33,11 @@ AGENT_WINDOW_S = 0.5
 AGENT_BLOCKS = 2
 #: Training at stock measured as each training episode's reference, s.
 AGENT_REFERENCE_S = 5.0
+
+
+def require_agent() -> None:
+    """KdvfsError naming the `agent` extra unless the learning agent's libraries can be imported."""
+    require_extra("agent", ["stable_baselines3", "sb3_contrib"], "the learning agent (ppo)")
 
 
 def train_agent_on(
@@ -173,6 +179,8 @@ class Comparison:
         self.noise, self.full_grid, self.window_s = noise, full_grid, window_s
         self.tracker, self._progress, self._on_phase = tracker, progress, on_phase
         self.agent, self.agent_steps = agent, agent_steps
+        if "ppo" in strategies:
+            require_agent()
         self.agent_doc: dict[str, Any] | None = None
         self.device, self.workload = self._fresh(0)
         self.sweeps: list[dict[str, Any]] = []
@@ -189,8 +197,6 @@ class Comparison:
             self._on_phase(text)
 
     def _params(self) -> dict[str, Any]:
-        from kdvfs.cli.commands._common import run_identity
-
         return {
             "device": self.device_spec,
             "workload": self.workload_spec,
@@ -209,8 +215,6 @@ class Comparison:
             raise
 
     def _run(self) -> None:
-        from kdvfs.cli.commands._common import run_identity
-
         if self.tracker is not None:
             self._phase("opening the MLflow run")
             params = {**self._params(), "seeds": self.seeds, "strategies": ",".join(self.strategies)}
@@ -268,8 +272,6 @@ class Comparison:
         return lambda done, total: progress(f"full sweep seed {seed}", done // pairs, total // pairs, done)
 
     def _search(self, name: str, seed: int) -> None:
-        from kdvfs.cli.commands._common import run_identity
-
         device, workload = self._fresh(seed)
         if self._parent is not None:
             self._child = self.tracker.start_run(

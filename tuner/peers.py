@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kdvfs.extras import require_extra
 from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.simulator import SimulatedDevice
@@ -189,21 +190,15 @@ class _ZeusOnSimulator(contextlib.AbstractContextManager):
         sim_pynvml.unbind()
 
 
-def zeus_available() -> tuple[bool, str]:
-    """Whether the zeus package (the `peers` extra) is installed, and why not."""
-    try:
-        import zeus.optimizer.power_limit  # noqa: F401
-    except ImportError as exc:
-        return False, f"zeus is not installed (pip install kdvfs[peers]): {exc}"
-    return True, "zeus installed"
+def require_zeus() -> None:
+    """KdvfsError naming the `peers` extra unless zeus can be imported."""
+    require_extra("peers", ["zeus"], "the zeus-power-limit peer")
 
 
 def run_zeus(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
     """Zeus's GlobalPowerLimitOptimizer with MaxSlowdownConstraint(1 + budget), one epoch
     over the run, through on_epoch_begin/on_step_begin/on_step_end; once Done, its power limit held."""
-    ok, why = zeus_available()
-    if not ok:
-        raise KdvfsError(why)
+    require_zeus()
     from zeus.monitor import ZeusMonitor
     from zeus.optimizer.power_limit import Done, GlobalPowerLimitOptimizer, MaxSlowdownConstraint
 
@@ -332,19 +327,23 @@ RUNNERS: dict[str, tuple[Callable[[Loop, int, float, int], dict[str, Any]], str]
 }
 
 
-def parse_peers(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
+def check_peers(names: list[str]) -> None:
+    """KdvfsError for an empty list, an unknown peer or a peer whose extra is missing."""
+    known = ",".join(PEERS)
+    if not names:
+        raise KdvfsError(f"no peer named (known: {known})")
     bad = [n for n in names if n not in PEERS]
-    if bad or not names:
-        raise KdvfsError(f"unknown peer {bad[0] if bad else text!r} (known: {','.join(PEERS)})")
-    return names
+    if bad:
+        raise KdvfsError(f"unknown peer {bad[0]!r} (known: {known})")
+    if "zeus-power-limit" in names:
+        require_zeus()
 
 
 @contextlib.contextmanager
 def _fresh(device_spec: str, workload_spec: str, seed: int, noise: float | None) -> Iterator[Loop]:
     device = open_device(device_spec, seed=seed, noise=noise)
     if not isinstance(device, SimulatedDevice):
-        raise KdvfsError(f"--peers runs on a simulated card (sim:PRESET), not {device_spec!r}")
+        raise KdvfsError(f"the peers run on a simulated card (sim:PRESET), not {device_spec!r}")
     yield Loop(device, open_workload(workload_spec, device))
 
 
@@ -375,7 +374,11 @@ def run_peers(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Stock and each peer over `steps` steps on identically seeded cards: the JSON document's
-    `peers` part and the stock run's figures. steps None: DEFAULT_TRAINING_S at stock."""
+    `peers` part and the stock run's figures. steps None: DEFAULT_TRAINING_S at stock.
+    `progress(name)` is called as each peer starts."""
+    check_peers(names)
+    if steps is not None and steps <= 0:
+        raise KdvfsError(f"steps must be a positive whole number, not {steps}")
     with _fresh(device_spec, workload_spec, seed, noise) as loop:
         if steps is None:
             kernels = loop.workload.kernels
@@ -416,98 +419,3 @@ def run_peers(
         "stock": {"training_s": stock_s, "energy_j": stock_j},
         "peers": peers,
     }
-
-
-def run_peers_command(args: Any) -> int:
-    """`kdvfs compare --peers NAMES`: the run, its table, its plot (MLflow and --plot), --json;
-    interrupted, the JSON (marked partial) and a KILLED MLflow run, exit 130."""
-    from kdvfs.cli.commands._common import Phases, deferred_interrupts, run_identity, write_all, write_json
-
-    names = parse_peers(args.peers)
-    if args.steps is not None and args.steps <= 0:
-        raise KdvfsError(f"--steps must be a positive whole number, not {args.steps}")
-    phases, doc = Phases("compare"), None
-
-    def say(name: str) -> None:
-        phases.enter(f"running {name}")
-        print(f"running {name} ...", file=sys.stderr)
-
-    with phases.interruptible():
-        doc = run_peers(
-            args.device,
-            args.workload,
-            names,
-            budget=args.budget,
-            steps=args.steps,
-            seed=args.seed,
-            noise=args.noise,
-            progress=say,
-        )
-    with deferred_interrupts():
-        device = open_device(args.device)
-        workload = open_workload(args.workload, device)
-        if doc is None:  # the peers' figures exist only once every run is over
-            doc = {
-                "device": args.device,
-                "gpu": device.name,
-                "workload": workload.name,
-                "budget": args.budget,
-            }
-            doc.update(steps=args.steps, seed=args.seed, source="simulated", peers={})
-        phases.mark(doc)
-        fig = None if doc["partial"] else _print_peers(args, doc)
-        if not args.no_mlflow:
-            doc["mlflow"] = _log_peers(args, doc, fig, run_identity(device, workload), phases.run_status)
-            print(f"  MLflow: {doc['mlflow']}")
-    outputs = [("JSON", lambda: write_json(args.json, doc))]
-    if fig is not None and args.plot is not None:
-        outputs.insert(0, ("plot", lambda: _save_plot(fig, args.plot)))
-    return phases.exit_status(write_all(outputs))
-
-
-def _save_plot(fig, path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}", file=sys.stderr)
-
-
-def _print_peers(args: Any, doc: dict[str, Any]):
-    """Print the peers' table; the figure."""
-    from kdvfs.cli.commands._common import pct
-    from kdvfs.tuner.plots import peers_figure
-
-    print(
-        f"peers on {doc['gpu']} ({args.device}), {doc['workload']}, {doc['steps']:,} steps, budget {pct(args.budget)}, "
-        f"seed {args.seed} [simulated]; stock trains {doc['stock']['training_s'] / 3600:.2f} h"
-    )
-    print(f"  {'peer':22s} {'saving':>8s} {'slowdown':>9s} {'training h':>11s}  source")
-    for name, p in doc["peers"].items():
-        over = "  OVER BUDGET" if p["slowdown"] > args.budget else ""
-        print(
-            f"  {name:22s} {pct(p['energy_saving']):>8s} {pct(p['slowdown']):>9s} {p['training_s'] / 3600:11.2f}  {p['source']}{over}"
-        )
-        if "as_paper_ran_it" in p:
-            q = p["as_paper_ran_it"]
-            print(f"  {'  (switches ignored)':22s} {pct(q['energy_saving']):>8s} {pct(q['slowdown']):>9s}")
-    print("  (saving and slowdown against stock over the whole run, tuning included; the card's true energy)")
-    return peers_figure([doc], "kdvfs against its peers")
-
-
-def _log_peers(args: Any, doc: dict[str, Any], fig, identity: dict[str, str], status: str) -> str:
-    """One MLflow run, ended with `status`: settings and run_identity as params, run_identity
-    as tags, each peer's saving and slowdown as metrics, the plot and the document."""
-    from kdvfs.tuner.tracking import Tracker
-
-    tracker = Tracker(args.mlflow_uri, experiment="kdvfs-peers")
-    params = {k: doc[k] for k in ("device", "workload", "budget", "steps", "seed")}
-    run = tracker.start_run(f"peers-{doc['workload']}", {**params, **identity}, tags=identity)
-    if doc["peers"]:
-        run.log_metrics(
-            doc["steps"],
-            {f"{n}.{k}": float(p[k]) for n, p in doc["peers"].items() for k in ("energy_saving", "slowdown")},
-        )
-    if fig is not None:
-        run.log_figure(fig, "peers.png")
-    run.log_dict(doc, "peers.json")
-    run.end(status)
-    return run.url_or_path

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.cli.commands._common import pct, slowdown_text
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.iteration import Schedule, schedule_figures, schedule_items
 from kdvfs.runtime.types import Workload
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.session import Oracle, TuneSession, reached_after_s
+from kdvfs.tuner.text import pct, slowdown_text
 
 #: Share of the realisable oracle's saving a run's plan must reach to count as there; a fraction.
 ORACLE_SHARE = 0.95

@@ -4,9 +4,10 @@
   add_budget, add_json);
 - outputs: check_file_output / check_dir_output before any work, write_json (atomic),
   write_all (every output whatever the others do), deferred_interrupts;
-- Phases: how a command is interrupted (one line, JSON marked partial, KILLED, exit 130);
-- run_identity: the params and tags that make MLflow runs comparable;
-- wording: pct, slowdown_text, plan_json.
+- Phases: how a command is interrupted (one line, JSON marked partial, KILLED, exit 130).
+
+Wording shared with the library (pct, slowdown_text, plan_json, SOURCE_LABEL) and run_identity
+are in tuner/text.py.
 """
 
 from __future__ import annotations
@@ -22,12 +23,6 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-SOURCE_LABEL = {
-    "simulated": "simulated",
-    "replayed": "replayed from recorded data",
-    "measured": "measured on a real GPU",
-}
 
 
 def add_device_workload(parser: argparse.ArgumentParser, default_device: str = "sim:rtx3080ti") -> None:
@@ -154,21 +149,6 @@ def open_from_args(args: argparse.Namespace):
             f"{args.command} runs kernels itself: it needs a sim: or replay: device, not {args.device!r}"
         )
     return device, open_workload(args.workload, device)
-
-
-def run_identity(device, workload) -> dict[str, str]:
-    """What makes MLflow runs comparable, as params and tags of every command's runs: GPU
-    name, clock grid, source (simulated, replayed, measured), workload signature, kdvfs version."""
-    from kdvfs import __version__
-    from kdvfs.tuner.plan import describe_grid
-
-    return {
-        "gpu": device.name,
-        "clock_grid": describe_grid(device.grid),
-        "source": device.source,
-        "workload_signature": workload.signature,
-        "kdvfs_version": __version__,
-    }
 
 
 def write_json(path: Path | None, payload: dict[str, Any]) -> None:
@@ -315,18 +295,3 @@ def deferred_interrupts() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def pct(x: float) -> str:
-    """`+1.23%`; a value that rounds to zero prints as +0.00%, never -0.00%."""
-    return f"{100.0 * x if abs(x) >= 5e-5 else 0.0:+.2f}%"
-
-
-def slowdown_text(x: float) -> str:
-    """`slowdown +0.42%`, or `slowdown -0.10% (faster than stock)` for a negative one."""
-    return f"slowdown {pct(x)}" + (" (faster than stock)" if x <= -5e-5 else "")
-
-
-def plan_json(choice) -> dict[str, Any]:
-    """{kernel: [core_mhz, mem_mhz]}, or "stock" for a kernel left at the card's auto mode."""
-    return {k: "stock" if p is None else p.as_list() for k, p in choice.items()}

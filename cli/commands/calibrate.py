@@ -11,10 +11,10 @@ from kdvfs.cli.commands._common import (
     add_json,
     check_file_output,
     deferred_interrupts,
-    pct,
     write_all,
     write_json,
 )
+from kdvfs.tuner.text import pct
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kdvfs.cli.commands._common import SOURCE_LABEL, pct, slowdown_text
+from kdvfs.tuner.text import SOURCE_LABEL, pct, slowdown_text
 
 if TYPE_CHECKING:
     from kdvfs.tuner.plan import Plan

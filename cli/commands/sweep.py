@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 
 from kdvfs.cli.commands._common import (
-    SOURCE_LABEL,
     Phases,
     add_budget,
     add_device_workload,
@@ -21,14 +20,13 @@ from kdvfs.cli.commands._common import (
     deferred_interrupts,
     nonnegative_float,
     open_from_args,
-    pct,
-    plan_json,
     positive_float,
     positive_int,
     write_all,
     write_json,
 )
 from kdvfs.runtime.types import KdvfsError
+from kdvfs.tuner.text import SOURCE_LABEL, pct, plan_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,17 +17,16 @@ import sys
 from pathlib import Path
 
 from kdvfs.cli.commands._common import (
-    SOURCE_LABEL,
     add_budget,
     add_device_workload,
     add_json,
     check_dir_output,
     check_file_output,
-    pct,
     positive_float,
     write_all,
     write_json,
 )
+from kdvfs.tuner.text import SOURCE_LABEL, pct
 
 #: At most this many points of a run go to MLflow as step metrics (a point is a training second).
 METRIC_POINTS = 500
@@ -164,7 +163,7 @@ class _Tune:
         args = self.args
         if args.no_mlflow:
             return
-        from kdvfs.cli.commands._common import run_identity
+        from kdvfs.tuner.text import run_identity
         from kdvfs.tuner.tracking import Tracker
 
         identity = run_identity(self.device, self.workload)

@@ -343,8 +343,8 @@ def test_sigterm_in_any_phase_of_the_other_commands_keeps_partial_json_and_kille
             "--mlflow-uri",
             uri,
         ],
-        "scenario": ["compare", "--scenario", "power-cap", "--mlflow-uri", uri],
-        "peers": ["compare", "--peers", "envpipe-sm-stepdown", "--no-mlflow"],
+        "scenario": ["scenario", "power-cap", "--mlflow-uri", uri],
+        "peers": ["peers", "envpipe-sm-stepdown", "--no-mlflow"],
         "calibrate": ["calibrate", "--against", str(LADDER)],
     }[command]
     code, _, err = run_cli(*argv, "--json", "out.json")

@@ -1,20 +1,21 @@
 """Peers in the same run (tuner/peers.py): Zeus's own optimizer reaching its Done state on the
-simulated card, and `kdvfs compare --peers` scoring every peer against one stock run."""
+simulated card, and `kdvfs peers` scoring every peer against one stock run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
 import pytest
 
 from kdvfs.cli import main
-from kdvfs.tuner.peers import run_peers, zeus_available
+from kdvfs.tuner.peers import run_peers
 
-ZEUS, WHY_NOT = zeus_available()
+ZEUS = importlib.util.find_spec("zeus") is not None
 
 
-@pytest.mark.skipif(not ZEUS, reason=WHY_NOT)
+@pytest.mark.skipif(not ZEUS, reason="zeus is not installed (the 'peers' extra)")
 def test_zeus_power_limit_optimizer_reaches_done_on_the_simulated_card_and_holds_its_choice():
     import sys
 
@@ -31,12 +32,11 @@ def test_zeus_power_limit_optimizer_reaches_done_on_the_simulated_card_and_holds
     assert sys.modules["pynvml"] is pynvml and zeus_nvidia.pynvml is pynvml  # the real bindings are back
 
 
-def test_compare_peers_scores_every_peer_against_the_same_stock_run(tmp_path, capsys):
+def test_peers_scores_every_peer_against_the_same_stock_run(tmp_path, capsys):
     out = tmp_path / "peers.json"
     code = main(
         [
-            "compare",
-            "--peers",
+            "peers",
             "envpipe-sm-stepdown,paper-sweep",
             "--device",
             "sim:rtx3080ti",
@@ -61,7 +61,7 @@ def test_compare_peers_scores_every_peer_against_the_same_stock_run(tmp_path, ca
     assert "envpipe-sm-stepdown" in capsys.readouterr().out
 
 
-def test_compare_refuses_an_unknown_peer_with_one_line(capsys):
-    assert main(["compare", "--peers", "nope", "--no-mlflow"]) == 2
+def test_peers_refuses_an_unknown_peer_with_one_line(capsys):
+    assert main(["peers", "nope", "--no-mlflow"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown peer 'nope'" in err[0]

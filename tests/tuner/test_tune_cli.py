@@ -234,8 +234,7 @@ def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_se
 ):
     out = tmp_path / "s.json"
     argv = [
-        "compare",
-        "--scenario",
+        "scenario",
         "power-cap",
         "--device",
         "sim:rtx3080ti",
@@ -262,8 +261,7 @@ def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_se
 def test_a_gpu_swap_restarts_the_job_from_its_plan_carried_to_the_new_card(tmp_path):
     out = tmp_path / "s.json"
     argv = [
-        "compare",
-        "--scenario",
+        "scenario",
         "gpu-swap",
         "--device",
         "sim:rtx3080ti",
