@@ -264,12 +264,13 @@ def test_probe_bad_kernel_name_is_a_usage_error(tmp_path):
 
 
 def test_an_interrupted_probe_writes_the_rows_it_has_and_exits_130(fake, tmp_path, monkeypatch, capsys):
-    # no GPU here: CUDA is said to be there and measure_kernel stands in for the CUDA
-    # measurement (reaching inside for that alone); NVML is the fake card
+    # no GPU here: CUDA is said to be there (the fake card's GPU 0, by UUID) and
+    # measure_kernel stands in for the CUDA measurement; NVML is the fake card
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(probe, "_nvml_index", lambda index: index)
+    gpu0 = argparse.Namespace(uuid="fa4e0000-0000-0000-0000-000000000000")  # the fake card's GPU 0
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: gpu0)
     row = ProbeRow("x", 1, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1980, 1980, 3201, 1.0, 40, 1.0, 1.0, 1.0, "graph")
     measured = []
 
