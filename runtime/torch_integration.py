@@ -337,6 +337,16 @@ class ClockController:
         clock_lease.let_go(self)
 
     @property
+    def halted(self) -> bool:
+        """Whether halt() came: no clocks are requested any more."""
+        return self._halted
+
+    @property
+    def running(self) -> bool:
+        """Whether the controller's thread is still following the steps."""
+        return self._thread.is_alive()
+
+    @property
     def requested_clocks(self) -> bool:
         """Whether any pair was requested (so stock clocks must be restored)."""
         return any(r.pair is not None for r in self.requests)

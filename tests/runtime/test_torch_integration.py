@@ -124,8 +124,7 @@ def test_failure_in_a_step_restores_stock_and_closes(mlp, tmp_path, failure):
                 if i == 5:
                     raise failure
     assert device.clocks_in_effect() is None
-    # The controller thread must be gone after a failed step; it has no public handle.
-    assert not tuner.controller._thread.is_alive()
+    assert not tuner.controller.running  # its thread is gone after a failed step
     assert [r["step"] for r in json.loads((tmp_path / RECORDS_FILE).read_text())["steps"]] == list(range(5))
     with pytest.raises(KdvfsError, match="closed"):
         tuner.begin_step()
@@ -275,8 +274,7 @@ class ResetLoggingDevice(LoggingDevice):
         self.resets: list[bool] = []  # was the controller halted when the clocks were reset?
 
     def reset_clocks(self) -> None:
-        # the halt flag is the controller's own safety state, read here to check the order
-        self.resets.append(self.controller._halted)
+        self.resets.append(self.controller.halted)
         super().reset_clocks()
 
 
@@ -303,7 +301,7 @@ def test_sigint_halts_the_controller_then_restores_stock(mlp):
                     try:
                         os.kill(os.getpid(), signal.SIGINT)  # clock_lease's handler, then KeyboardInterrupt
                     except KeyboardInterrupt:
-                        halted_when_interrupted.append(tuner.controller._halted)
+                        halted_when_interrupted.append(tuner.controller.halted)
                         raise
     assert halted_when_interrupted == [True]  # the signal handler halted it, before the trainer closed
     assert device.resets == [True]
