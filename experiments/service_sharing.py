@@ -28,8 +28,8 @@ from pathlib import Path
 from kdvfs.experiments.service_load import Service, _free_port
 from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.service.client import ServiceClient, ServicePlanStore, service_policy, store_plan
 from kdvfs.tuner.report import tune_report
-from kdvfs.tuner.service.client import ServiceClient, ServicePlanStore, service_policy, store_plan
 from kdvfs.tuner.session import Prior, TuneSession, choose_prior, reached_after_s
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.sweep import realisable, run_sweep

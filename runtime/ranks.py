@@ -15,7 +15,7 @@ step and every rank decides on the same pooled figures, so the decisions are ide
   counted in their step's last group); its `pool(rank)` is each
   rank's RankPool. For the benchmark (experiments/rank_pooling.py) and the tests.
 - Elsewhere: `TorchRankPool` (runtime/distributed.py, torch.distributed's all_gather_object)
-  and `ServiceRankPool` (tuner/service/client.py, through `kdvfs serve`).
+  and `ServiceRankPool` (service/client.py, through `kdvfs serve`).
 
 Design and figures: docs/service.md ("Ranks pooled").
 """

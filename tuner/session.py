@@ -184,7 +184,7 @@ class TuneSession:
             limit the card then reports; None: the tuner verifies the plan before instead.
         sites: kernel indices where the job can switch clocks (job_sites); None: the step
             and each pass.
-        policy: the search strategy itself (a ServicePolicy: the service's, tuner/service/
+        policy: the search strategy itself (a ServicePolicy: the service's, service/
             client.py); None: the tuner makes `strategy` itself.
     """
 

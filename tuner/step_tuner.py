@@ -250,7 +250,7 @@ class StepTuner:
             conditions from the report then (its power limit), verified first in place of the
             plan before; None, or it answering None: the plan before is verified.
         policy: the strategy itself, made elsewhere (the service's client,
-            tuner/service/client.py); None: made here from strategy, seed and policy_options.
+            service/client.py); None: made here from strategy, seed and policy_options.
         timing: how long the reference, trials, verifications and watch windows run
             (StepTiming); None: StepTiming.for_ranks of the pool's ranks.
         proven_prior: the prior is a plan that jobs before proved in training (a stored

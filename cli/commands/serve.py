@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from kdvfs.tuner.service.app import RATE_BURST, RATE_PER_S, ServiceConfig, create_app, load_tokens
-    from kdvfs.tuner.service.store import StorageError
+    from kdvfs.service.app import RATE_BURST, RATE_PER_S, ServiceConfig, create_app, load_tokens
+    from kdvfs.service.store import StorageError
 
     tokens = load_tokens(args.token_file) if args.token_file is not None else None
     rate = RATE_PER_S if args.rate is None else args.rate

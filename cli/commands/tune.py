@@ -5,7 +5,7 @@ with --service, then --plan-store --, another card's plan carried, the card's mo
 realisable oracle from a noiseless sweep (--no-sweep skips it), then every output; Ctrl-C in
 any of them restores stock clocks and keeps what was measured and planned (partial JSON, the
 plan so far, the MLflow run KILLED). With --service URL the strategy runs in `kdvfs serve`
-(tuner/service/client.py: ServicePolicy; the job's own strategy answers while the service does
+(service/client.py: ServicePolicy; the job's own strategy answers while the service does
 not, and its tells wait in an outbox) and the converged plan is stored there.
 """
 
@@ -235,7 +235,7 @@ class _Tune:
         """The service's strategy for this job and its plan store (the local one behind it)."""
         import uuid
 
-        from kdvfs.tuner.service.client import ServiceClient, ServicePlanStore, read_token, service_policy
+        from kdvfs.service.client import ServiceClient, ServicePlanStore, read_token, service_policy
 
         args = self.args
         token = read_token(args.token_file) if args.token_file is not None else None

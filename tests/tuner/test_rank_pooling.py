@@ -209,7 +209,7 @@ def test_a_torch_rank_pool_needs_a_process_group():
 def _service_rank(
     url: str, rank: int, ranks: int, steps: int, kill_at: int | None, service, out: dict
 ) -> None:
-    from kdvfs.tuner.service.client import ServiceClient, ServiceRankPool, service_policy
+    from kdvfs.service.client import ServiceClient, ServiceRankPool, service_policy
 
     card = open_device(SPEC, seed=1000 * rank)
     workload = open_workload("gpt3-xl-layer", card)
@@ -254,7 +254,7 @@ def run_service_ranks(url: str, ranks: int, steps: int, kill_at: int | None = No
 
 
 def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(tmp_path):
-    from kdvfs.tuner.service.client import ServiceClient
+    from kdvfs.service.client import ServiceClient
     from tests.tuner.service_process import ServiceProcess
 
     service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
@@ -327,7 +327,7 @@ def slow_service():
 
 def _slow_policy(url: str, card, workload):
     """A rank's ServicePolicy on the slow service, whose client waits 0.3 s a call."""
-    from kdvfs.tuner.service.client import ServiceClient, service_policy
+    from kdvfs.service.client import ServiceClient, service_policy
 
     return service_policy(
         ServiceClient(url, timeout_s=0.3),
@@ -343,7 +343,7 @@ def test_a_pooled_rank_waits_for_a_slow_services_decision_where_a_lone_one_answe
     # pooled ranks must run the same decision: one that answered from its local strategy
     # while the others got the service's would run another schedule
     from kdvfs.policies.base import Task
-    from kdvfs.tuner.service.client import ServiceRankPool
+    from kdvfs.service.client import ServiceRankPool
 
     card = open_device(SPEC)
     workload = open_workload("gpt3-xl-layer", card)
@@ -362,8 +362,8 @@ def test_a_pooled_rank_whose_ask_times_out_decides_alone_and_leaves_the_pool(mon
     # readings with theirs would mix two schedules' figures
     from kdvfs.policies.base import Task
     from kdvfs.runtime.ranks import PoolLost
-    from kdvfs.tuner.service import client as service_client
-    from kdvfs.tuner.service.client import ServiceRankPool
+    from kdvfs.service import client as service_client
+    from kdvfs.service.client import ServiceRankPool
 
     monkeypatch.setattr(service_client, "POOLED_ASK_TIMEOUT_S", 0.3)  # the service's asks take 1 s
     card = open_device(SPEC)

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from kdvfs.tuner.service.schema import plan_key
+from kdvfs.service.schema import plan_key
 from tests.tuner.service_process import ServiceProcess
 
 GRID = [[900, 5000], [1200, 5000], [1500, 9000], [1800, 9000], [2100, 9500]]
@@ -204,8 +204,8 @@ def test_plans_are_versioned_and_a_stale_put_is_refused(service):
 
 def test_a_job_stores_and_fetches_its_fleets_plan_through_the_client(service):
     from kdvfs.runtime.types import ClockGrid, ClockPair
+    from kdvfs.service.client import ServiceClient, fetch_plan, store_plan
     from kdvfs.tuner.plan import plan_from_dict
-    from kdvfs.tuner.service.client import ServiceClient, fetch_plan, store_plan
 
     plan = plan_from_dict(plan_doc(signature="sig-client"), "test")
     client = ServiceClient(service.url)
@@ -420,7 +420,7 @@ def simulated_job_tuner(policy_of=None, seconds: float = 60.0):
 
 
 def job_policy(url: str, device, workload, job: str, token: str | None = None, clock=None):
-    from kdvfs.tuner.service.client import ServiceClient, service_policy
+    from kdvfs.service.client import ServiceClient, service_policy
 
     client = ServiceClient(url, token, **({"clock": clock} if clock else {}))
     return service_policy(
@@ -508,7 +508,7 @@ def test_a_job_whose_token_is_refused_tunes_locally(guarded):
 
 
 def test_the_jobs_client_loads_no_server_library():
-    code = "import sys, kdvfs.tuner.service.client; print(sorted({'fastapi', 'uvicorn', 'sqlalchemy'} & set(sys.modules)))"
+    code = "import sys, kdvfs.service.client; print(sorted({'fastapi', 'uvicorn', 'sqlalchemy'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "[]", result.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kdvfs.tuner.service.store import Database
+from kdvfs.service.store import Database
 from tests.tuner.conftest import free_port
 from tests.tuner.service_process import ServiceProcess
 from tests.tuner.test_service import TASK, key_of, open_session, plan_doc, session_body, tell_body

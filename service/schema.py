@@ -1,7 +1,7 @@
 """The service's wire format: pydantic models of every request and reply, with their limits.
 
-Shared by the server (tuner/service/app.py validates every body against these) and the
-client (tuner/service/client.py builds them). Every field is bounded and unknown fields are
+Shared by the server (service/app.py validates every body against these) and the
+client (service/client.py builds them). Every field is bounded and unknown fields are
 refused, so what reaches the database and the strategies is always well formed.
 
 Parts: the limits, the session models, ask / tell / best, the plan store (and `plan_key`,

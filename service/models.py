@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kdvfs.policies.base import Policy, SearchSpace, Task
-from kdvfs.tuner.service.schema import TaskSpec
-from kdvfs.tuner.service.store import Database, Observation
+from kdvfs.service.schema import TaskSpec
+from kdvfs.service.store import Database, Observation
 
 #: Most measurements a task is told before the strategy stops asking (StepTuner's own cap); count.
 MAX_PER_TASK = 20

@@ -37,8 +37,7 @@ import numpy as np
 from kdvfs.policies.base import Policy, SearchSpace, Task
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import ClockGrid, ClockPair, Workload
-from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.service.schema import (
+from kdvfs.service.schema import (
     AskReply,
     BestReply,
     PoolReply,
@@ -48,6 +47,7 @@ from kdvfs.tuner.service.schema import (
     TaskSpec,
     TellReply,
 )
+from kdvfs.tuner.plan import Plan
 
 #: How long one call may take before the service counts as down; s.
 TIMEOUT_S = 1.0
@@ -328,8 +328,8 @@ def fetch_plan(client: ServiceClient, gpu_name: str, grid: ClockGrid, signature:
     """The fleet's newest plan for this GPU, grid and workload; None when it has none or the
     service does not answer (the caller's local PlanStore is the fallback). A served plan that
     does not fit is a KdvfsError, as a plan file's would be."""
+    from kdvfs.service.schema import plan_key
     from kdvfs.tuner.plan import check_compatible, plan_from_dict
-    from kdvfs.tuner.service.schema import plan_key
 
     key = plan_key(gpu_name, grid, signature)
     try:
@@ -344,7 +344,7 @@ def fetch_plan(client: ServiceClient, gpu_name: str, grid: ClockGrid, signature:
 def store_plan(client: ServiceClient, plan: Plan, expected_version: int | None = None) -> int | None:
     """Put the plan as its key's next version; the version, or None when the service does not
     take it (down, refused, or a newer version than expected_version exists)."""
-    from kdvfs.tuner.service.schema import plan_key
+    from kdvfs.service.schema import plan_key
 
     body: dict = {"plan": plan.to_dict()}
     if expected_version is not None:

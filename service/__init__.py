@@ -1,4 +1,5 @@
-"""The tuner as a service (`kdvfs serve`): jobs and ranks of a fleet share what they learn.
+"""kdvfs.service: the tuner as a service (`kdvfs serve`): jobs and ranks of a fleet share what
+they learn. It needs the `service` extra (`pip install 'kdvfs[service]'`).
 
 - schema.py: the pydantic models of every request and reply, with their limits;
 - store.py: the database (SQLAlchemy: SQLite in WAL mode, or PostgreSQL): sessions, the

@@ -36,8 +36,8 @@ from fastapi.responses import JSONResponse
 
 from kdvfs import __version__
 from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.service.models import ModelBank, model_key
-from kdvfs.tuner.service.schema import (
+from kdvfs.service.models import ModelBank, model_key
+from kdvfs.service.schema import (
     ID_PATTERN,
     MAX_KEY_CHARS,
     MAX_PLAN_CHARS,
@@ -60,7 +60,7 @@ from kdvfs.tuner.service.schema import (
     TellRequest,
     plan_key,
 )
-from kdvfs.tuner.service.store import Database, StorageError, VersionConflict
+from kdvfs.service.store import Database, StorageError, VersionConflict
 
 #: Largest request body; bytes (a 905-kernel plan is ~100 kB).
 MAX_BODY_BYTES = 1_048_576
@@ -558,7 +558,7 @@ def _preload() -> None:
     starts answering, so that the first session of it does not wait for the import."""
     import importlib
 
-    from kdvfs.tuner.service.models import STRATEGY_MODULES
+    from kdvfs.service.models import STRATEGY_MODULES
 
     importlib.import_module(f"kdvfs.policies.{STRATEGY_MODULES['botorch']}")
 
