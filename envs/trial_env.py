@@ -8,7 +8,7 @@ tuner's own judgement of that trial.
   judge, pass_boundaries, switchable_groups) on a runtime/steps.py SimulatedJob, and its
   reward is envs/reward.py's `trial_reward`: the same code as tuner/step_tuner.py's.
 - The observation is policies/agent.py's `search_observation` of the group's task, so an
-  agent trained here is a strategy (`AgentPolicy`) wherever a Task is searched.
+  agent trained here is a strategy (`AgentStrategy`) wherever a Task is searched.
 
 Why it is built so: docs/agent-strategy.md.
 """

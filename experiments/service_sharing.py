@@ -5,7 +5,7 @@
 Starts a real `kdvfs serve` on loopback (SQLite in a temporary folder) and runs, on the
 simulated card, job 1 (seed s) and then job 2 (seed s + 100) of the same workload through
 it: each a TuneSession (the tuner of `kdvfs tune`) whose strategy is the service's
-(ServicePolicy), so job 2 asks the model job 1 fed. --second-prior fleet: job 2 also starts
+(ServiceStrategy), so job 2 asks the model job 1 fed. --second-prior fleet: job 2 also starts
 from the plan job 1 stored in the service (session.choose_prior through the service's plan
 store: verified first, over PROVEN_VERIFY_BLOCKS blocks, then refined). For each job: when
 its adopted schedule first reached (and kept) 95% of the realisable oracle's saving
@@ -28,7 +28,7 @@ from pathlib import Path
 from kdvfs.experiments.service_load import Service, _free_port
 from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
-from kdvfs.service.client import ServiceClient, ServicePlanStore, service_policy, store_plan
+from kdvfs.service.client import ServiceClient, ServicePlanStore, service_strategy, store_plan
 from kdvfs.tuner.report import tune_report
 from kdvfs.tuner.session import Prior, TuneSession, choose_prior, reached_after_s
 from kdvfs.tuner.step_priors import model_plan
@@ -42,7 +42,7 @@ def run_job(args, seed: int, oracle: float, prior: Prior, url: str | None, token
     policy = None
     if url is not None:
         client = ServiceClient(url, token, timeout_s=args.timeout_s)
-        policy = service_policy(
+        policy = service_strategy(
             client,
             job=job,
             gpu_name=device.name,

@@ -8,7 +8,7 @@ The public names a user needs, importable from `kdvfs` itself (loaded on first u
 - the tuner: `StepTuner` (fed each training step, it answers with the clocks), `TuneSession`
   (it on a simulated or replayed job), and `Tracker` for MLflow;
 - devices: `SimulatedDevice`, `ReplayDevice`, `NvmlDevice`, `open_device`, `open_workload`;
-- strategies: `make_policy`, `POLICIES`;
+- strategies: `make_strategy`, `STRATEGIES`;
 - plans: `Plan`, `load_plan`, `save_plan`, `PlanStore`;
 - values: `ClockPair`, `ClockGrid`, `Kernel`, `Workload`, `KdvfsError`.
 
@@ -37,8 +37,8 @@ _PUBLIC: dict[str, str] = {
     "NvmlDevice": "kdvfs.runtime.nvml_device",
     "open_device": "kdvfs.runtime.registry",
     "open_workload": "kdvfs.runtime.registry",
-    "make_policy": "kdvfs.policies.registry",
-    "POLICIES": "kdvfs.policies.registry",
+    "make_strategy": "kdvfs.policies.registry",
+    "STRATEGIES": "kdvfs.policies.registry",
     "Plan": "kdvfs.tuner.plan",
     "load_plan": "kdvfs.tuner.plan",
     "save_plan": "kdvfs.tuner.plan",

@@ -2,11 +2,11 @@
 
 Public names (loaded on first use: the BoTorch strategies pull in torch; this package never
 imports kdvfs.runtime):
-- the interface: `Policy`, `SearchSpace`, `Task`;
-- the strategies: `SweepPolicy`, `RandomPolicy`, `EpsilonGreedyPolicy`, `UcbPolicy`,
-  `ThompsonPolicy`, `BotorchPolicy`, `CrossKernelPolicy`, `AgentPolicy` (a trained PPO agent:
-  `train_agent`, `load_agent`), and by name `make_policy`, `POLICIES`;
-- for writing a strategy: `BasePolicy`, `SafeExplorer`, `TaskLog`, `GridFacts`, `BeliefModel`.
+- the interface: `Strategy`, `SearchSpace`, `Task`;
+- the strategies: `SweepStrategy`, `RandomStrategy`, `EpsilonGreedyStrategy`, `UcbStrategy`,
+  `ThompsonStrategy`, `BotorchStrategy`, `CrossKernelStrategy`, `AgentStrategy` (a trained PPO agent:
+  `train_agent`, `load_agent`), and by name `make_strategy`, `STRATEGIES`;
+- for writing a strategy: `BaseStrategy`, `SafeExplorer`, `TaskLog`, `GridFacts`, `BeliefModel`.
 
 How each strategy searches and why: docs/design-policies.md.
 """
@@ -16,22 +16,22 @@ from __future__ import annotations
 from kdvfs._lazy import lazy_names
 
 _PUBLIC: dict[str, str] = {
-    "Policy": "base",
+    "Strategy": "base",
     "SearchSpace": "base",
     "Task": "base",
-    "SweepPolicy": "sweep",
-    "RandomPolicy": "random_search",
-    "EpsilonGreedyPolicy": "egreedy",
-    "UcbPolicy": "bandits",
-    "ThompsonPolicy": "bandits",
-    "BotorchPolicy": "botorch_bo",
-    "CrossKernelPolicy": "crosskernel",
-    "AgentPolicy": "agent",
+    "SweepStrategy": "sweep",
+    "RandomStrategy": "random_search",
+    "EpsilonGreedyStrategy": "egreedy",
+    "UcbStrategy": "bandits",
+    "ThompsonStrategy": "bandits",
+    "BotorchStrategy": "botorch_bo",
+    "CrossKernelStrategy": "crosskernel",
+    "AgentStrategy": "agent",
     "train_agent": "agent",
     "load_agent": "agent",
-    "make_policy": "registry",
-    "POLICIES": "registry",
-    "BasePolicy": "_common",
+    "make_strategy": "registry",
+    "STRATEGIES": "registry",
+    "BaseStrategy": "_common",
     "SafeExplorer": "_common",
     "TaskLog": "_common",
     "GridFacts": "_common",

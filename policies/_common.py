@@ -7,7 +7,7 @@ a task is judged by, the monotone-time facts of a clock grid, and the small init
   `best_config`, `incumbents`, `steps_since_improvement`, `log_ratios`;
 - limits: `time_limit_s` (the budget), `safe_log_limit` (too slow even to try);
 - `GridFacts`: monotone-time pruning and bounds, and the initial design (`DESIGN_RATIOS`);
-- `BasePolicy`: logs, seeded generators, the cap, CPU time per ask, `best()`;
+- `BaseStrategy`: logs, seeded generators, the cap, CPU time per ask, `best()`;
 - `SafeExplorer`: the initial design first, then the subclass's `_pick`.
 
 Why cost is judged at several exchange rates, and the physics behind the pruning:
@@ -196,7 +196,7 @@ class GridFacts:
         return None
 
 
-class BasePolicy(ABC):
+class BaseStrategy(ABC):
     """Bookkeeping shared by every strategy: per-task logs, the cap, CPU timing, best().
 
     When the space's reference is a grid config, each task's log starts with the caller's
@@ -291,11 +291,11 @@ class BasePolicy(ABC):
         """The next unmeasured config for this task, or None when converged."""
 
 
-class SafeExplorer(BasePolicy):
+class SafeExplorer(BaseStrategy):
     """A strategy with safe exploration: the initial design first, then its own `_pick`.
 
     Args:
-        space, seed, max_per_task: as BasePolicy.
+        space, seed, max_per_task: as BaseStrategy.
         margin: a config whose predicted time exceeds (1 + 3 budget + margin) x reference is not
             tried (fraction of the reference time).
         tol: relative cost improvement (fraction, 0.002 = 0.2 %) below which a strategy calls a

@@ -7,7 +7,7 @@ stable-baselines3) picks a task's next clock pair from what the task has measure
   isolated replay) or a group of a training step (envs/trial_env.py, where it is trained).
 - `search_mask`: the configs it may pick: unmeasured, and not known or bounded too slow.
 - `task_log`: a task's empty log as every strategy starts it (the reference seeded).
-- `AgentPolicy` ("ppo"): ask = the model's greedy action on that view, masked; converged
+- `AgentStrategy` ("ppo"): ask = the model's greedy action on that view, masked; converged
   after PATIENCE measurements that improved nothing.
 - `train_agent`, `load_agent`: train one through a Gymnasium env that shows this view and has
   `action_masks()` (kdvfs/IterationDVFS-v1), or load a saved one.
@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium import spaces
 
 from kdvfs.policies._common import (
-    BasePolicy,
+    BaseStrategy,
     GridFacts,
     TaskLog,
     safe_log_limit,
@@ -77,7 +77,7 @@ def search_mask(facts: GridFacts, task: Task, log: TaskLog) -> np.ndarray:
 
 
 def task_log(space: SearchSpace, task: Task) -> TaskLog:
-    """A task's log as BasePolicy starts it: the reference config seeded where it is a grid pair."""
+    """A task's log as BaseStrategy starts it: the reference config seeded where it is a grid pair."""
     log = TaskLog.empty(len(space))
     if space.reference is not None:
         log.add(space.reference, task.ref_time_s, task.ref_energy_j)
@@ -124,12 +124,12 @@ def train_agent(env, steps: int, *, seed: int = 0):
         return model.learn(total_timesteps=steps)
 
 
-class AgentPolicy(BasePolicy):
+class AgentStrategy(BaseStrategy):
     """A trained agent as a strategy: each ask is the model's greedy (deterministic) action on
     `search_observation` of the task, among `search_mask`'s configs.
 
     Args:
-        space, seed, max_per_task: as BasePolicy (the agent acts greedily: the seed changes nothing).
+        space, seed, max_per_task: as BaseStrategy (the agent acts greedily: the seed changes nothing).
         model: a MaskablePPO model (`train_agent`) or the path of a saved one; its action space
             must be Discrete(len(space)).
         tol: relative cost improvement (fraction) below which a measurement counts as none.

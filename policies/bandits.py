@@ -1,5 +1,5 @@
-"""Constrained discrete bandits over the config set: UCB (`UcbPolicy`) and Thompson sampling
-(`ThompsonPolicy`), sharing their constructor through `_GaussianBandit`.
+"""Constrained discrete bandits over the config set: UCB (`UcbStrategy`) and Thompson sampling
+(`ThompsonStrategy`), sharing their constructor through `_GaussianBandit`.
 
 Both hold Gaussian beliefs about every config's log time and log energy (beliefs.BeliefModel),
 explore only safe configs (beliefs.safe_candidates), never re-measure a config, and judge
@@ -41,7 +41,7 @@ class _GaussianBandit(SafeExplorer):
         self.model = BeliefModel(self.facts)
 
 
-class UcbPolicy(_GaussianBandit):
+class UcbStrategy(_GaussianBandit):
     """Optimism on cost, pessimism on safety.
 
     Among safe configs that could be within budget (time mean - beta sd <= budget), measure
@@ -49,7 +49,7 @@ class UcbPolicy(_GaussianBandit):
     the incumbent by the most, at any rate. Converged when no bound beats it by more than tol.
 
     Args:
-        space, seed: as BasePolicy.
+        space, seed: as BaseStrategy.
         beta: optimism, in standard deviations of the beliefs.
         **opts: max_per_task, kappa, margin, tol (see _GaussianBandit).
     """
@@ -75,7 +75,7 @@ class UcbPolicy(_GaussianBandit):
         return int(config)
 
 
-class ThompsonPolicy(_GaussianBandit):
+class ThompsonStrategy(_GaussianBandit):
     """Thompson sampling with a time constraint.
 
     Draws log time and log energy for every safe config from its Gaussian belief and
@@ -85,7 +85,7 @@ class ThompsonPolicy(_GaussianBandit):
     more than tol at some rate.
 
     Args:
-        space, seed: as BasePolicy.
+        space, seed: as BaseStrategy.
         stop_prob: probability (0..1) below which a config is no longer worth measuring.
         draws: joint draws per ask that estimate that probability.
         **opts: max_per_task, kappa, margin, tol (see _GaussianBandit).

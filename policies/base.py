@@ -1,6 +1,6 @@
 """The one interface every search strategy implements: ask / tell / best.
 
-- `Policy`: the Protocol (ask, tell, best);
+- `Strategy`: the Protocol (ask, tell, best);
 - `SearchSpace`: the candidate clock configurations of a device (scaled to [0, 1] by `unit`);
 - `Task`: one thing to tune, a kernel or a group of kernels, with its measured reference.
 
@@ -62,7 +62,7 @@ class Task:
 
 
 @runtime_checkable
-class Policy(Protocol):
+class Strategy(Protocol):
     """A search strategy over a SearchSpace, for many tasks at once."""
 
     name: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from kdvfs.policies.base import SearchSpace, Task
-from kdvfs.policies.botorch_bo import BotorchPolicy
+from kdvfs.policies.botorch_bo import BotorchStrategy
 
 CORE_MHZ = np.arange(345, 1981, 15)
 """Core clocks of the H200-like benchmark grid, MHz (110 of them, 15 MHz apart)."""
@@ -27,7 +27,7 @@ def _surface(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def botorch_ask_cpu_ms(n_obs: int = 60, asks: int = 20, seed: int = 0) -> dict[str, float]:
-    """CPU ms per BotorchPolicy.ask once a task holds n_obs observations.
+    """CPU ms per BotorchStrategy.ask once a task holds n_obs observations.
 
     Seeds the task with n_obs measurements at random configs, then alternates ask / tell for
     `asks` steps (convergence disabled) so that refits fall where they would in use.
@@ -38,7 +38,7 @@ def botorch_ask_cpu_ms(n_obs: int = 60, asks: int = 20, seed: int = 0) -> dict[s
     time_s, energy_j = _surface(space)
     ref = space.reference
     task = Task("bench", float(time_s[ref]), float(energy_j[ref]), budget=0.5)
-    policy = BotorchPolicy(space, seed, tol=0.0, margin=10.0)
+    policy = BotorchStrategy(space, seed, tol=0.0, margin=10.0)
     rng = np.random.default_rng(seed)
     for config in rng.choice(np.delete(np.arange(len(space)), ref), size=n_obs - 1, replace=False):
         policy.tell(task, int(config), float(time_s[config]), float(energy_j[config]))

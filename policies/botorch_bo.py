@@ -4,7 +4,7 @@ Per task two GPs (log time and log energy relative to the reference, over the un
 clocks) as a ModelListGP; qLogNoisyExpectedImprovement on -log cost with the time budget as
 an outcome constraint, maximised over the unmeasured safe configs.
 
-- `BotorchPolicy`: the strategy (`_pick`, `_acquisition`, `_safe`), its GPs (`model`, with
+- `BotorchStrategy`: the strategy (`_pick`, `_acquisition`, `_safe`), its GPs (`model`, with
   hyperparameters refitted every `refit_every` points) and their curves (`curves`, `Curves`),
   which the cross-kernel strategy builds on;
 - `torch_threads`: torch's thread count for the length of a block.
@@ -76,7 +76,7 @@ def _hyperparameters(gp: SingleTaskGP) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in gp.state_dict().items() if not k.startswith("outcome_transform")}
 
 
-class BotorchPolicy(SafeExplorer):
+class BotorchStrategy(SafeExplorer):
     """Constrained BO (docs/design-policies.md) after the shared initial design.
 
     Safe exploration: configs known over budget by monotonicity are never candidates, nor

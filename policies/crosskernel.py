@@ -1,10 +1,10 @@
 """Cross-kernel transfer: kernels of a kind share their relative curves.
 
-A kind is founded by a task BO tuned (BotorchPolicy) and grows as tasks join it; a task of
+A kind is founded by a task BO tuned (BotorchStrategy) and grows as tasks join it; a task of
 a known kind is predicted from what every member measured and needs one to a few
 measurements instead of a full BO run. A task no kind explains is tuned by BO.
 
-- `CrossKernelPolicy`: `_pick` (transfer or BO), `_kind_weights` (which kind a task is of),
+- `CrossKernelStrategy`: `_pick` (transfer or BO), `_kind_weights` (which kind a task is of),
   `_posterior` / `kind_model` (the kind's prediction for a task), `_transfer_pick` and
   `_expected_improvement` (what to measure), `_found` (a BO task founds a kind);
 - the model's fixed hyperparameters: `NOISE_SD`, `OFFSET_SD`, `KIND_SD`, `LENGTHSCALE`,
@@ -23,7 +23,7 @@ from scipy.stats import chi2, norm
 
 from kdvfs.policies._common import SafeExplorer, TaskLog, best_config, log_cost, log_ratios, safe_log_limit
 from kdvfs.policies.base import SearchSpace, Task
-from kdvfs.policies.botorch_bo import BotorchPolicy, Curves
+from kdvfs.policies.botorch_bo import BotorchStrategy, Curves
 
 NOISE_SD = (0.008, 0.03)
 """S.d. of one measurement's (log time, log energy) ratio, natural log units (time ~0.5 %,
@@ -50,7 +50,7 @@ class _Prediction:
     cov_e: np.ndarray
 
 
-class CrossKernelPolicy(SafeExplorer):
+class CrossKernelStrategy(SafeExplorer):
     """BO for tasks of no known kind; transfer within the task's kind otherwise.
 
     `kinds` holds, per kind, its member tasks (founder first).
@@ -58,7 +58,7 @@ class CrossKernelPolicy(SafeExplorer):
     Args:
         space, seed, max_per_task, margin, tol: as SafeExplorer.
         kappa: pessimism of the safety check on a prediction, in standard deviations.
-        **bo_opts: options of the inner BotorchPolicy (refit_every, ...), which is told
+        **bo_opts: options of the inner BotorchStrategy (refit_every, ...), which is told
             everything this policy is told.
     """
 
@@ -77,7 +77,7 @@ class CrossKernelPolicy(SafeExplorer):
     ) -> None:
         super().__init__(space, seed, max_per_task=max_per_task, margin=margin, tol=tol)
         self.kappa = kappa
-        self.bo = BotorchPolicy(space, seed, max_per_task=max_per_task, margin=margin, tol=tol, **bo_opts)
+        self.bo = BotorchStrategy(space, seed, max_per_task=max_per_task, margin=margin, tol=tol, **bo_opts)
         self.kinds: list[list[Task]] = []
         self._founder_curves: list[Curves] = []
         self._kind: dict[str, int | None] = {}  # task key -> kind index; None: tuned by BO

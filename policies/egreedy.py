@@ -9,7 +9,7 @@ from kdvfs.policies.base import SearchSpace, Task
 from kdvfs.policies.beliefs import BeliefModel, safe_candidates
 
 
-class EpsilonGreedyPolicy(SafeExplorer):
+class EpsilonGreedyStrategy(SafeExplorer):
     """With probability epsilon a random safe config, else, among safe configs believed within
     budget, the one whose believed cost beats the incumbent by the most at any rate (beliefs:
     BeliefModel; cost: _common.log_cost).

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kdvfs.policies._common import BasePolicy, TaskLog
+from kdvfs.policies._common import BaseStrategy, TaskLog
 from kdvfs.policies.base import Task
 
 
-class RandomPolicy(BasePolicy):
+class RandomStrategy(BaseStrategy):
     """Measures configs in a random order fixed per (seed, task key) until the cap or the end.
 
     Without max_per_task it is a sweep in random order; comparisons set the cap.

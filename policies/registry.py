@@ -1,37 +1,37 @@
-"""Strategies by name: make_policy("botorch", space, seed=0, max_per_task=20)."""
+"""Strategies by name: make_strategy("botorch", space, seed=0, max_per_task=20)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kdvfs.policies._common import BasePolicy
-from kdvfs.policies.bandits import ThompsonPolicy, UcbPolicy
+from kdvfs.policies._common import BaseStrategy
+from kdvfs.policies.bandits import ThompsonStrategy, UcbStrategy
 from kdvfs.policies.base import SearchSpace
-from kdvfs.policies.botorch_bo import BotorchPolicy
-from kdvfs.policies.crosskernel import CrossKernelPolicy
-from kdvfs.policies.egreedy import EpsilonGreedyPolicy
-from kdvfs.policies.random_search import RandomPolicy
-from kdvfs.policies.sweep import SweepPolicy
+from kdvfs.policies.botorch_bo import BotorchStrategy
+from kdvfs.policies.crosskernel import CrossKernelStrategy
+from kdvfs.policies.egreedy import EpsilonGreedyStrategy
+from kdvfs.policies.random_search import RandomStrategy
+from kdvfs.policies.sweep import SweepStrategy
 
-POLICIES: dict[str, type[BasePolicy]] = {
+STRATEGIES: dict[str, type[BaseStrategy]] = {
     cls.name: cls
     for cls in (
-        SweepPolicy,
-        RandomPolicy,
-        EpsilonGreedyPolicy,
-        UcbPolicy,
-        ThompsonPolicy,
-        BotorchPolicy,
-        CrossKernelPolicy,
+        SweepStrategy,
+        RandomStrategy,
+        EpsilonGreedyStrategy,
+        UcbStrategy,
+        ThompsonStrategy,
+        BotorchStrategy,
+        CrossKernelStrategy,
     )
 }
 """Every strategy, the full sweep (the baseline) first."""
 
 
-def make_policy(name: str, space: SearchSpace, *, seed: int, **opts: Any) -> BasePolicy:
+def make_strategy(name: str, space: SearchSpace, *, seed: int, **opts: Any) -> BaseStrategy:
     """A new strategy instance; opts go to its constructor (e.g. max_per_task, tol, margin)."""
     try:
-        cls = POLICIES[name]
+        cls = STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}") from None
     return cls(space, seed, **opts)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kdvfs.policies._common import BasePolicy, TaskLog
+from kdvfs.policies._common import BaseStrategy, TaskLog
 from kdvfs.policies.base import Task
 
 
-class SweepPolicy(BasePolicy):
+class SweepStrategy(BaseStrategy):
     """Measures every config of the grid in order; converged when all are measured."""
 
     name = "sweep"

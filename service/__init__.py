@@ -8,7 +8,7 @@ they learn. It needs the `service` extra (`pip install 'kdvfs[service]'`).
   strategy), and the decisions the ranks of a job share;
 - app.py: the FastAPI application (auth, rate and size limits, errors without internals,
   one MLflow run per session);
-- client.py: the job's side (retries, back-off, local fallback), a Policy for StepTuner.
+- client.py: the job's side (retries, back-off, local fallback), a Strategy for StepTuner.
 
 The command is cli/commands/serve.py. Design: docs/service.md.
 """

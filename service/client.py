@@ -5,11 +5,11 @@
   (FIRST_DOWN_S .. MAX_DOWN_S), so a dead or hung service costs a job at most one timeout per
   back-off. `ServiceDown` (unreachable, 5xx, 429) and `ServiceRefused` (4xx: the request is wrong,
   or the token) are its two errors.
-- `ServicePolicy`: a policies.base.Policy for StepTuner(policy=...): asks the fleet's model in
+- `ServiceStrategy`: a policies.base.Strategy for StepTuner(policy=...): asks the fleet's model in
   the service; when the service is down (or refuses), the job's own local strategy answers, fed
   with every tell of the job. Tells wait in an outbox (with their ids, so a retried tell counts
   once) and reach the service when it answers again: the job reports later.
-- `service_policy`: builds one for a job (its session request and its local strategy).
+- `service_strategy`: builds one for a job (its session request and its local strategy).
 - `fetch_plan`, `store_plan`: the fleet's plan store (None when the service does not answer:
   the local PlanStore is the fallback; a served plan that does not fit is refused).
 - `ServiceRankPool`: runtime/ranks.py's RankPool through the service: each step's report of
@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from kdvfs.policies.base import Policy, SearchSpace, Task
+from kdvfs.policies.base import SearchSpace, Strategy, Task
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import ClockGrid, ClockPair, Workload
 from kdvfs.service.schema import (
@@ -159,8 +159,8 @@ class _Tell:
     pooled: bool = False
 
 
-class ServicePolicy:
-    """A Policy whose strategy runs in the service, with the job's own strategy as fallback.
+class ServiceStrategy:
+    """A Strategy whose strategy runs in the service, with the job's own strategy as fallback.
 
     Args:
         client: the service.
@@ -170,7 +170,9 @@ class ServicePolicy:
         rank: this process's rank in the job.
     """
 
-    def __init__(self, client: ServiceClient, session: SessionRequest, local: Policy, rank: int = 0) -> None:
+    def __init__(
+        self, client: ServiceClient, session: SessionRequest, local: Strategy, rank: int = 0
+    ) -> None:
         self.client = client
         self.session = session
         self.local = local
@@ -185,7 +187,7 @@ class ServicePolicy:
         self.left_pool: str | None = None  # why this pooled rank answered alone (it pools no more)
         self._warned = False
 
-    # --- Policy ----------------------------------------------------------------------------------
+    # --- Strategy ----------------------------------------------------------------------------------
     def ask(self, task: Task) -> int | None:
         try:
             self._flush()
@@ -287,7 +289,7 @@ def _spec(task: Task) -> TaskSpec:
     )
 
 
-def service_policy(
+def service_strategy(
     client: ServiceClient,
     *,
     job: str,
@@ -300,14 +302,14 @@ def service_policy(
     ranks: int = 1,
     rank: int = 0,
     parallel: str = "data",
-) -> ServicePolicy:
-    """A ServicePolicy for a StepTuner of this job, its local strategy made as StepTuner makes its own."""
-    from kdvfs.policies.registry import make_policy
+) -> ServiceStrategy:
+    """A ServiceStrategy for a StepTuner of this job, its local strategy made as StepTuner makes its own."""
+    from kdvfs.policies.registry import make_strategy
     from kdvfs.tuner.step_tuner import DEFAULT_STRATEGY, MAX_TRIALS_PER_GROUP, POLICY_TOL
 
     strategy = strategy or DEFAULT_STRATEGY
     space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in pairs], dtype=float))
-    local = make_policy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, tol=POLICY_TOL)
+    local = make_strategy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, tol=POLICY_TOL)
     session = SessionRequest(
         job=job,
         gpu_name=gpu_name,
@@ -320,7 +322,7 @@ def service_policy(
         strategy=strategy,
         policy_options={"tol": POLICY_TOL},
     )
-    return ServicePolicy(client, session, local, rank)
+    return ServiceStrategy(client, session, local, rank)
 
 
 # --- plans ---------------------------------------------------------------------------------------
@@ -413,16 +415,16 @@ def read_token(path: str | Path) -> str:
 
 class ServiceRankPool:
     """The job's data-parallel ranks' step reports through the service (a RankPool): one
-    call a step; the ranks share a session (the same job name in service_policy). A rank whose
+    call a step; the ranks share a session (the same job name in service_strategy). A rank whose
     ask or best the service did not answer in time decided alone: its next gather raises
     PoolLost (so no rank pools readings of a schedule the others may not run), and the
     others', missing its report, time out and raise it too.
 
     Args:
-        policy: this rank's ServicePolicy (its session, rank and ranks).
+        policy: this rank's ServiceStrategy (its session, rank and ranks).
     """
 
-    def __init__(self, policy: ServicePolicy) -> None:
+    def __init__(self, policy: ServiceStrategy) -> None:
         self.policy = policy
         self.ranks = policy.session.ranks
         policy.pooled = True  # the ranks' tells now carry one pooled figure: the service stores it once

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kdvfs.policies.base import Policy, SearchSpace, Task
+from kdvfs.policies.base import SearchSpace, Strategy, Task
 from kdvfs.service.schema import TaskSpec
 from kdvfs.service.store import Database, Observation
 
@@ -54,8 +54,8 @@ STRATEGY_MODULES = {
 }
 
 
-def make_strategy(name: str, space: SearchSpace, *, seed: int, **opts) -> Policy:
-    """policies.registry.make_policy, importing only the strategy's own module."""
+def make_strategy(name: str, space: SearchSpace, *, seed: int, **opts) -> Strategy:
+    """policies.registry.make_strategy, importing only the strategy's own module."""
     module = importlib.import_module(f"kdvfs.policies.{STRATEGY_MODULES[name]}")
     cls = next(c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", None) == name)
     return cls(space, seed, **opts)
@@ -104,7 +104,7 @@ class FleetModel:
         self.grid = [tuple(p) for p in spec["grid"]]
         space = SearchSpace(np.array(self.grid, dtype=float))
         seed = int(key[:8], 16)
-        self.policy: Policy = make_strategy(
+        self.policy: Strategy = make_strategy(
             spec["strategy"], space, seed=seed, max_per_task=MAX_PER_TASK, **spec.get("policy_options", {})
         )
         self.lock = threading.Lock()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kdvfs.extras import require_extra
-from kdvfs.policies.agent import AgentPolicy, load_agent, train_agent
+from kdvfs.policies.agent import AgentStrategy, load_agent, train_agent
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.search import SearchResult, run_search, search_space
@@ -281,7 +281,7 @@ class Comparison:
                 parent=self._parent,
             )
         progress = self._progress
-        strategy = _agent_policy(device, seed, self.agent) if name == "ppo" else name
+        strategy = _agent_strategy(device, seed, self.agent) if name == "ppo" else name
         r = run_search(
             device,
             workload,
@@ -376,9 +376,9 @@ def _load(path):
         raise KdvfsError(f"agent {path}: not a saved MaskablePPO model ({e})") from None
 
 
-def _agent_policy(device, seed: int, agent) -> AgentPolicy:
+def _agent_strategy(device, seed: int, agent) -> AgentStrategy:
     try:
-        return AgentPolicy(search_space(device), seed, model=agent)
+        return AgentStrategy(search_space(device), seed, model=agent)
     except ValueError as e:  # trained on another grid
         raise KdvfsError(str(e)) from None
 

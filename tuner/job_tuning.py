@@ -104,7 +104,7 @@ class JobTuning:
         model, optimizer: what the step's sites hook (forward, backward, optimizer step); they
             may come later through attach() (the callbacks do).
         budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
-        strategy: the search strategy (kdvfs.policies.registry.POLICIES).
+        strategy: the search strategy (kdvfs.policies.registry.STRATEGIES).
         device: the card: a Device, or an NVML index (opened as NvmlDevice, dry run unless
             dry_run=False, closed at the end); None: NVML index 0.
         dry_run: record the clock requests and apply none (the default; the only mode on

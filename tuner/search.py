@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.policies._common import BasePolicy, SafeExplorer
+from kdvfs.policies._common import BaseStrategy, SafeExplorer
 from kdvfs.policies.base import SearchSpace, Task
-from kdvfs.policies.registry import make_policy
+from kdvfs.policies.registry import make_strategy
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.measure import (
     SUB_WINDOW_S,
@@ -184,7 +184,7 @@ def task_tol(obs: Observations, k: int) -> float:
 def run_search(
     device: RunnableDevice,
     workload: Workload,
-    strategy: str | BasePolicy,
+    strategy: str | BaseStrategy,
     *,
     budget: float,
     seed: int = 0,
@@ -194,7 +194,7 @@ def run_search(
 ) -> SearchResult:
     """Tune every kernel with the strategy; progress(kernels done, kernels, measurements)."""
     space = search_space(device)
-    policy = make_policy(strategy, space, seed=seed) if isinstance(strategy, str) else strategy
+    policy = make_strategy(strategy, space, seed=seed) if isinstance(strategy, str) else strategy
     obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
     features = task_features(workload)
     curve: list[tuple[int, float]] = [(0, 0.0)]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kdvfs.policies.base import Policy
+from kdvfs.policies.base import Strategy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.steps import SimulatedJob, StepReport
@@ -174,7 +174,7 @@ class TuneSession:
     Args:
         device: the card (SimulatedDevice or ReplayDevice).
         workload: the kernels of one training step.
-        strategy: the search strategy (kdvfs.policies.registry.POLICIES).
+        strategy: the search strategy (kdvfs.policies.registry.STRATEGIES).
         budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
         seed: seeds the strategy.
         prior: what the tuner starts from (choose_prior).
@@ -184,7 +184,7 @@ class TuneSession:
             limit the card then reports; None: the tuner verifies the plan before instead.
         sites: kernel indices where the job can switch clocks (job_sites); None: the step
             and each pass.
-        policy: the search strategy itself (a ServicePolicy: the service's, service/
+        policy: the search strategy itself (a ServiceStrategy: the service's, service/
             client.py); None: the tuner makes `strategy` itself.
     """
 
@@ -197,7 +197,7 @@ class TuneSession:
     dry_run: bool = False
     model: ModelDevice | None = None
     sites: list[int] | None = None
-    policy: Policy | None = None
+    policy: Strategy | None = None
     points: list[Point] = field(default_factory=list)
     phase_log: list[tuple[float, str]] = field(default_factory=list)
     """(training s, phase entered), the first phase at 0."""

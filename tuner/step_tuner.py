@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kdvfs.policies.base import Policy, SearchSpace, Task
-from kdvfs.policies.registry import make_policy
+from kdvfs.policies.base import SearchSpace, Strategy, Task
+from kdvfs.policies.registry import make_strategy
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.ranks import PoolLost, RankPool
 from kdvfs.runtime.steps import StepReport
@@ -240,7 +240,7 @@ class StepTuner:
         switch_latency_s: the card's clock-switch latency, s.
         energy_update_period_s: how often the card's energy counter advances, s.
         budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
-        strategy: the search strategy (kdvfs.policies.registry.POLICIES).
+        strategy: the search strategy (kdvfs.policies.registry.STRATEGIES).
         seed: seeds the strategy.
         boundaries: kernel indices where the job can switch clocks (default: the step and each pass).
         policy_options: passed to the strategy's constructor (e.g. tol).
@@ -274,7 +274,7 @@ class StepTuner:
         policy_options: dict[str, float] | None = None,
         prior: Schedule | None = None,
         replan: Callable[[StepReport], Schedule | None] | None = None,
-        policy: Policy | None = None,
+        policy: Strategy | None = None,
         timing: StepTiming | None = None,
         pool: RankPool | None = None,
         proven_prior: bool = False,
@@ -294,7 +294,7 @@ class StepTuner:
         self.budget = budget
         self.account = StepAccount(budget)
         space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
-        self.policy = policy or make_policy(
+        self.policy = policy or make_strategy(
             strategy,
             space,
             seed=seed,

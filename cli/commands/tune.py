@@ -5,7 +5,7 @@ with --service, then --plan-store --, another card's plan carried, the card's mo
 realisable oracle from a noiseless sweep (--no-sweep skips it), then every output; Ctrl-C in
 any of them restores stock clocks and keeps what was measured and planned (partial JSON, the
 plan so far, the MLflow run KILLED). With --service URL the strategy runs in `kdvfs serve`
-(service/client.py: ServicePolicy; the job's own strategy answers while the service does
+(service/client.py: ServiceStrategy; the job's own strategy answers while the service does
 not, and its tells wait in an outbox) and the converged plan is stored there.
 """
 
@@ -102,11 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.policies.registry import POLICIES
+    from kdvfs.policies.registry import STRATEGIES
     from kdvfs.runtime.types import KdvfsError
 
-    if args.strategy not in POLICIES:
-        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {', '.join(POLICIES)})")
+    if args.strategy not in STRATEGIES:
+        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {', '.join(STRATEGIES)})")
     check_file_output(args.json, "--json")
     check_file_output(args.plan_out, "--plan-out")
     check_dir_output(args.plan_store, "--plan-store")
@@ -235,13 +235,13 @@ class _Tune:
         """The service's strategy for this job and its plan store (the local one behind it)."""
         import uuid
 
-        from kdvfs.service.client import ServiceClient, ServicePlanStore, read_token, service_policy
+        from kdvfs.service.client import ServiceClient, ServicePlanStore, read_token, service_strategy
 
         args = self.args
         token = read_token(args.token_file) if args.token_file is not None else None
         client = ServiceClient(args.service, token)
         self.store = ServicePlanStore(client, self.store)
-        self.policy = service_policy(
+        self.policy = service_strategy(
             client,
             job=args.job or f"tune-{uuid.uuid4().hex[:12]}",
             gpu_name=self.device.name,

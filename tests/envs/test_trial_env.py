@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import check_env
 import kdvfs.envs  # noqa: F401  (registers the envs)
 from kdvfs.envs.reward import trial_reward
 from kdvfs.envs.trial_env import TrialDVFSEnv
-from kdvfs.policies.agent import AgentPolicy, train_agent
+from kdvfs.policies.agent import AgentStrategy, train_agent
 from kdvfs.policies.base import SearchSpace
 from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device, open_workload
@@ -125,7 +125,7 @@ def test_ppo_trains_a_few_hundred_steps_and_the_agent_is_a_strategy() -> None:
 
     # as a strategy: asks only unmeasured pairs, stops by itself, and its plan keeps the budget
     device = open_device("sim:rtx3080ti", seed=5)
-    policy = AgentPolicy(search_space(device), 5, model=model)
+    policy = AgentStrategy(search_space(device), 5, model=model)
     result = run_search(device, LONG, policy, budget=0.01, seed=5)
     assert result.measurements > 0
     assert result.slowdown <= 0.01
@@ -135,11 +135,11 @@ def test_ppo_trains_a_few_hundred_steps_and_the_agent_is_a_strategy() -> None:
 def test_a_saved_agent_loads_on_its_grid_and_is_refused_on_another(tmp_path: Path) -> None:
     model = train_agent(make(workload=LONG, **TRAIN), 8, seed=0)
     model.save(tmp_path / "agent.zip")
-    loaded = AgentPolicy(search_space(open_device("sim:rtx3080ti")), 0, model=tmp_path / "agent.zip")
+    loaded = AgentStrategy(search_space(open_device("sim:rtx3080ti")), 0, model=tmp_path / "agent.zip")
     obs = np.zeros(model.observation_space.shape, dtype=np.float32)
     assert loaded.model.predict(obs, deterministic=True)[0] == model.predict(obs, deterministic=True)[0]
     space = SearchSpace(np.array([[1000.0, 5000.0], [2000.0, 7000.0]]))
     with pytest.raises(ValueError, match="trained on 50 clock pairs"):
-        AgentPolicy(space, 0, model=model)
+        AgentStrategy(space, 0, model=model)
     with pytest.raises(ValueError, match="needs a trained agent"):
-        AgentPolicy(space, 0)
+        AgentStrategy(space, 0)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kdvfs.policies.base import Policy, SearchSpace, Task
+from kdvfs.policies.base import SearchSpace, Strategy, Task
 
 SMALL_CORE_MHZ = (800, 1040, 1280, 1520, 1760, 2000)
 SMALL_MEM_MHZ = (5000, 7000, 9000)
@@ -72,7 +72,7 @@ def optimum(time_s: np.ndarray, energy_j: np.ndarray, task: Task) -> int:
 
 
 def run(
-    policy: Policy,
+    policy: Strategy,
     task: Task,
     time_s: np.ndarray,
     energy_j: np.ndarray,

@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 
 from kdvfs.policies.bench import botorch_ask_cpu_ms
-from kdvfs.policies.botorch_bo import BotorchPolicy
-from kdvfs.policies.random_search import RandomPolicy
+from kdvfs.policies.botorch_bo import BotorchStrategy
+from kdvfs.policies.random_search import RandomStrategy
 from tests.policies.synthetic import KINDS, Kind, grid_space, optimum, run, table, task_for
 
 WIDE = grid_space(tuple(range(600, 2001, 70)), (5000, 6000, 7000, 8000, 9000))  # 21 x 5
@@ -45,7 +45,7 @@ def regret(policy, task, time_s, energy_j, time_noise: float = 0.0) -> float:
 
 
 def test_botorch_beats_random_at_equal_measurement_counts():
-    bo, rnd = BotorchPolicy(WIDE, seed=0, max_per_task=12), RandomPolicy(WIDE, seed=0)
+    bo, rnd = BotorchStrategy(WIDE, seed=0, max_per_task=12), RandomStrategy(WIDE, seed=0)
     regrets_bo, regrets_rnd, counts = [], [], []
     for key, kind in jittered_kinds(seed=0, per_kind=2):
         time_s, energy_j = table(kind, WIDE)
@@ -62,7 +62,7 @@ def test_botorch_beats_random_at_equal_measurement_counts():
 
 
 def test_hyperparameters_are_refitted_only_every_refit_every_points():
-    policy = BotorchPolicy(WIDE, seed=0, refit_every=3, tol=0.0)
+    policy = BotorchStrategy(WIDE, seed=0, refit_every=3, tol=0.0)
     kind = KINDS["norm"]
     time_s, energy_j = table(kind, WIDE)
     task = task_for("norm", kind, WIDE, budget=0.05)
@@ -86,7 +86,7 @@ def test_bench_reports_cpu_ms_per_ask():
 
 
 def test_curves_match_measurements_and_refit_when_due():
-    policy = BotorchPolicy(WIDE, seed=0, refit_every=2)
+    policy = BotorchStrategy(WIDE, seed=0, refit_every=2)
     kind = KINDS["gemm"]
     time_s, energy_j = table(kind, WIDE)
     task = task_for("gemm", kind, WIDE, budget=0.05)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kdvfs.policies import GridFacts, RandomPolicy, SearchSpace, SweepPolicy, Task, TaskLog
+from kdvfs.policies import GridFacts, RandomStrategy, SearchSpace, SweepStrategy, Task, TaskLog
 
 # The convergence count the strategies share: a helper inside _common, tested here directly
 # because its edge cases (seeded configs, several rates) are hard to reach through a policy.
@@ -19,7 +19,7 @@ def index(core_mhz: int, mem_mhz: int) -> int:
 
 
 def test_reference_is_seeded_and_not_counted():
-    policy = SweepPolicy(SPACE, seed=0)
+    policy = SweepStrategy(SPACE, seed=0)
     log = policy.log(TASK)
     assert log.measured[SPACE.reference] and log.measured.sum() == 1
     assert policy.measurements(TASK) == 0
@@ -27,7 +27,7 @@ def test_reference_is_seeded_and_not_counted():
 
 
 def test_best_is_least_energy_within_budget_using_means():
-    policy = SweepPolicy(SPACE, seed=0)
+    policy = SweepStrategy(SPACE, seed=0)
     policy.tell(TASK, 0, 1.04, 8.0)
     policy.tell(TASK, 1, 1.06, 5.0)  # least energy but over budget
     policy.tell(TASK, 2, 1.00, 9.0)
@@ -38,7 +38,7 @@ def test_best_is_least_energy_within_budget_using_means():
 
 def test_best_is_none_when_nothing_within_budget():
     space = SearchSpace(SPACE.configs_mhz, reference=None)
-    policy = SweepPolicy(space, seed=0)
+    policy = SweepStrategy(space, seed=0)
     assert policy.best(TASK) is None
     policy.tell(TASK, 3, 2.0, 1.0)
     assert policy.best(TASK) is None
@@ -90,7 +90,7 @@ def test_steps_since_improvement_counts_from_the_last_real_gain():
 
 
 def test_sweep_goes_in_order_and_stops_after_every_config():
-    policy = SweepPolicy(SPACE, seed=0)
+    policy = SweepStrategy(SPACE, seed=0)
     asked = []
     while (config := policy.ask(TASK)) is not None:
         asked.append(config)
@@ -101,7 +101,7 @@ def test_sweep_goes_in_order_and_stops_after_every_config():
 
 def test_random_is_reproducible_per_seed_and_task_and_respects_the_cap():
     def order(seed: int, key: str) -> list[int]:
-        policy = RandomPolicy(SPACE, seed=seed, max_per_task=6)
+        policy = RandomStrategy(SPACE, seed=seed, max_per_task=6)
         task = Task(key, 1.0, 10.0, 0.05)
         asked = []
         while (config := policy.ask(task)) is not None:
@@ -116,4 +116,4 @@ def test_random_is_reproducible_per_seed_and_task_and_respects_the_cap():
 
 def test_tell_rejects_a_config_outside_the_space():
     with pytest.raises(IndexError, match="outside the search space"):
-        SweepPolicy(SPACE, seed=0).tell(TASK, len(SPACE), 1.0, 1.0)
+        SweepStrategy(SPACE, seed=0).tell(TASK, len(SPACE), 1.0, 1.0)

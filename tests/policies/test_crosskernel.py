@@ -6,12 +6,12 @@ import dataclasses
 
 import numpy as np
 
-from kdvfs.policies.crosskernel import CrossKernelPolicy
+from kdvfs.policies.crosskernel import CrossKernelStrategy
 from tests.policies.synthetic import KINDS, run, table, task_for
 from tests.policies.test_botorch import WIDE, jittered_kinds, regret
 
 
-def tune_all(policy: CrossKernelPolicy, seed: int, per_kind: int, features: bool):
+def tune_all(policy: CrossKernelStrategy, seed: int, per_kind: int, features: bool):
     kinds = jittered_kinds(seed=seed, per_kind=per_kind)
     counts, regrets, modes = [], [], []
     for i in np.random.default_rng(seed).permutation(len(kinds)):
@@ -27,7 +27,7 @@ def tune_all(policy: CrossKernelPolicy, seed: int, per_kind: int, features: bool
 
 
 def test_later_tasks_need_fewer_measurements_than_the_first():
-    policy = CrossKernelPolicy(WIDE, seed=0)
+    policy = CrossKernelStrategy(WIDE, seed=0)
     counts, regrets, modes = tune_all(policy, seed=1, per_kind=8, features=True)
     assert modes[0] == "bo" and modes[-8:].count("transfer") >= 7
     assert np.mean(counts[-8:]) <= min(counts[0] - 2, 3.0), counts
@@ -38,7 +38,7 @@ def test_later_tasks_need_fewer_measurements_than_the_first():
 def test_without_features_the_measurements_decide_the_kind():
     """A task without features starts in the largest kind; its measurements move it to the
     kind that explains them, or to BO: transfer still saves measurements."""
-    policy = CrossKernelPolicy(WIDE, seed=0)
+    policy = CrossKernelStrategy(WIDE, seed=0)
     counts, regrets, modes = tune_all(policy, seed=2, per_kind=5, features=False)
     transfer = [c for c, m in zip(counts, modes) if m == "transfer"]
     bo = [c for c, m in zip(counts, modes) if m == "bo"]
@@ -48,7 +48,7 @@ def test_without_features_the_measurements_decide_the_kind():
 
 
 def test_a_task_of_an_unseen_kind_is_tuned_by_bo():
-    policy = CrossKernelPolicy(WIDE, seed=0)
+    policy = CrossKernelStrategy(WIDE, seed=0)
     kinds = dict(jittered_kinds(seed=2, per_kind=2))
     for key in ("gemm0", "gemm1", "norm0", "norm1"):
         time_s, energy_j = table(kinds[key], WIDE)
@@ -65,7 +65,7 @@ def test_a_kind_pools_its_members_measurements():
     """What members measured at a config the founder never tried moves the kind's prediction
     there for the next member (here: 10 % more energy than the founder's curves say), and its
     uncertainty shrinks."""
-    policy = CrossKernelPolicy(WIDE, seed=0)
+    policy = CrossKernelStrategy(WIDE, seed=0)
     time_s, energy_j = table(KINDS["gemm"], WIDE)
     founder = task_for("g0", KINDS["gemm"], WIDE, budget=0.05)
     run(policy, founder, time_s, energy_j)

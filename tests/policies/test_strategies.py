@@ -5,8 +5,8 @@ away from configs known too slow, looks again when the rates change."""
 import numpy as np
 import pytest
 
-from kdvfs.policies.base import Policy, SearchSpace, Task
-from kdvfs.policies.registry import POLICIES, make_policy
+from kdvfs.policies.base import SearchSpace, Strategy, Task
+from kdvfs.policies.registry import STRATEGIES, make_strategy
 from tests.policies.synthetic import (
     KINDS,
     SMALL_CORE_MHZ,
@@ -19,24 +19,24 @@ from tests.policies.synthetic import (
 )
 
 SPACE = grid_space(SMALL_CORE_MHZ, SMALL_MEM_MHZ)
-SAFE = [name for name in POLICIES if name not in ("sweep", "random")]
+SAFE = [name for name in STRATEGIES if name not in ("sweep", "random")]
 
 
 def test_registry_names_and_protocol():
-    assert list(POLICIES) == ["sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel"]
-    for name in POLICIES:
-        policy = make_policy(name, SPACE, seed=0)
-        assert isinstance(policy, Policy) and policy.name == name
-    with pytest.raises(ValueError, match="unknown policy 'bogus'"):
-        make_policy("bogus", SPACE, seed=0)
+    assert list(STRATEGIES) == ["sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel"]
+    for name in STRATEGIES:
+        policy = make_strategy(name, SPACE, seed=0)
+        assert isinstance(policy, Strategy) and policy.name == name
+    with pytest.raises(ValueError, match="unknown strategy 'bogus'"):
+        make_strategy("bogus", SPACE, seed=0)
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(STRATEGIES))
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_finds_the_constrained_optimum(name, kind):
     time_s, energy_j = table(KINDS[kind], SPACE)
     task = task_for(kind, KINDS[kind], SPACE, budget=0.05)
-    policy = make_policy(name, SPACE, seed=0)
+    policy = make_strategy(name, SPACE, seed=0)
     asked = run(policy, task, time_s, energy_j)
     assert policy.best(task) == optimum(time_s, energy_j, task)
     assert policy.ask(task) is None  # converged stays converged
@@ -49,7 +49,7 @@ def least_cost(time_s: np.ndarray, energy_j: np.ndarray, task: Task, rate_w: flo
     return int(np.argmin(np.where(ok, energy_j + rate_w * time_s, np.inf)))
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_finds_the_least_cost_at_each_exchange_rate(name):
     """Rates around the power of the kernel: the optima at the lowest and highest rates differ
     (a compute-bound kernel trades time for energy); best() is the optimum at the middle rate
@@ -60,7 +60,7 @@ def test_finds_the_least_cost_at_each_exchange_rate(name):
     rates = (0.1 * power_w, 0.5 * power_w, 2.0 * power_w)
     optima = [least_cost(time_s, energy_j, task, r) for r in rates]
     assert optima[0] != optima[-1]
-    policy = make_policy(name, SPACE, seed=0)
+    policy = make_strategy(name, SPACE, seed=0)
     policy.exchange_rates_w = rates
     run(policy, task, time_s, energy_j)
     assert policy.best(task) == optima[1]
@@ -74,7 +74,7 @@ def test_a_change_of_rates_reopens_a_converged_task(name):
     prefers, then converges again."""
     time_s, energy_j = table(KINDS["gemm"], SPACE)
     task = task_for("gemm", KINDS["gemm"], SPACE, budget=0.15)
-    policy = make_policy(name, SPACE, seed=0)
+    policy = make_strategy(name, SPACE, seed=0)
     policy.exchange_rates_w = (2.0 * task.ref_energy_j / task.ref_time_s,)
     run(policy, task, time_s, energy_j)
     assert policy.ask(task) is None
@@ -85,10 +85,10 @@ def test_a_change_of_rates_reopens_a_converged_task(name):
     assert policy.ask(task) is None
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_never_remeasures_never_reports_over_budget(name):
     """Noisy measurements on every kind, tasks interleaved; checked against what was told."""
-    policy = make_policy(name, SPACE, seed=3)
+    policy = make_strategy(name, SPACE, seed=3)
     rng = np.random.default_rng(3)
     tasks = {k: (task_for(k, kind, SPACE, budget=0.02), *table(kind, SPACE)) for k, kind in KINDS.items()}
     told: dict[str, list[tuple[int, float]]] = {k: [] for k in tasks}
@@ -113,7 +113,7 @@ def test_never_remeasures_never_reports_over_budget(name):
 @pytest.mark.parametrize("name", SAFE)
 def test_safe_strategies_never_try_a_config_known_too_slow(name):
     """Known too slow: both clocks <= those of a config already measured over budget."""
-    policy = make_policy(name, SPACE, seed=0)
+    policy = make_strategy(name, SPACE, seed=0)
     cfg = SPACE.configs_mhz
     for kind in KINDS:
         time_s, energy_j = table(KINDS[kind], SPACE)
@@ -131,7 +131,7 @@ def test_auto_reference_off_the_grid(name):
     space = SearchSpace(SPACE.configs_mhz, reference=None)
     time_s, energy_j = table(KINDS["norm"], space)
     top = int(np.argmin(time_s))
-    policy = make_policy(name, space, seed=0)
+    policy = make_strategy(name, space, seed=0)
     task = Task("auto", float(time_s[top]) * 1.01, float(energy_j[top]) * 1.2, budget=0.05)
     asked = run(policy, task, time_s, energy_j)
     assert asked[0] == top
@@ -152,14 +152,14 @@ def test_single_memory_clock(name):
     space = SearchSpace(configs, reference=core.size - 1)
     time_s, energy_j = table(KINDS["mixed"], space)
     task = task_for("mixed", KINDS["mixed"], space, budget=0.1)
-    policy = make_policy(name, space, seed=0)
+    policy = make_strategy(name, space, seed=0)
     run(policy, task, time_s, energy_j)
     assert policy.best(task) == optimum(time_s, energy_j, task)
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_max_per_task_caps_measurements(name):
-    policy = make_policy(name, SPACE, seed=0, max_per_task=2)
+    policy = make_strategy(name, SPACE, seed=0, max_per_task=2)
     time_s, energy_j = table(KINDS["norm"], SPACE)
     task = task_for("norm", KINDS["norm"], SPACE, budget=0.05)
     assert len(run(policy, task, time_s, energy_j)) == 2
@@ -170,7 +170,7 @@ def test_model_based_strategies_on_a_wider_grid(name):
     """105 configs: the initial design alone does not reach the optima; the models must."""
     from tests.policies.test_botorch import WIDE, regret
 
-    policy = make_policy(name, WIDE, seed=0)
+    policy = make_strategy(name, WIDE, seed=0)
     counts, regrets = [], []
     for kind in KINDS:
         time_s, energy_j = table(KINDS[kind], WIDE)

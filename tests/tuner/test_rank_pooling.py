@@ -209,11 +209,11 @@ def test_a_torch_rank_pool_needs_a_process_group():
 def _service_rank(
     url: str, rank: int, ranks: int, steps: int, kill_at: int | None, service, out: dict
 ) -> None:
-    from kdvfs.service.client import ServiceClient, ServiceRankPool, service_policy
+    from kdvfs.service.client import ServiceClient, ServiceRankPool, service_strategy
 
     card = open_device(SPEC, seed=1000 * rank)
     workload = open_workload("gpt3-xl-layer", card)
-    policy = service_policy(
+    policy = service_strategy(
         ServiceClient(url),
         job="pooled-job",
         gpu_name=card.name,
@@ -325,11 +325,11 @@ def slow_service():
     server.shutdown()
 
 
-def _slow_policy(url: str, card, workload):
-    """A rank's ServicePolicy on the slow service, whose client waits 0.3 s a call."""
-    from kdvfs.service.client import ServiceClient, service_policy
+def _slow_strategy(url: str, card, workload):
+    """A rank's ServiceStrategy on the slow service, whose client waits 0.3 s a call."""
+    from kdvfs.service.client import ServiceClient, service_strategy
 
-    return service_policy(
+    return service_strategy(
         ServiceClient(url, timeout_s=0.3),
         job="slow",
         gpu_name=card.name,
@@ -349,7 +349,7 @@ def test_a_pooled_rank_waits_for_a_slow_services_decision_where_a_lone_one_answe
     workload = open_workload("gpt3-xl-layer", card)
     answers = {}
     for pooled in (False, True):
-        policy = _slow_policy(slow_service, card, workload)
+        policy = _slow_strategy(slow_service, card, workload)
         if pooled:
             ServiceRankPool(policy)
         policy.ask(Task("group0", 0.065, 20.0, BUDGET))
@@ -368,7 +368,7 @@ def test_a_pooled_rank_whose_ask_times_out_decides_alone_and_leaves_the_pool(mon
     monkeypatch.setattr(service_client, "POOLED_ASK_TIMEOUT_S", 0.3)  # the service's asks take 1 s
     card = open_device(SPEC)
     workload = open_workload("gpt3-xl-layer", card)
-    policy = _slow_policy(slow_service, card, workload)
+    policy = _slow_strategy(slow_service, card, workload)
     pool = ServiceRankPool(policy)
     policy.ask(Task("group0", 0.065, 20.0, BUDGET))
     report = SimulatedJob(card, workload).step(Schedule.stock())

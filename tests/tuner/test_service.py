@@ -419,11 +419,11 @@ def simulated_job_tuner(policy_of=None, seconds: float = 60.0):
     return tuner, job
 
 
-def job_policy(url: str, device, workload, job: str, token: str | None = None, clock=None):
-    from kdvfs.service.client import ServiceClient, service_policy
+def job_strategy(url: str, device, workload, job: str, token: str | None = None, clock=None):
+    from kdvfs.service.client import ServiceClient, service_strategy
 
     client = ServiceClient(url, token, **({"clock": clock} if clock else {}))
-    return service_policy(
+    return service_strategy(
         client,
         job=job,
         gpu_name=device.name,
@@ -442,7 +442,7 @@ def test_a_job_whose_service_is_down_tunes_exactly_as_it_would_alone(tmp_path):
     policies = []
 
     def through_dead_service(device, workload):
-        policies.append(job_policy(dead, device, workload, "lonely-job"))
+        policies.append(job_strategy(dead, device, workload, "lonely-job"))
         return policies[0]
 
     alone, alone_job = simulated_job_tuner()
@@ -457,7 +457,7 @@ def test_a_job_tunes_through_the_service_and_every_trial_is_stored(service):
     policies = []
 
     def served(device, workload):
-        policies.append(job_policy(service.url, device, workload, "served-job"))
+        policies.append(job_strategy(service.url, device, workload, "served-job"))
         return policies[0]
 
     tuner, _ = simulated_job_tuner(served)
@@ -477,7 +477,7 @@ def test_tells_made_while_the_service_was_down_reach_it_when_it_returns(tmp_path
     device = open_device("sim:rtx3080ti")
     workload = open_workload("gpt3-xl-layer", device)
     clock = Clock()
-    policy = job_policy(server.url, device, workload, "late-job", clock=clock)
+    policy = job_strategy(server.url, device, workload, "late-job", clock=clock)
     task = Task("group0@0/0", 0.05, 20.0, 0.02)
     first = policy.ask(task)
     policy.tell(task, first, 0.05, 19.0)
@@ -501,7 +501,7 @@ def test_a_job_whose_token_is_refused_tunes_locally(guarded):
 
     device = open_device("sim:rtx3080ti")
     workload = open_workload("gpt3-xl-layer", device)
-    policy = job_policy(guarded.url, device, workload, "no-token-job", token="wrong-token-0123456789")
+    policy = job_strategy(guarded.url, device, workload, "no-token-job", token="wrong-token-0123456789")
     task = Task("group0@0/0", 0.05, 20.0, 0.02)
     assert policy.ask(task) is not None
     assert policy.answers == {"service": 0, "local": 1} and "401" in policy.refused
