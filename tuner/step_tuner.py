@@ -82,8 +82,8 @@ DEFAULT_STRATEGY = "botorch"
 POLICY_TOL = 1e-4
 #: Length of one drift-watch window once Settled; s.
 WATCH_WINDOW_S = 1.0
-#: Watch windows within which an alarm must recur to be acted on (the retired online tuner's
-#: counts chunks of iterations; here a window is a second); windows.
+#: Watch windows within which an output stream's alarm must recur to be acted on (a window
+#: is WATCH_WINDOW_S); windows.
 WATCH_CONFIRM_WINDOWS = 5
 #: Watch windows a stream learns its baseline over before it may alarm; windows.
 WATCH_WARMUP = 10
