@@ -5,8 +5,9 @@
 Jobs and ranks of one fleet share their observations, decisions and plans through it. It
 binds loopback by default; bound to any other address it refuses to start without a token
 file. --db defaults to SQLite in the working directory (kdvfs-service.db); a PostgreSQL URL
-(postgresql+psycopg://...) works the same. FastAPI, uvicorn and SQLAlchemy are imported
-inside run(), so `kdvfs --help` stays quick.
+(postgresql+psycopg://...) works the same. FastAPI, uvicorn and SQLAlchemy (the `service`
+extra; psycopg for PostgreSQL: the `postgres` extra) are imported inside run(), so
+`kdvfs --help` stays quick and a missing extra is one line naming it.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
 
     if not is_loopback(args.host) and args.token_file is None:
         raise KdvfsError(f"refusing to bind {args.host} (not loopback) without --token-file")
+    from kdvfs.extras import require_extra
+
+    require_extra("service", ["fastapi", "uvicorn", "sqlalchemy"], "the tuning service")
+    if args.db.startswith("postgresql"):
+        require_extra("postgres", ["psycopg"], "a PostgreSQL database")
     import logging
 
     import uvicorn

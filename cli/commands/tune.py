@@ -114,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
         raise KdvfsError("--token-file and --job need --service URL")
     if args.service is not None and not args.service.startswith(("http://", "https://")):
         raise KdvfsError(f"--service: {args.service!r} is not an http:// or https:// URL")
+    if args.service is not None:
+        from kdvfs.extras import require_extra
+
+        require_extra("service", ["httpx"], "the tuning service's client (--service)")
     return _Tune(args).run()
 
 

@@ -65,3 +65,10 @@ def test_peers_refuses_an_unknown_peer_with_one_line(capsys):
     assert main(["peers", "nope", "--no-mlflow"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown peer 'nope'" in err[0]
+
+
+@pytest.mark.parametrize("flag, value", [("--peers", "kdvfs"), ("--scenario", "power-cap")])
+def test_compare_compares_strategies_only_peers_and_scenarios_are_their_own_commands(capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", flag, value, "--no-mlflow"])
+    assert exit_.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
