@@ -13,8 +13,10 @@ The public names a user needs, importable from `kdvfs` itself (loaded on first u
 - values: `ClockPair`, `ClockGrid`, `Kernel`, `Workload`, `KdvfsError`.
 
 The layers themselves are `kdvfs.runtime` (the machine), `kdvfs.envs` (Gymnasium),
-`kdvfs.policies` (search strategies), `kdvfs.tuner` (orchestration, plans, CLI) and
-`kdvfs.experiments` (runnable studies); see docs/design.md.
+`kdvfs.policies` (search strategies), `kdvfs.tuner` (orchestration, plans), `kdvfs.service`
+(the tuning service; the `service` extra), `kdvfs.cli` (the `kdvfs` command line) and
+`kdvfs.experiments` (runnable studies); see docs/design.md. Optional parts and their extras:
+`kdvfs.extras`.
 """
 
 from __future__ import annotations
