@@ -78,14 +78,15 @@ def test_missing_library_and_bad_index_are_nvml_unavailable(fake, lease_dir):
 
 
 def test_energy_counter_is_in_joules_and_steps(fake, lease_dir):
+    now_s = [0.0]  # the card's clock, moved by the test
+    state = fake_pynvml.configure(clock=lambda: now_s[0])
     with NvmlDevice(0, lease_dir=lease_dir) as dev:
         assert dev.energy_counter
         first = dev.energy_j()
-        time.sleep(0.25)
+        now_s[0] += 0.25
         gained = dev.energy_j() - first
-    # 82.8 W in steps of 0.1 s: 0.25 s of waiting crosses two or three steps
-    assert gained == pytest.approx(82.799 * 0.1 * round(gained / 8.2799), abs=2e-3)  # whole mJ
-    assert 2 <= round(gained / 8.2799) <= 3
+    # 82.8 W in steps of 0.1 s: 0.25 s cross two steps
+    assert gained == pytest.approx(state.power_mw / 1000 * 2 * state.energy_period_s, abs=2e-3)  # whole mJ
 
 
 def test_energy_falls_back_to_integrated_power_where_counter_not_supported(fake, lease_dir):
