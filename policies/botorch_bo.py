@@ -171,6 +171,12 @@ class BotorchStrategy(SafeExplorer):
         lower_t, upper_t = self.facts.log_time_bounds(log, task)
         return np.clip(mean_t, lower_t, upper_t) <= safe_log_limit(task, self.margin)
 
+    def fitted_on(self, task_key: str) -> int | None:
+        """How many observations of the task its GP hyperparameters were last fitted on (None:
+        not fitted on its own data yet)."""
+        fit = self._fits.get(task_key)
+        return None if fit is None else fit.n_obs
+
     def model(self, task: Task, log: TaskLog) -> ModelListGP:
         """The task's GPs on all its data; hyperparameters refitted every refit_every points.
         A task without a fit of its own starts from the last fit of another (same grid, log

@@ -72,9 +72,8 @@ def test_hyperparameters_are_refitted_only_every_refit_every_points():
         if config is None:
             break
         policy.tell(task, config, float(time_s[config]), float(energy_j[config]))
-        # The refit schedule has no public face: read the policy's own record of its fits.
-        if policy._fits.get(task.key) is not None:
-            fitted_at.append(policy._fits[task.key].n_obs)
+        if policy.fitted_on(task.key) is not None:
+            fitted_at.append(policy.fitted_on(task.key))
     steps = sorted(set(fitted_at))
     assert len(steps) >= 2 and all(b - a >= 3 for a, b in itertools.pairwise(steps))
 
@@ -94,7 +93,7 @@ def test_curves_match_measurements_and_refit_when_due():
     for config in (0, 1, 2):  # enough new data that curves() must refit first
         policy.tell(task, config, float(time_s[config]), float(energy_j[config]))
     curves = policy.curves(task)
-    assert policy._fits[task.key].n_obs == policy.log(task).measured.sum()  # its fits: no public face
+    assert policy.fitted_on(task.key) == policy.log(task).measured.sum()
     measured = policy.log(task).measured
     # noiseless data: the posterior mean passes through it, with little uncertainty there
     assert np.allclose(np.exp(curves.log_t[measured]) * task.ref_time_s, time_s[measured], rtol=0.01)
