@@ -6,7 +6,8 @@ imports kdvfs.runtime):
 - the strategies: `SweepStrategy`, `RandomStrategy`, `EpsilonGreedyStrategy`, `UcbStrategy`,
   `ThompsonStrategy`, `BotorchStrategy`, `CrossKernelStrategy`, `AgentStrategy` (a trained PPO agent:
   `train_agent`, `load_agent`), and by name `make_strategy`, `STRATEGIES`;
-- for writing a strategy: `BaseStrategy`, `SafeExplorer`, `TaskLog`, `GridFacts`, `BeliefModel`.
+- for writing a strategy: `BaseStrategy`, `SafeExplorer`, `TaskLog`, `GridFacts`, `BeliefModel`,
+  `steps_since_improvement` (the convergence count the strategies share).
 
 How each strategy searches and why: docs/design-policies.md.
 """
@@ -35,6 +36,7 @@ _PUBLIC: dict[str, str] = {
     "SafeExplorer": "_common",
     "TaskLog": "_common",
     "GridFacts": "_common",
+    "steps_since_improvement": "_common",
     "BeliefModel": "beliefs",
 }
 

@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 
-from kdvfs.policies import GridFacts, RandomStrategy, SearchSpace, SweepStrategy, Task, TaskLog
-
-# The convergence count the strategies share: a helper inside _common, tested here directly
-# because its edge cases (seeded configs, several rates) are hard to reach through a policy.
-from kdvfs.policies._common import steps_since_improvement
+# steps_since_improvement, the convergence count the strategies share, is tested directly: its
+# edge cases (seeded configs, several rates) are hard to reach through a strategy
+from kdvfs.policies import (
+    GridFacts,
+    RandomStrategy,
+    SearchSpace,
+    SweepStrategy,
+    Task,
+    TaskLog,
+    steps_since_improvement,
+)
 from tests.policies.synthetic import SMALL_CORE_MHZ, SMALL_MEM_MHZ, grid_space
 
 SPACE = grid_space(SMALL_CORE_MHZ, SMALL_MEM_MHZ)
