@@ -1,4 +1,4 @@
-"""IterationDVFS-v1: the step-driven tuner's loop as a learning agent sees it. One env step is
+"""TrialDVFS-v0: the step-driven tuner's loop as a learning agent sees it. One env step is
 one trial in training (A-B-B-A windows of whole steps, candidate against the incumbent) of
 the pair the action picks for the group being explored, paid the compute-waste reward of the
 tuner's own judgement of that trial.
@@ -26,7 +26,7 @@ from kdvfs.envs.reward import trial_reward
 from kdvfs.policies._common import GridFacts, TaskLog
 from kdvfs.policies.agent import observation_space, search_mask, search_observation, task_log
 from kdvfs.policies.base import SearchSpace, Task
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.trials import (
     REFERENCE_S,
@@ -116,13 +116,13 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
     `adopted`), `group`, `pair`, `running_saving` (the incumbent's measured saving against
     stock), `run_slowdown` (the whole run's against stock so far, exploration included),
     `device_s` (training seconds this call ran), `source` ("simulated" or "replayed").
-    `env.incumbent` is the schedule adopted so far. Seeding as IterationDVFS-v0's: a spec'd
+    `env.incumbent` is the schedule adopted so far. Seeding as StepDVFS-v0's: a spec'd
     device is re-opened, fresh, with each seeded reset's seed.
 
     ```python
     >>> import gymnasium as gym
     >>> import kdvfs.envs
-    >>> env = gym.make("kdvfs/IterationDVFS-v1", device="sim:rtx3080ti", workload="gpt3-xl-layer",
+    >>> env = gym.make("kdvfs/TrialDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer",
     ...                window_s=0.5, blocks=2, reference_s=2.0, trials_per_group=2)
     >>> obs, info = env.reset(seed=0)
     >>> float(obs.sum())
@@ -158,8 +158,8 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
         ):
             positive(name, value)
         self._target = EnvTarget(device, workload, noise)
-        if not hasattr(self.device, "expected_iteration"):
-            raise KdvfsError("IterationDVFS-v1 needs a simulated (sim:) or replayed (replay:) device")
+        if not hasattr(self.device, "expected_step"):
+            raise KdvfsError("TrialDVFS-v0 needs a simulated (sim:) or replayed (replay:) device")
         self.budget = budget
         self.trials_per_group = int(trials_per_group)
         self.window_s = window_s

@@ -2,7 +2,7 @@
 
     python -m kdvfs.experiments.agent_strategy --device sim:rtx3080ti --seeds 5
 
-The agent (MaskablePPO, policies/agent.py) is trained once through kdvfs/IterationDVFS-v1 on
+The agent (MaskablePPO, policies/agent.py) is trained once through kdvfs/TrialDVFS-v0 on
 a card of its own seed (tuner/compare.py: train_agent_on, --agent-steps trials), then searches
 each seed's kernels as the other strategies do: isolated replay, the plan solved and verified,
 evaluated noiselessly against the full sweep. Printed (JSON): each strategy's median saving,

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kdvfs.runtime.distributed import nvml_index
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.nvml_device import NvmlDevice, load_nvml
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.torch_discovery import discover_workload, workload_sites
 from kdvfs.runtime.torch_integration import KdvfsTrainer, hf_callback, lightning_callback, site_schedule
 from kdvfs.runtime.trace import load_trace

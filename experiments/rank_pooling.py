@@ -22,9 +22,9 @@ import argparse
 import json
 import statistics
 
-from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.ranks import SimulatedDataParallel
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import schedule_figures
 from kdvfs.tuner.session import reached_after_s
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import StepTuner
@@ -51,7 +51,7 @@ def run_job(args, seed: int, ranks: int, noiseless, workload, prior):
         prior=prior,
         pool=job.pool(0) if ranks > 1 else None,
     )
-    stock_s, _ = card.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    stock_s, _ = card.expected_step([(k, None, k.launches) for k in workload.kernels])
     worst = [0.0]
 
     def watch(reports, _schedules) -> None:

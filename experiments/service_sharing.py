@@ -26,8 +26,8 @@ import uuid
 from pathlib import Path
 
 from kdvfs.experiments.service_load import Service, _free_port
-from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import schedule_figures
 from kdvfs.service.client import ServiceClient, ServicePlanStore, service_strategy, store_plan
 from kdvfs.tuner.report import tune_report
 from kdvfs.tuner.session import Prior, TuneSession, choose_prior, reached_after_s

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from kdvfs.runtime.iteration import Schedule, schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule, schedule_figures
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.tuner.session import reached_after_s
 from kdvfs.tuner.step_priors import model_plan
@@ -44,7 +44,7 @@ def run_seed(
 ):
     device = open_device(spec, seed=seed)
     workload = open_workload(workload_spec, device)
-    stock_s, stock_j = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    stock_s, stock_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
     tuner = StepTuner(
         workload,
         device.grid.pairs,

@@ -6,7 +6,7 @@ the mean step time over 1 s):
   over consecutive 1-s windows, CV across windows (relative s.d. x sqrt(1 s));
 - `group_window_sd`: one group's time over consecutive 2-s windows of a schedule that leaves
   one group at stock (capped) among locked ones, run as tests/tuner/test_drift.py runs it
-  (IterationRunner: one iteration kernel by kernel, the rest fast-forwarded), relative s.d.
+  (StepRunner: one step kernel by kernel, the rest fast-forwarded), relative s.d.
 
     python -m kdvfs.experiments.timing_noise --device sim:h200 [--workload gpt3-xl-layer]
         [--seconds 60] [--windows 100] [--seed 0]
@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.types import ClockPair
 
@@ -68,17 +68,17 @@ def group_sd(device_spec: str, workload_spec: str, windows: int, seed: int) -> d
     """Relative s.d. of each group's time over consecutive 2-s windows of a mixed schedule."""
     device = open_device(device_spec, seed=seed)
     workload = open_workload(workload_spec)
-    runner = IterationRunner(device, workload)
+    runner = StepRunner(device, workload)
     schedule = mixed_schedule(list(device.grid.pairs), len(workload))
     starts = [s for s, _ in schedule.groups] + [len(workload)]
     spans = list(itertools.pairwise(starts))
-    iteration_s = runner.run(schedule, 1)[1]
-    iterations = max(1, int(GROUP_WINDOW_S / iteration_s))
-    runner.run(schedule, int(SETTLE_S / iteration_s))
+    step_s = runner.run(schedule, 1)[1]
+    steps = max(1, int(GROUP_WINDOW_S / step_s))
+    runner.run(schedule, int(SETTLE_S / step_s))
     values = np.array(
         [
             [float(times[a:b].sum()) for a, b in spans]
-            for times, _ in (runner.run(schedule, iterations) for _ in range(windows))
+            for times, _ in (runner.run(schedule, steps) for _ in range(windows))
         ]
     )
     sd = values.std(axis=0, ddof=1) / values.mean(axis=0)

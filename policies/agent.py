@@ -10,7 +10,7 @@ stable-baselines3) picks a task's next clock pair from what the task has measure
 - `AgentStrategy` ("ppo"): ask = the model's greedy action on that view, masked; converged
   after PATIENCE measurements that improved nothing.
 - `train_agent`, `load_agent`: train one through a Gymnasium env that shows this view and has
-  `action_masks()` (kdvfs/IterationDVFS-v1), or load a saved one.
+  `action_masks()` (kdvfs/TrialDVFS-v0), or load a saved one.
 
 stable-baselines3 and sb3-contrib load on first use (they pull in torch). Why the agent is
 built so: docs/agent-strategy.md.

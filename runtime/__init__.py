@@ -5,7 +5,7 @@ Public names (loaded on first use, so that importing this package stays quick):
 - devices: `Device`, `RunnableDevice` (the interfaces), `SimulatedDevice`, `ReplayDevice`,
   `NvmlDevice`, and by name `open_device`, `open_workload`;
 - workloads: `gpt3_xl_layer`, `load_trace`, `discover_workload`, `load_table`;
-- measurement: `measure_isolated`, `measure_reference_iterations`, `Schedule`, `IterationRunner`;
+- measurement: `measure_isolated`, `measure_reference_steps`, `Schedule`, `StepRunner`;
 - drift on the simulated card: `Scenario`, `get_scenario`;
 - training integration: `KdvfsTrainer`, `lightning_callback`, `hf_callback`, `shared_decision`;
 - the clock daemon (locks clocks for jobs that are not root): `ClockDaemon`, `DaemonClient`.
@@ -36,9 +36,9 @@ _PUBLIC: dict[str, str] = {
     "discover_workload": "torch_discovery",
     "load_table": "tables",
     "measure_isolated": "measure",
-    "measure_reference_iterations": "measure",
-    "Schedule": "iteration",
-    "IterationRunner": "iteration",
+    "measure_reference_steps": "measure",
+    "Schedule": "schedule",
+    "StepRunner": "schedule",
     "Scenario": "scenarios",
     "get_scenario": "scenarios",
     "KdvfsTrainer": "torch_integration",

@@ -78,9 +78,7 @@ class RunnableDevice(KernelRunner, Protocol):
         """Noiseless (time_s, energy_j) of one launch at a locked pair, or at the reference
         (pair=None: stock auto mode on a simulated card, the highest pair on a table)."""
 
-    def expected_iteration(
-        self, items: Sequence[tuple[Kernel, ClockPair | None, float]]
-    ) -> tuple[float, float]:
-        """Noiseless (time_s, energy_j) of one training iteration run over and over: items are
+    def expected_step(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+        """Noiseless (time_s, energy_j) of one training step run over and over: items are
         (kernel, pair, launches). Unlike a sum of expected(), this is at the temperature the
-        iteration itself settles at (a plan that draws less power runs cooler)."""
+        step itself settles at (a plan that draws less power runs cooler)."""

@@ -1,10 +1,10 @@
 """Measurement as a real card allows it: isolated replay of one kernel at one clock setting,
-and the reference measured as training iterations at stock clocks.
+and the reference measured as training steps at stock clocks.
 
 - `measure_isolated` / `IsolatedResult`: one kernel run back to back in chunks (`CHUNK_S`),
   the energy window opened and closed at observed counter updates; energy per launch is the
   window's mean power times the time per launch; `THROTTLES` marks clocks that did not hold;
-- `measure_reference_iterations` / `IterationReference`: whole iterations at stock clocks,
+- `measure_reference_steps` / `StepReference`: whole steps at stock clocks,
   with the spread of sub-windows (`SUB_WINDOW_S`) as the noise estimate.
 
 Why windows end at counter updates, and what that resolves: docs/design-runtime.md.
@@ -109,44 +109,44 @@ def _await_counter(device: KernelRunner, work) -> tuple[float, int]:
 
 
 @dataclass(frozen=True)
-class IterationReference:
-    """The reference measured in training conditions: iterations at stock clocks after the
+class StepReference:
+    """The reference measured in training conditions: steps at stock clocks after the
     card has settled to its training temperature. kernel_time_s: each kernel's time per
-    iteration (launches included), from launch timings; time_rel_sd: relative s.d. of the
-    iteration time between 1-s sub-windows (the measurement noise, without thermal drift)."""
+    step (launches included), from launch timings; time_rel_sd: relative s.d. of the
+    step time between 1-s sub-windows (the measurement noise, without thermal drift)."""
 
     kernel_time_s: np.ndarray
-    iteration_time_s: float
-    iteration_energy_j: float
+    step_time_s: float
+    step_energy_j: float
     time_rel_sd: float
-    iterations: int  # in the measured window
-    all_iterations: int  # warm-up included
+    steps: int  # in the measured window
+    all_steps: int  # warm-up included
     cost_s: float
 
 
-def measure_reference_iterations(
+def measure_reference_steps(
     device: KernelRunner, kernels: Sequence[Kernel], warmup_s: float = 120.0, window_s: float = 20.0
-) -> IterationReference:
-    """Run the iteration at stock clocks for warmup_s (thermal settling: four time constants of
+) -> StepReference:
+    """Run the step at stock clocks for warmup_s (thermal settling: four time constants of
     a card's ~20-30 s), then measure window_s of it (an energy counter read over 20 s averages
-    20 one-second noise periods). In a training job these are ordinary iterations at stock."""
+    20 one-second noise periods). In a training job these are ordinary steps at stock."""
     start_s = device.now_s()
     device.reset_clocks()
     warmup = 0
     while device.now_s() - start_s < warmup_s or warmup == 0:
-        _step(device, lambda: _iteration(device, kernels))
+        _step(device, lambda: _one_step(device, kernels))
         warmup += 1
-    warmup += _await_counter(device, lambda: _iteration(device, kernels))[1]
+    warmup += _await_counter(device, lambda: _one_step(device, kernels))[1]
     energy_a, t_a = device.energy_j(), device.now_s()
     totals = np.zeros(len(kernels))
     sub_means: list[float] = []
-    sub_t, sub_n, iterations = 0.0, 0, 0
+    sub_t, sub_n, steps = 0.0, 0, 0
     while device.now_s() - t_a < window_s or device.energy_j() == energy_a:
         if device.now_s() - t_a > window_s + COUNTER_WAIT_S:
             raise KdvfsError(f"the energy counter did not update in {COUNTER_WAIT_S:g} s of device time")
-        times = _step(device, lambda: _iteration(device, kernels))
+        times = _step(device, lambda: _one_step(device, kernels))
         totals += times
-        iterations += 1
+        steps += 1
         sub_t += times.sum()
         sub_n += 1
         if sub_t >= SUB_WINDOW_S:
@@ -155,18 +155,18 @@ def measure_reference_iterations(
         if device.now_s() - t_a >= window_s and device.energy_j() != energy_a:
             break
     power_w = (device.energy_j() - energy_a) / (device.now_s() - t_a)
-    kernel_time_s = totals / iterations
+    kernel_time_s = totals / steps
     rel_sd = float(np.std(sub_means, ddof=1) / np.mean(sub_means)) if len(sub_means) > 1 else 0.0
-    return IterationReference(
+    return StepReference(
         kernel_time_s,
         float(kernel_time_s.sum()),
         power_w * float(kernel_time_s.sum()),
         rel_sd,
-        iterations,
-        warmup + iterations,
+        steps,
+        warmup + steps,
         device.now_s() - start_s,
     )
 
 
-def _iteration(device: KernelRunner, kernels: Sequence[Kernel]) -> np.ndarray:
+def _one_step(device: KernelRunner, kernels: Sequence[Kernel]) -> np.ndarray:
     return np.array([device.run(k, k.launches) for k in kernels])

@@ -128,8 +128,8 @@ class ModelDevice:
 
     def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:
         """Fast-forward: what the device did since start_s happens `times` more times (steady
-        state: a training iteration repeated). Its noise is redrawn for the whole stretch, with
-        the s.d. of a mean over the noise periods it spans, as that many iterations would
+        state: a training step repeated). Its noise is redrawn for the whole stretch, with
+        the s.d. of a mean over the noise periods it spans, as that many steps would
         average. Returns the seconds added."""
         span_s = self._now_s - start_s
         if times <= 0 or span_s <= 0:
@@ -153,9 +153,7 @@ class ModelDevice:
             raise KdvfsError(f"{self.name}: unsupported clock pair {pair}")
         return self._launch_cost(kernel, pair)
 
-    def expected_iteration(
-        self, items: Sequence[tuple[Kernel, ClockPair | None, float]]
-    ) -> tuple[float, float]:
+    def expected_step(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
         time_s = energy_j = 0.0
         for kernel, pair, launches in items:
             t, e = self.expected(kernel, pair)

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob, StepController, StepReport
 from kdvfs.runtime.types import KdvfsError, Workload
 

@@ -1,14 +1,14 @@
 """Drift scenarios on the simulated device: what changes under a settled plan, and when.
 
-Each scenario is a change to the simulated job that lands after `at_iteration` training
-iterations have run:
+Each scenario is a change to the simulated job that lands after `at_step` training
+steps have run:
 - ambient-step: the inlet air warms by 15 C (the card heats up, leaks more, may throttle);
 - power-cap: the operator lowers the power limit to 5/7 of it (h200: 700 -> 500 W);
 - gpu-swap: the job restarts on another card (h200 <-> h100, rtx3080ti <-> a100): a new device;
 - workload-change: the batch size doubles (the kernels' sizes, hence the workload signature).
 The card is changed in place where it stays the same card (ambient, cap), as an operator
-would; a swap returns a new device. A loop running chunks of iterations cuts its chunk at the
-change (Scenario.iterations_before) and applies it when it is due (Scenario.due).
+would; a swap returns a new device. A loop running chunks of steps cuts its chunk at the
+change (Scenario.steps_before) and applies it when it is due (Scenario.due).
 """
 
 from __future__ import annotations
@@ -35,26 +35,26 @@ Change = Callable[[SimulatedDevice, Workload, int], tuple[SimulatedDevice, Workl
 
 @dataclass(frozen=True)
 class Scenario:
-    """A named change to the simulated job, landing after at_iteration training iterations."""
+    """A named change to the simulated job, landing after at_step training steps."""
 
     name: str
     summary: str
     change: Change
-    at_iteration: int = 0
+    at_step: int = 0
 
-    def at(self, iteration: int) -> Scenario:
-        """The same change, landing after `iteration` iterations."""
-        if iteration < 0:
-            raise KdvfsError(f"scenario {self.name}: iteration {iteration} is negative")
-        return replace(self, at_iteration=iteration)
+    def at(self, step: int) -> Scenario:
+        """The same change, landing after `step` steps."""
+        if step < 0:
+            raise KdvfsError(f"scenario {self.name}: step {step} is negative")
+        return replace(self, at_step=step)
 
-    def iterations_before(self, done: int, n: int) -> int:
-        """How many of the next n iterations to run so that a chunk stops at the change."""
-        return min(n, self.at_iteration - done) if done < self.at_iteration else n
+    def steps_before(self, done: int, n: int) -> int:
+        """How many of the next n steps to run so that a chunk stops at the change."""
+        return min(n, self.at_step - done) if done < self.at_step else n
 
     def due(self, done_before: int, done: int) -> bool:
-        """The change lands in the iterations (done_before, done] just run."""
-        return done_before < self.at_iteration <= done
+        """The change lands in the steps (done_before, done] just run."""
+        return done_before < self.at_step <= done
 
     def apply(
         self, device: SimulatedDevice, workload: Workload, *, seed: int = 0
@@ -116,8 +116,8 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def get_scenario(name: str, at_iteration: int = 0) -> Scenario:
-    """A scenario by name, landing after at_iteration iterations."""
+def get_scenario(name: str, at_step: int = 0) -> Scenario:
+    """A scenario by name, landing after at_step steps."""
     if name not in SCENARIOS:
         raise KdvfsError(f"unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
-    return SCENARIOS[name].at(at_iteration)
+    return SCENARIOS[name].at(at_step)

@@ -9,7 +9,7 @@
   `window_control` (the control that holds a window's mean power at the cap),
   `controlled_point`, `windows`; `control_level` / `level_control` (a control as one number).
 - `SimulatedDevice`: a ModelDevice (source "simulated") over a preset: noiseless figures at
-  the iteration's own steady temperature (`expected`, `expected_iteration`, the latter with
+  the step's own steady temperature (`expected`, `expected_step`, the latter with
   the cap held per window), timed launches with a first-order thermal state and a controller
   whose level is carried from window to window (`_close_window`), operator changes (`set_ambient_c`,
   `set_power_cap_w`) and the sensors NVML would give (temperature, power limit, SM clock,
@@ -429,9 +429,7 @@ class SimulatedDevice(ModelDevice):
         op = self.point(kernel, pair)
         return op.time_s, op.energy_j
 
-    def expected_iteration(
-        self, items: Sequence[tuple[Kernel, ClockPair | None, float]]
-    ) -> tuple[float, float]:
+    def expected_step(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
         """Noiseless time and energy of the items run over and over, at their own steady
         temperature (steady_temperature_c)."""
         return self._figures(items, self.steady_temperature_c(items))
@@ -440,7 +438,7 @@ class SimulatedDevice(ModelDevice):
         """The steady temperature T = ambient + R_th x mean power(T) of the items run over and
         over. The gap ambient + R_th x P(T) - T falls as T rises (leakage adds far less than a
         degree per degree; above the thermal limit the cap pulls power down), so its root is
-        unique and bisection finds it, where plain iteration oscillates at the thermal limit."""
+        unique and bisection finds it, where plain step oscillates at the thermal limit."""
         for pair in {pair for _, pair, _ in items} - {None}:
             self.grid.index(pair)
         lo = self.ambient_c

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kdvfs.runtime.device import Device
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import PASSES, Kernel, Workload
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@
   the enforced power limit. It crosses from runtime/ to tuner/.
 - `StepController`: the Protocol of whoever answers a report with the next steps' Schedule
   (tuner/step_tuner.py's StepTuner).
-- `SimulatedJob`: steps of a Workload on a ModelDevice through IterationRunner under the
+- `SimulatedJob`: steps of a Workload on a ModelDevice through StepRunner under the
   schedule it is given, one StepReport per step (`step`, or `run_kernels` then `end_step`
   for ranks that wait for one another); `run()` is the training loop (clocks back to
   stock when it ends, by an exception too); `change_workload` swaps the step's kernels mid-run
@@ -26,8 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
-from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.types import KdvfsError, Workload
 
 
@@ -92,7 +92,7 @@ class SimulatedJob:
         self.device = device
         self.workload = workload
         self.dry_run = dry_run
-        self.runner = IterationRunner(device, workload)
+        self.runner = StepRunner(device, workload)
         self.requests: list[tuple[int, Schedule]] = []
         """(step index, schedule) of every change of the requested schedule, applied or not."""
         self.steps = 0
@@ -139,7 +139,7 @@ class SimulatedJob:
     def change_workload(self, workload: Workload) -> None:
         """The job's steps run these kernels from now on (the schedule requested stays)."""
         self.workload = workload
-        self.runner = IterationRunner(self.device, workload)
+        self.runner = StepRunner(self.device, workload)
         self.runner.forget_requests()
 
     def run(

@@ -37,7 +37,7 @@ import torch
 
 from kdvfs.runtime import clock_lease
 from kdvfs.runtime.device import Device, RunnableDevice
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.step_feed import COUNTER_POLL_S, CounterPoller, site_groups
 from kdvfs.runtime.steps import StepController, StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, StepSites, workload_sites

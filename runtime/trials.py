@@ -1,6 +1,6 @@
 """Measurement in training: the core a step-driven controller measures candidates with, fed
 by the job's StepReports (runtime/steps.py). The tuner (tuner/step_tuner.py) and the
-Gymnasium environment (envs/iteration_env.py) both measure through it.
+Gymnasium environment (envs/step_env.py) both measure through it.
 
 - `pass_boundaries`, `switchable_groups`: where a job can switch clocks, and the groups a card
   can switch between from segment times and its switch latency.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import Workload
 

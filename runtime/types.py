@@ -101,7 +101,7 @@ KERNEL_KINDS = (
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel of a training iteration.
+    """One kernel of a training step.
 
     flops / bytes_moved drive the simulator; features are what a search strategy may use as
     context (recorded counters, pass, size). ref_time_s is a recorded duration, if any.
@@ -124,7 +124,7 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Workload:
-    """The ordered kernels of one training iteration."""
+    """The ordered kernels of one training step."""
 
     name: str
     kernels: tuple[Kernel, ...]

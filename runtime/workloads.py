@@ -1,4 +1,4 @@
-"""Analytic workloads: the kernels one training iteration launches, with flops and bytes.
+"""Analytic workloads: the kernels one training step launches, with flops and bytes.
 
 `gpt3_xl_layer` is one GPT-3-XL transformer layer (d_model 2048, 16 heads, MLP 4x) trained
 with bf16 activations, fp32 master weights and AdamW, as the kernels an llm.c-style

@@ -21,7 +21,7 @@ _PUBLIC: dict[str, str] = {
     "Point": "kdvfs.tuner.session",
     "Prior": "kdvfs.tuner.session",
     "choose_prior": "kdvfs.tuner.session",
-    "schedule_figures": "kdvfs.runtime.iteration",
+    "schedule_figures": "kdvfs.runtime.schedule",
     # search strategies against the sweep
     "run_search": "kdvfs.tuner.search",
     "SearchResult": "kdvfs.tuner.search",

@@ -4,7 +4,7 @@ The full sweep runs once per seed as the target; every strategy runs on a fresh 
 seed (same seed: same noise draws for every strategy). Comparison holds what is done so far
 (an interrupted comparison keeps it); compare_strategies runs one to the end. Each search is
 logged as a nested MLflow run under one parent when a Tracker is given. The learning agent
-("ppo") is trained once, before the seeds, through kdvfs/IterationDVFS-v1 on a card of its own
+("ppo") is trained once, before the seeds, through kdvfs/TrialDVFS-v0 on a card of its own
 seed (`train_agent_on`), or loaded; it then serves every seed (docs/agent-strategy.md).
 """
 
@@ -23,7 +23,7 @@ from kdvfs.tuner.search import SearchResult, run_search, search_space
 from kdvfs.tuner.sweep import evaluate, run_sweep
 from kdvfs.tuner.text import plan_json, run_identity
 
-#: Trials the ppo strategy is trained through kdvfs/IterationDVFS-v1 when no agent is given; trials.
+#: Trials the ppo strategy is trained through kdvfs/TrialDVFS-v0 when no agent is given; trials.
 AGENT_STEPS = 256
 #: Seed of the card the agent trains on: none of the compared seeds (0 .. seeds - 1).
 AGENT_TRAIN_SEED = 1000
@@ -49,7 +49,7 @@ def train_agent_on(
     noise: float | None = None,
     full_grid: bool = False,
 ):
-    """A MaskablePPO agent trained `steps` trials through kdvfs/IterationDVFS-v1 on a fresh card
+    """A MaskablePPO agent trained `steps` trials through kdvfs/TrialDVFS-v0 on a fresh card
     of AGENT_TRAIN_SEED; (model, what the training cost: trials, device s, CPU s)."""
     import time
 
@@ -60,7 +60,7 @@ def train_agent_on(
     start = time.process_time()
     device = open_device(device_spec, seed=AGENT_TRAIN_SEED, noise=noise, full_grid=full_grid)
     env = gymnasium.make(
-        "kdvfs/IterationDVFS-v1",
+        "kdvfs/TrialDVFS-v0",
         device=device,
         workload=open_workload(workload_spec, device),
         budget=budget,
@@ -143,7 +143,7 @@ class Comparison:
         device_spec: the device (`sim:PRESET`, `replay:CSV`), opened fresh for every run.
         workload_spec: the workload (`gpt3-xl-layer`, `trace:CSV`, `table`).
         strategies: names of the search strategies (policies.registry).
-        budget: allowed slowdown of the iteration, e.g. 0.01.
+        budget: allowed slowdown of the step, e.g. 0.01.
         seeds: runs per strategy, seeds 0..seeds-1 (the sweep runs once per seed).
         max_per_kernel: most measurements a search makes per kernel; None: the strategy's own.
         noise: measurement-noise scale; None: the device's.

@@ -1,8 +1,8 @@
-"""Drift detection under a settled plan: has a group's time or the iteration's energy moved?
+"""Drift detection under a settled plan: has a group's time or the step's energy moved?
 
 - CusumDetector: a self-starting two-sided CUSUM on one stream of relative residuals
   (cusum_arl0 and cusum_threshold design its threshold h for an in-control run length).
-- DriftMonitor: one detector per named stream (the iteration's time, its energy, each
+- DriftMonitor: one detector per named stream (the step's time, its energy, each
   group's time: group_stream / stream_group name them), with confirmation of alarms.
 - ConditionWatch: the inputs a plan was made under, read not inferred: the enforced power
   limit (limit_moved) and the settled temperature; Condition names what moved.

@@ -4,7 +4,7 @@
   two stages: a Lagrangian DP walking the (time, energy) hull (_walk_hull), then, when the
   gap is worth closing, a DP over discretised slack (_Planner.within).
 - evaluate_grouping: a grouping's time and energy under the device model (switches land
-  switch_latency_s after their group starts; _iterate).
+  switch_latency_s after their group starts; _run_step).
 - Group, Grouping: the result.
 
 Design (the device model, the two stages, why every pair is a candidate):
@@ -33,7 +33,7 @@ _GAP_WORTH_CLOSING = 1e-4
 
 @dataclass(frozen=True)
 class Group:
-    """Kernels [start, end) of one iteration under one requested pair (a column index of the
+    """Kernels [start, end) of one step under one requested pair (a column index of the
     planner's matrices). lag_kernels: how many of them ran at another pair (while the switch
     was pending). time_s / energy_j: the group's figures, those kernels included."""
 
@@ -47,10 +47,10 @@ class Group:
 
 @dataclass(frozen=True)
 class Grouping:
-    """A segmentation of one iteration and its steady-state figures.
+    """A segmentation of one step and its steady-state figures.
 
-    switches: clock changes per iteration. unsettled: switch requests still pending when the
-    next one was made or the iteration ended (0 for plans from group_kernels).
+    switches: clock changes per step. unsettled: switch requests still pending when the
+    next one was made or the step ended (0 for plans from group_kernels).
     dual_bound_j / gap: from group_kernels (no plan of its kind within the limit spends less
     than dual_bound_j); NaN for an evaluated grouping. feasible: within the time limit.
     """
@@ -73,9 +73,9 @@ def group_kernels(
     budget: float,
     resolution: int = 2000,
 ) -> Grouping:
-    """Least-energy grouping with iteration time <= (1 + budget) * reference_time_s.
+    """Least-energy grouping with step time <= (1 + budget) * reference_time_s.
 
-    time_s[k, c], energy_j[k, c]: kernel k of the iteration (in order, launches included) at
+    time_s[k, c], energy_j[k, c]: kernel k of the step (in order, launches included) at
     candidate pair c. Every kernel needs a finite figure at every pair, since any kernel may
     run at the pair of the group before it. resolution: slack units of the discretised DP.
     When even the fastest grouping exceeds the limit, returns that one with feasible=False.
@@ -105,7 +105,7 @@ def group_kernels(
     best = high
     if best.energy_j - dual_j > _GAP_WORTH_CLOSING * best.energy_j:
         # Between two hull points: the slack DP over the pairs the hull plans use, for the
-        # pair(s) they end the iteration at.
+        # pair(s) they end the step at.
         pairs = sorted({g.pair_index for plan in seen for g in plan.groups})
         local = _Planner(t[:, pairs], e[:, pairs], switch_latency_s)
         for end_pair in sorted({low.groups[-1].pair_index, high.groups[-1].pair_index}):
@@ -151,8 +151,8 @@ def evaluate_grouping(
     groups: (start, pair_index) of each group in order, the first starting at kernel 0. At a
     group's start a switch that is due lands; then the group's pair is requested if it differs
     from the pair last requested. A pending switch lands before the first kernel that starts
-    switch_latency_s or more after its request. Iterations repeat until the state at an
-    iteration's start recurs; figures are the mean over that cycle.
+    switch_latency_s or more after its request. Steps repeat until the state at an
+    step's start recurs; figures are the mean over that cycle.
     """
     t, e = _matrices(time_s, energy_j)
     starts = [int(s) for s, _ in groups]
@@ -167,10 +167,10 @@ def evaluate_grouping(
     ends = [*starts[1:], n]
     state = (pairs[-1], pairs[-1], None)
     seen: dict[tuple, int] = {}
-    history: list[_Iteration] = []
+    history: list[_Step] = []
     while state not in seen and len(history) <= 2 * n + 4:
         seen[state] = len(history)
-        figures, state = _iterate(t, e, starts, ends, pairs, switch_latency_s, state)
+        figures, state = _run_step(t, e, starts, ends, pairs, switch_latency_s, state)
         history.append(figures)
     cycle = history[seen.get(state, len(history) - 1) :]
     group_t = np.mean([c.group_t for c in cycle], axis=0)
@@ -191,7 +191,7 @@ def evaluate_grouping(
 
 
 @dataclass(frozen=True)
-class _Iteration:
+class _Step:
     group_t: np.ndarray
     group_e: np.ndarray
     lag_kernels: list[int]
@@ -199,9 +199,9 @@ class _Iteration:
     unsettled: int
 
 
-def _iterate(t, e, starts, ends, pairs, latency_s, state):
-    """One iteration from state (pair in effect, pair last requested, pending (pair, due_s)
-    relative to the iteration's start, or None); returns its figures and the next state."""
+def _run_step(t, e, starts, ends, pairs, latency_s, state):
+    """One step from state (pair in effect, pair last requested, pending (pair, due_s)
+    relative to the step's start, or None); returns its figures and the next state."""
     in_effect, requested, pending = state
     group_t = np.zeros(len(starts))
     group_e = np.zeros(len(starts))
@@ -231,7 +231,7 @@ def _iterate(t, e, starts, ends, pairs, latency_s, state):
     if pending is not None:
         unsettled += 1
         pending = (pending[0], pending[1] - now_s)
-    return _Iteration(group_t, group_e, lag_kernels, switches, unsettled), (in_effect, requested, pending)
+    return _Step(group_t, group_e, lag_kernels, switches, unsettled), (in_effect, requested, pending)
 
 
 def _matrices(time_s: np.ndarray, energy_j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +252,7 @@ def _matrices(time_s: np.ndarray, energy_j: np.ndarray) -> tuple[np.ndarray, np.
 
 class _Planner:
     """DPs over groupings whose every switch lands before the next request and before the
-    iteration ends, for a switch latency > 0.
+    step ends, for a switch latency > 0.
 
     State (m, q): pair q in effect at kernel position m, nothing pending. A switch requested at
     m from q runs the kernels that start within the latency at q and lands at the first
@@ -295,7 +295,7 @@ class _Planner:
         return grouping, float(values[p0])
 
     def _values(self, cost: np.ndarray, window_cost: np.ndarray) -> np.ndarray:
-        """Least cost of a whole iteration for each pair p0 in effect at its start and end
+        """Least cost of a whole step for each pair p0 in effect at its start and end
         (g[p0, q]: the least cost so far from p0 to q)."""
         n, pairs = cost.shape
         g = np.full((pairs, pairs), np.inf)
@@ -314,7 +314,7 @@ class _Planner:
         return np.diagonal(g).copy()
 
     def _path(self, cost: np.ndarray, window_cost: np.ndarray, p0: int) -> tuple[list[int], list[int]]:
-        """Group starts and pairs of the least-cost iteration starting and ending at p0."""
+        """Group starts and pairs of the least-cost step starting and ending at p0."""
         n, pairs = cost.shape
         g = np.full(pairs, np.inf)
         g[p0] = 0.0
@@ -354,7 +354,7 @@ class _Planner:
         return _merged(starts[::-1], group_pairs[::-1])
 
     def within(self, limit_s: float, p0: int, resolution: int) -> Grouping | None:
-        """The least-energy grouping with p0 in effect at the iteration's start and end and time
+        """The least-energy grouping with p0 in effect at the step's start and end and time
         <= limit_s, by DP over (position, pair in effect, slack used): slack discretised as in
         solver.py, each kernel's extra time over its fastest rounded up (truly feasible)."""
         t, e = self.t, self.e

@@ -41,9 +41,9 @@ import torch
 
 from kdvfs.runtime import clock_lease
 from kdvfs.runtime.device import Device
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.ranks import RankPool
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.step_feed import COUNTER_POLL_S, site_workload
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, workload_sites

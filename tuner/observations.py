@@ -27,7 +27,7 @@ from statistics import NormalDist
 import numpy as np
 
 from kdvfs.runtime.device import KernelRunner
-from kdvfs.runtime.measure import IterationReference, measure_isolated
+from kdvfs.runtime.measure import StepReference, measure_isolated
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.solver import solve_budget
 
@@ -40,12 +40,12 @@ FAMILY_ALPHA = 0.05
 
 @dataclass
 class Observations:
-    """Per-iteration (launches included) mean time and energy per (kernel, pair), NaN where
+    """Per-step (launches included) mean time and energy per (kernel, pair), NaN where
     unmeasured, with the references (docs/design-tuner.md, two references)."""
 
     workload: Workload
     pairs: tuple[ClockPair, ...]
-    reference: IterationReference
+    reference: StepReference
     time_s: np.ndarray = field(init=False)
     energy_j: np.ndarray = field(init=False)
     counts: np.ndarray = field(init=False)
@@ -76,7 +76,7 @@ class Observations:
 
     @property
     def ref_time_s(self) -> np.ndarray:
-        """Each kernel's time per iteration at stock, in training."""
+        """Each kernel's time per step at stock, in training."""
         return self.reference.kernel_time_s
 
     def add(self, k: int, pair: ClockPair | None, m: Measurement, cost_s: float) -> None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdvfs.extras import require_extra
-from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 
@@ -38,12 +38,12 @@ PEERS = ("kdvfs", "zeus-power-limit", "envpipe-sm-stepdown", "paper-sweep")
 SETTLE_CHUNK_S = 10.0
 #: Training held in thermal settling chunks before the long ones; s.
 SETTLE_S = 300.0
-#: Training chunk once settled (the steady iteration repeated); s.
+#: Training chunk once settled (the steady step repeated); s.
 HOLD_CHUNK_S = 600.0
 #: Zeus's profiling settings (its defaults): warm-up and profiled steps per power limit, the
 #: power-limit stride (W), steps waited before profiling.
 ZEUS_WARMUP_STEPS, ZEUS_PROFILE_STEPS, ZEUS_PL_STEP_W, ZEUS_WAIT_STEPS = 10, 40, 25, 1
-#: EnvPipe: iterations profiled per SM clock, and the shortest profiled window (100 energy-counter periods); s.
+#: EnvPipe: steps profiled per SM clock, and the shortest profiled window (100 energy-counter periods); s.
 ENVPIPE_STEP_ITERATIONS, ENVPIPE_MIN_WINDOW_S = 20, 10.0
 #: Training the step-driven tuner runs past settling before the rest is fast-forwarded under
 #: its schedule (its drift watch learns in it); a share of the run.
@@ -82,7 +82,7 @@ class Loop:
 
     def __init__(self, device: SimulatedDevice, workload: Workload) -> None:
         self.device, self.workload = device, workload
-        self.runner = IterationRunner(device, workload)
+        self.runner = StepRunner(device, workload)
         self.steps = 0
         self.held_from: tuple[float, float, int] | None = (
             None  # clock s, true energy J, steps when the hold began
@@ -92,7 +92,7 @@ class Loop:
         )
 
     def train(self, schedule: Schedule, steps: int) -> None:
-        """`steps` steps under a schedule, the steady one repeated (IterationRunner.run)."""
+        """`steps` steps under a schedule, the steady one repeated (StepRunner.run)."""
         if steps > 0:
             self.runner.run(schedule, steps)
             self.steps += steps
@@ -111,9 +111,7 @@ class Loop:
 
 def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
     """The rest of the run under one setting: thermal settling chunks, then long chunks."""
-    iter_s = max(
-        loop.device.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0], 1e-9
-    )
+    iter_s = max(loop.device.expected_step([(k, None, k.launches) for k in loop.workload.kernels])[0], 1e-9)
     d = loop.device
     if loop.held_from is None:
         loop.held_from = (d.now_s(), d.true_energy_j(), loop.steps)
@@ -133,7 +131,7 @@ def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any
     from kdvfs.tuner.session import TuneSession
 
     session = TuneSession(loop.device, loop.workload, budget=budget, seed=seed)
-    stock_s = loop.device.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0]
+    stock_s = loop.device.expected_step([(k, None, k.launches) for k in loop.workload.kernels])[0]
     tail_s = KDVFS_TAIL_SHARE * steps * stock_s
     while session.job.steps < steps:
         session.run_until(session.seconds + tail_s)
@@ -246,16 +244,16 @@ def run_zeus(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]
 
 def run_envpipe(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
     """EnvPipe's online profiling: stock measured first, then the SM clock (memory at its top)
-    stepped down one supported level at a time, each profiled for a few iterations (at least
+    stepped down one supported level at a time, each profiled for a few steps (at least
     ENVPIPE_MIN_WINDOW_S) by the energy counter and the job's clock; the lowest clock whose
-    iteration time stays within (1 + budget) x stock's is kept, the descent stopping at the
+    step time stays within (1 + budget) x stock's is kept, the descent stopping at the
     first clock beyond it. Written from Choi et al., "EnvPipe: Performance-preserving DNN
     Training Framework for Saving Energy", USENIX ATC 2023 (sec. 4, online SM-frequency
     profiling; github.com/casys-kaist/EnvPipe)."""
     d = loop.device
     mem = max(p.mem_mhz for p in d.grid.pairs)
     cores = sorted((p.core_mhz for p in d.grid.pairs if p.mem_mhz == mem), reverse=True)
-    iter_s = d.expected_iteration([(k, None, k.launches) for k in loop.workload.kernels])[0]
+    iter_s = d.expected_step([(k, None, k.launches) for k in loop.workload.kernels])[0]
     n = max(ENVPIPE_STEP_ITERATIONS, math.ceil(ENVPIPE_MIN_WINDOW_S / iter_s))
 
     def profile(schedule: Schedule) -> float:
@@ -383,8 +381,7 @@ def run_peers(
         if steps is None:
             kernels = loop.workload.kernels
             steps = math.ceil(
-                DEFAULT_TRAINING_S
-                / loop.device.expected_iteration([(k, None, k.launches) for k in kernels])[0]
+                DEFAULT_TRAINING_S / loop.device.expected_step([(k, None, k.launches) for k in kernels])[0]
             )
         _hold(loop, Schedule.stock(), steps)
         stock_s, stock_j = loop.device.now_s(), loop.device.true_energy_j()

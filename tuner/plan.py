@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source, Workload
 
 #: The "schema" field every plan file carries.
@@ -36,7 +36,7 @@ GroupSpan = tuple[int, int, ClockPair, float, float]
 @dataclass(frozen=True)
 class PlanGroup:
     """Consecutive kernels that run at one clock pair, or at stock clocks (the card's auto
-    mode; core_mhz and mem_mhz None, null in JSON); expected figures per iteration."""
+    mode; core_mhz and mem_mhz None, null in JSON); expected figures per step."""
 
     kernels: tuple[str, ...]
     core_mhz: int | None
@@ -52,7 +52,7 @@ class PlanGroup:
 @dataclass(frozen=True)
 class Plan:
     """A plan as the JSON document holds it. energy_saving = 1 - energy / reference energy and
-    slowdown = time / reference time - 1 of the whole iteration, both expected. per_kernel:
+    slowdown = time / reference time - 1 of the whole step, both expected. per_kernel:
     optional per-kernel clocks (e.g. the per-kernel optimum the groups were merged from)."""
 
     gpu_name: str
@@ -556,7 +556,7 @@ def _kind(value: Any) -> str:
 
 
 def plan_schedule(plan: Plan) -> Schedule:
-    """A plan document's groups as the schedule an IterationRunner applies."""
+    """A plan document's groups as the schedule a StepRunner applies."""
     groups, start = [], 0
     for g in plan.groups:
         groups.append((start, g.pair))

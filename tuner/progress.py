@@ -17,7 +17,7 @@ class Progress:
 
     Args:
         desc: the phase, in plain words (the bar's label, the lines' prefix).
-        unit: what is counted, plural (e.g. "iterations").
+        unit: what is counted, plural (e.g. "steps").
     """
 
     def __init__(self, desc: str, unit: str = "steps") -> None:

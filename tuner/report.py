@@ -5,7 +5,7 @@
   person reads; `figures`: the convergence plot logged to MLflow.
 
 Figures of schedules (the running plan, the prior, the oracle) are the device's noiseless
-evaluation as the card runs them (runtime/iteration.py: schedule_figures, switches
+evaluation as the card runs them (runtime/schedule.py: schedule_figures, switches
 included); figures of the run are the tuner's own measurements (step times and the energy
 counter). Every one is of a simulated or replayed card: the caller labels them.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.iteration import Schedule, schedule_figures, schedule_items
+from kdvfs.runtime.schedule import Schedule, schedule_figures, schedule_items
 from kdvfs.runtime.types import Workload
 from kdvfs.tuner.plan import Plan
 from kdvfs.tuner.session import Oracle, TuneSession, reached_after_s
@@ -154,12 +154,12 @@ class TuneReport:
 def schedule_group_figures(
     device: RunnableDevice, workload: Workload, schedule: Schedule
 ) -> tuple[list[float], list[float], float, float]:
-    """Noiseless time and energy per iteration of each group of a schedule as the card runs it,
-    and of the stock iteration: (group times s, group energies J, stock time s, stock energy J).
+    """Noiseless time and energy per step of each group of a schedule as the card runs it,
+    and of the stock step: (group times s, group energies J, stock time s, stock energy J).
     The totals are schedule_figures'; a group's share is its kernels' share at the pair in effect."""
-    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    ref_t, ref_e = device.expected_step([(k, None, k.launches) for k in workload.kernels])
     items = schedule_items(device, workload, schedule)
-    total_t, total_e = device.expected_iteration(items)
+    total_t, total_e = device.expected_step(items)
     cells = np.array([device.expected(k, pair) for k, pair, _ in items]) * [[n] for _, _, n in items]
     starts = [s for s, _ in schedule.groups]
     ends = [*starts[1:], len(workload)]

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kdvfs.runtime.iteration import schedule_figures
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
+from kdvfs.runtime.schedule import schedule_figures
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.report import tune_report

@@ -29,16 +29,16 @@ from kdvfs.policies.registry import make_strategy
 from kdvfs.runtime.device import RunnableDevice
 from kdvfs.runtime.measure import (
     SUB_WINDOW_S,
-    IterationReference,
+    StepReference,
     measure_isolated,
-    measure_reference_iterations,
+    measure_reference_steps,
 )
 from kdvfs.runtime.types import ClockPair, Measurement, Workload
 from kdvfs.tuner.observations import SAFETY_Z, Observations, measure_cell
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.sweep import evaluate, share_with_copies, sources
 
-#: Exchange rate before any kernel is tuned, as a fraction of the iteration's mean power.
+#: Exchange rate before any kernel is tuned, as a fraction of the step's mean power.
 PRIOR_EXCHANGE_RATE_SHARE = 0.5
 #: Factor below and above the estimated exchange rate that a policy also looks at; no unit.
 EXCHANGE_RATE_SPREAD = 1.5
@@ -46,8 +46,8 @@ EXCHANGE_RATE_SPREAD = 1.5
 TASK_SLOWDOWN = 0.15
 #: Smallest relative improvement a policy stops below on a kernel; a fraction.
 TASK_TOL = 0.002
-#: Improvement, as a fraction of the iteration's energy, below which a policy stops on a kernel.
-ITERATION_TOL = 1e-4
+#: Improvement, as a fraction of the step's energy, below which a policy stops on a kernel.
+STEP_TOL = 1e-4
 #: Largest relative improvement a policy stops below on a kernel; a fraction.
 MAX_TASK_TOL = 0.5
 #: Bias the unverified cells may put on the plan's time, as a fraction of the budget's slack.
@@ -154,7 +154,7 @@ def estimate_exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray
 
     if plan_time_s(0.0) <= limit_s:
         return 0.0
-    lo, hi = 0.0, obs.reference.iteration_energy_j / obs.reference.iteration_time_s
+    lo, hi = 0.0, obs.reference.step_energy_j / obs.reference.step_time_s
     for _ in range(40):  # above the steepest slope of any kernel's options, all take their fastest
         if plan_time_s(hi) <= limit_s:
             break
@@ -175,10 +175,10 @@ def exchange_rates_around(exchange_rate_w: float) -> tuple[float, ...]:
 
 
 def task_tol(obs: Observations, k: int) -> float:
-    """The relative improvement below which a policy stops on kernel k: ITERATION_TOL of the
-    iteration's energy, as a share of the kernel's (TASK_TOL at least, MAX_TASK_TOL at most)."""
-    share = obs.stock_energy_j[k] / obs.reference.iteration_energy_j
-    return min(max(TASK_TOL, ITERATION_TOL / share), MAX_TASK_TOL)
+    """The relative improvement below which a policy stops on kernel k: STEP_TOL of the
+    step's energy, as a share of the kernel's (TASK_TOL at least, MAX_TASK_TOL at most)."""
+    share = obs.stock_energy_j[k] / obs.reference.step_energy_j
+    return min(max(TASK_TOL, STEP_TOL / share), MAX_TASK_TOL)
 
 
 def run_search(
@@ -195,7 +195,7 @@ def run_search(
     """Tune every kernel with the strategy; progress(kernels done, kernels, measurements)."""
     space = search_space(device)
     policy = make_strategy(strategy, space, seed=seed) if isinstance(strategy, str) else strategy
-    obs = Observations(workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels))
+    obs = Observations(workload, device.grid.pairs, measure_reference_steps(device, workload.kernels))
     features = task_features(workload)
     curve: list[tuple[int, float]] = [(0, 0.0)]
     cpu_s = 0.0
@@ -224,7 +224,7 @@ def run_search(
             cpu_s += time.process_time() - t0
 
     prior_exchange_rate_w = (
-        PRIOR_EXCHANGE_RATE_SHARE * obs.reference.iteration_energy_j / obs.reference.iteration_time_s
+        PRIOR_EXCHANGE_RATE_SHARE * obs.reference.step_energy_j / obs.reference.step_time_s
     )
     copies = sources(device, workload)  # a kernel doing the same work as another shares its cells
 
@@ -284,7 +284,7 @@ def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, C
     and of the reference, is within the budget by SAFETY_Z s.d. of the judgement's error (the
     rule: docs/design-tuner.md, verification). Fresh measurements, and their device time, are
     counted in obs."""
-    again = measure_reference_iterations(bench.device, obs.workload.kernels)
+    again = measure_reference_steps(bench.device, obs.workload.kernels)
     reference, reference_sd_s = _pooled(obs.reference, again)
     fresh = Observations(obs.workload, obs.pairs, reference)
     ref_s = reference.kernel_time_s
@@ -322,7 +322,7 @@ def verified_plan(bench: Bench, obs: Observations, budget: float) -> dict[str, C
 
 
 def _judge(obs: Observations, fresh: Observations, choice: np.ndarray, noise: float) -> tuple[float, float]:
-    """A plan's judged iteration time and the variance (s^2) of its freshly measured part:
+    """A plan's judged step time and the variance (s^2) of its freshly measured part:
     stock kernels at the (pooled) reference, verified cells as freshly measured (a throttled
     one's ratio to its paired stock measurement has twice the variance), the rest as explored
     plus `noise` (relative)."""
@@ -342,26 +342,26 @@ def _judge(obs: Observations, fresh: Observations, choice: np.ndarray, noise: fl
     return judged_s, var_s2
 
 
-def _pooled(first: IterationReference, second: IterationReference) -> tuple[IterationReference, float]:
+def _pooled(first: StepReference, second: StepReference) -> tuple[StepReference, float]:
     """Two references measured apart, pooled (their mean), and the s.d. (s) of the pooled
-    iteration time: from their sub-window noise (rel_sd / sqrt(sub-windows), assuming
+    step time: from their sub-window noise (rel_sd / sqrt(sub-windows), assuming
     independent sub-windows) or, when larger, from how far apart the two came out (which also
     sees noise correlated over many sub-windows, such as thermal drift), halved by pooling."""
     both = (first, second)
     kernel_time_s = (first.kernel_time_s + second.kernel_time_s) / 2.0
-    iteration_s = float(kernel_time_s.sum())
+    step_s = float(kernel_time_s.sum())
     rel_var = float(np.mean([r.time_rel_sd**2 for r in both]))
     per_window_var = max(
-        float(np.mean([rel_var * SUB_WINDOW_S / (r.iterations * r.iteration_time_s) for r in both])),
-        (first.iteration_time_s - second.iteration_time_s) ** 2 / (2.0 * iteration_s**2),
+        float(np.mean([rel_var * SUB_WINDOW_S / (r.steps * r.step_time_s) for r in both])),
+        (first.step_time_s - second.step_time_s) ** 2 / (2.0 * step_s**2),
     )
     pooled = dataclasses.replace(
         first,
         kernel_time_s=kernel_time_s,
-        iteration_time_s=iteration_s,
-        iteration_energy_j=(first.iteration_energy_j + second.iteration_energy_j) / 2.0,
+        step_time_s=step_s,
+        step_energy_j=(first.step_energy_j + second.step_energy_j) / 2.0,
         time_rel_sd=float(np.sqrt(rel_var)),
-        iterations=first.iterations + second.iterations,
+        steps=first.steps + second.steps,
         cost_s=first.cost_s + second.cost_s,
     )
-    return pooled, iteration_s * float(np.sqrt(per_window_var / 2.0))
+    return pooled, step_s * float(np.sqrt(per_window_var / 2.0))

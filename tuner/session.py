@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kdvfs.policies.base import Strategy
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob, StepReport
 from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import plan_schedule

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.grouping import group_kernels
 from kdvfs.tuner.observations import Observations

@@ -33,8 +33,8 @@ import numpy as np
 
 from kdvfs.policies.base import SearchSpace, Strategy, Task
 from kdvfs.policies.registry import make_strategy
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.ranks import PoolLost, RankPool
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
     ADOPT_Z,

@@ -1,9 +1,9 @@
 """The full-sweep baseline: measure every clock pair of every kernel, then solve for the plan.
 
 As the founding paper did, each kernel runs in isolation at each supported pair (>= 1 s of
-repeats per measurement), and the plan is the exact least-energy choice under the iteration's
+repeats per measurement), and the plan is the exact least-energy choice under the step's
 time limit (observations.Observations); the pass-level plan is the same with one pair per pass.
-The reference comes first: training iterations at stock clocks, then each kernel's isolated
+The reference comes first: training steps at stock clocks, then each kernel's isolated
 stock measurement (observations.py says why both).
 
 On a real card (runtime/op_device.py: the recorded ops of a step, rebuilt) nothing gives a
@@ -31,9 +31,9 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 from kdvfs.runtime.device import KernelRunner, RunnableDevice
-from kdvfs.runtime.iteration import Schedule
-from kdvfs.runtime.measure import measure_isolated, measure_reference_iterations
+from kdvfs.runtime.measure import measure_isolated, measure_reference_steps
 from kdvfs.runtime.model_device import ModelDevice
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockPair, Kernel, Workload
 from kdvfs.tuner.grouping import group_kernels
 from kdvfs.tuner.observations import Observations, measure_cell
@@ -123,9 +123,9 @@ def sweep_reference(
     warmup_s: float = 120.0,
     window_s: float = 20.0,
 ) -> Observations:
-    """A sweep's first phase: training iterations at stock (warmup_s, then window_s of them,
+    """A sweep's first phase: training steps at stock (warmup_s, then window_s of them,
     s); nothing measured at a pair yet. pairs: those to sweep (None: the whole grid)."""
-    reference = measure_reference_iterations(device, workload.kernels, warmup_s, window_s)
+    reference = measure_reference_steps(device, workload.kernels, warmup_s, window_s)
     obs = Observations(workload, device.grid.pairs if pairs is None else pairs, reference)
     obs.on_real_card = device.source == "measured"
     return obs
@@ -229,11 +229,11 @@ def _stock_energy_j(obs: Observations) -> np.ndarray:
 
 
 def evaluate(device: RunnableDevice, workload: Workload, choice: dict[str, ClockPair | None]) -> PlanFigures:
-    """Noiseless evaluation of a per-kernel plan against the reference, each iteration at its
+    """Noiseless evaluation of a per-kernel plan against the reference, each step at its
     own steady temperature (switch cost ignored, as the founding paper did; tuner/grouping.py
     prices switches)."""
-    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
-    t, e = device.expected_iteration([(k, choice[k.name], k.launches) for k in workload.kernels])
+    ref_t, ref_e = device.expected_step([(k, None, k.launches) for k in workload.kernels])
+    t, e = device.expected_step([(k, choice[k.name], k.launches) for k in workload.kernels])
     return PlanFigures(dict(choice), 1.0 - e / ref_e, t / ref_t - 1.0, t, e)
 
 
@@ -275,7 +275,7 @@ def held_plan(
 
 
 def _realisable_stock(device: ModelDevice, obs: Observations) -> Realisable:
-    from kdvfs.runtime.iteration import schedule_figures
+    from kdvfs.runtime.schedule import schedule_figures
 
     saving, slowdown = schedule_figures(device, obs.workload, Schedule.stock())
     return Realisable(Schedule.stock(), saving, slowdown)
@@ -286,7 +286,7 @@ def realisable(device: ModelDevice, obs: Observations, budget: float) -> Realisa
     evaluate the schedule as the card runs it (all stock when no grouping fits the budget).
     Planned at the budget from the isolated measurements; not held to it (held_realisable).
     All stock, too, when the noise margin leaves no time budget."""
-    from kdvfs.runtime.iteration import schedule_figures
+    from kdvfs.runtime.schedule import schedule_figures
 
     if obs.no_time_budget(budget):
         return _realisable_stock(device, obs)

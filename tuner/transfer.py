@@ -10,7 +10,7 @@ Design and findings: docs/design-tuner.md#transfer-another-gpus-plan-carried-to-
 
 from __future__ import annotations
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockGrid, ClockPair
 
 

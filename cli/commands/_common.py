@@ -55,7 +55,7 @@ def add_budget(parser: argparse.ArgumentParser) -> None:
         "--budget",
         type=_budget,
         default=0.01,
-        help="allowed slowdown of the iteration, e.g. 0.01 (default %(default)s)",
+        help="allowed slowdown of the step, e.g. 0.01 (default %(default)s)",
     )
 
 

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="ZIP",
-        help="ppo: a trained agent saved by model.save (default: train one through kdvfs/IterationDVFS-v1 first)",
+        help="ppo: a trained agent saved by model.save (default: train one through kdvfs/TrialDVFS-v0 first)",
     )
     parser.add_argument(
         "--agent-steps",
@@ -152,7 +152,7 @@ def _print_comparison(args: argparse.Namespace, doc: dict) -> None:
     if doc.get("agent", {}).get("trained"):
         a = doc["agent"]
         print(
-            f"  ppo trained first: {a['trials']} trials through kdvfs/IterationDVFS-v1, {a['device_seconds']:.0f} s of "
+            f"  ppo trained first: {a['trials']} trials through kdvfs/TrialDVFS-v0, {a['device_seconds']:.0f} s of "
             f"training on a card of seed {a['train_seed']} [{label}], {a['cpu_seconds']:.0f} s CPU (not in its measurements)"
         )
     if "mlflow" in doc:

@@ -70,7 +70,7 @@ def show(path: Path, plan: Plan) -> None:
     print(f"  made by     {plan.strategy}, {plan.measurements} measurements, {plan.created}")
     print(
         f"  expected    energy saving {pct(plan.energy_saving)}, slowdown {pct(plan.slowdown)} against the reference "
-        f"({plan.reference_time_s * 1e3:.3f} ms, {plan.reference_energy_j:.4f} J per iteration)"
+        f"({plan.reference_time_s * 1e3:.3f} ms, {plan.reference_energy_j:.4f} J per step)"
     )
     print(f"  figures     {SOURCE_LABEL[plan.source]} (as the plan file states them)")
     print(
@@ -91,8 +91,8 @@ def validate(args: argparse.Namespace, plan: Plan) -> bool:
     import numpy as np
 
     from kdvfs.runtime.device import RunnableDevice
-    from kdvfs.runtime.iteration import Schedule, schedule_figures
     from kdvfs.runtime.registry import open_device, open_workload
+    from kdvfs.runtime.schedule import Schedule, schedule_figures
     from kdvfs.tuner.plan import check_compatible
 
     device = open_device(args.device, seed=0, full_grid=args.full_grid)

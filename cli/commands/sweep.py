@@ -50,13 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup-s",
         type=nonnegative_float,
         default=120.0,
-        help="seconds of stock iterations before the reference is measured (default %(default)s)",
+        help="seconds of stock steps before the reference is measured (default %(default)s)",
     )
     parser.add_argument(
         "--reference-s",
         type=positive_float,
         default=20.0,
-        help="seconds of stock iterations the reference is measured over (default %(default)s)",
+        help="seconds of stock steps the reference is measured over (default %(default)s)",
     )
 
 
@@ -122,7 +122,7 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
     best_held = held_realisable(device, obs, args.budget) if swept == len(workload) else None
     kernel, passes = kernel_held.plan, passes_held.plan
     best = best_held.plan if best_held is not None else None
-    ref_time_s, ref_energy_j = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    ref_time_s, ref_energy_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
     label = SOURCE_LABEL[device.source]
     print(
         f"full sweep: {device.name} ({args.device}), workload {workload.name} ({len(workload)} kernels, signature {workload.signature}), budget {pct(args.budget)}"
@@ -160,7 +160,7 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
             + _held_note(best_held, args.budget)
         )
     print(
-        f"  reference (stock): {ref_time_s * 1e3:.2f} ms and {ref_energy_j:.3f} J an iteration [{label}, noiseless]"
+        f"  reference (stock): {ref_time_s * 1e3:.2f} ms and {ref_energy_j:.3f} J a step [{label}, noiseless]"
     )
     if args.table:
         print_plan_table(device, workload, kernel.choice)
@@ -185,7 +185,7 @@ def _report(args: argparse.Namespace, device, workload, obs, phases: Phases) -> 
             )
             if held is not None
         },
-        "reference": {"iteration_time_s": ref_time_s, "iteration_energy_j": ref_energy_j},
+        "reference": {"step_time_s": ref_time_s, "step_energy_j": ref_energy_j},
     }
 
 
@@ -349,8 +349,8 @@ def _measured_report(args: argparse.Namespace, device, workload, obs, phases: Ph
         "throttled": obs.throttled,
         **plans_json(kernel, passes, best, workload, device),
         "reference": {
-            "iteration_time_s": obs.reference.iteration_time_s,
-            "iteration_energy_j": obs.reference.iteration_energy_j,
+            "step_time_s": obs.reference.step_time_s,
+            "step_energy_j": obs.reference.step_energy_j,
             "time_rel_sd": obs.reference.time_rel_sd,
         },
         "cells": [

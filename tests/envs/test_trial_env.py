@@ -1,4 +1,4 @@
-"""IterationDVFS-v1: the step-driven tuner's loop as an env, its reward the tuner's judgement,
+"""TrialDVFS-v0: the step-driven tuner's loop as an env, its reward the tuner's judgement,
 and a PPO agent trained through it that serves as a strategy."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from kdvfs.envs.reward import trial_reward
 from kdvfs.envs.trial_env import TrialDVFSEnv
 from kdvfs.policies.agent import AgentStrategy, train_agent
 from kdvfs.policies.base import SearchSpace
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
@@ -45,7 +45,7 @@ TRAIN = {"window_s": 0.1, "blocks": 1, "reference_s": 0.5, "trials_per_group": 4
 def make(
     device: str = "sim:rtx3080ti", workload: str | Workload = "gpt3-xl-layer", **kwargs
 ) -> gymnasium.Env:
-    return gymnasium.make("kdvfs/IterationDVFS-v1", device=device, workload=workload, **kwargs)
+    return gymnasium.make("kdvfs/TrialDVFS-v0", device=device, workload=workload, **kwargs)
 
 
 def test_check_env_passes_on_a_simulated_card() -> None:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kdvfs.runtime.distributed import nvml_index, shared_decision
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockPair, KdvfsError
 
 

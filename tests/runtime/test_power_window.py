@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.presets import get_preset
+from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.types import ClockPair, Kernel
@@ -27,7 +27,7 @@ def test_a_short_power_spike_inside_the_window_is_not_capped():
     alone = dev.point(GEMM, None)
     assert alone.capped  # run back to back, the GEMM alone is over the cap
     step = [(SMALL, None, 400), (GEMM, None, 1), (SMALL, None, 400)]  # one window, mean far under the cap
-    time_s, energy_j = dev.expected_iteration(step)
+    time_s, energy_j = dev.expected_step(step)
     temp_c = dev.steady_temperature_c(step)
     assert energy_j / time_s < 0.8 * dev.power_cap_w
     gemm_s = time_s - 800 * dev.point(SMALL, None, temp_c).time_s
@@ -39,7 +39,7 @@ def test_a_short_power_spike_inside_the_window_is_not_capped():
 def test_per_launch_capping_is_what_a_zero_window_gives():
     per_launch = card(0.0)
     step = [(SMALL, None, 400), (GEMM, None, 1), (SMALL, None, 400)]
-    time_s, _ = per_launch.expected_iteration(step)
+    time_s, _ = per_launch.expected_step(step)
     temp_c = per_launch.steady_temperature_c(step)
     small_s = per_launch.point(SMALL, None, temp_c).time_s
     assert time_s - 800 * small_s == pytest.approx(per_launch.point(GEMM, None, temp_c).time_s, rel=1e-6)
@@ -48,9 +48,9 @@ def test_per_launch_capping_is_what_a_zero_window_gives():
 def test_a_window_over_the_cap_is_held_at_the_cap_and_a_window_of_one_kernel_as_that_kernel():
     dev = card(0.010)
     heavy = [(GEMM, None, 300), (SMALL, None, 100)]  # mostly GEMM: the window's mean is over the cap
-    time_s, energy_j = dev.expected_iteration(heavy)
+    time_s, energy_j = dev.expected_step(heavy)
     assert energy_j / time_s == pytest.approx(dev.power_cap_w, rel=0.01)
-    only = dev.expected_iteration([(GEMM, None, 1000)])  # 25 ms of one kernel: windows of it alone
+    only = dev.expected_step([(GEMM, None, 1000)])  # 25 ms of one kernel: windows of it alone
     temp_c = dev.steady_temperature_c([(GEMM, None, 1000)])
     op = dev.point(GEMM, None, temp_c)
     assert only[0] == pytest.approx(1000 * op.time_s, rel=1e-3)
@@ -59,7 +59,7 @@ def test_a_window_over_the_cap_is_held_at_the_cap_and_a_window_of_one_kernel_as_
 def test_timed_runs_hold_the_windows_mean_at_the_cap_as_the_noiseless_figures_do():
     dev = card(0.010)
     step = [(SMALL, None, 20), (GEMM, None, 40), (SMALL, None, 20)]
-    expected_s, expected_j = dev.expected_iteration(step)
+    expected_s, expected_j = dev.expected_step(step)
 
     def run_steps(count: int) -> tuple[float, float]:
         start_s, start_j = dev.now_s(), dev.true_energy_j()
@@ -104,20 +104,20 @@ def test_a_capped_job_s_step_time_spreads_over_seconds_by_the_card_s_noise_not_t
     assert "sw_power_cap" in dev.throttle_reasons()  # capped: the controller is at work
     settled = np.array(means[2:])
     assert settled.std(ddof=1) / settled.mean() < 0.007
-    noiseless_s, _ = SimulatedDevice("h200", noise=0).expected_iteration(
+    noiseless_s, _ = SimulatedDevice("h200", noise=0).expected_step(
         [(k, None, k.launches) for k in workload.kernels]
     )
     assert settled.mean() == pytest.approx(noiseless_s, rel=0.01)
 
 
 def test_a_fast_forwarded_capped_schedule_measures_each_group_the_same_every_window():
-    # IterationRunner runs one iteration launch by launch and repeats it: the controller must
-    # start that iteration where the repeated ones left it, not where one window's phase did
+    # StepRunner runs one step launch by launch and repeats it: the controller must
+    # start that step where the repeated ones left it, not where one window's phase did
     # (a group's 2-s time swung 6% window to window on the noisy card at bb23995's parent).
     dev = SimulatedDevice("h200", noise=0)
     workload = gpt3_xl_layer()
     schedule = Schedule(((0, ClockPair(900, 3201)), (11, None), (30, ClockPair(1200, 3201))))
-    runner = IterationRunner(dev, workload)
+    runner = StepRunner(dev, workload)
     runner.run(schedule, 100)
     groups = np.array(
         [

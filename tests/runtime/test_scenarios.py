@@ -1,12 +1,12 @@
-"""Drift scenarios: each changes the simulated truth the way its name says, at its iteration."""
+"""Drift scenarios: each changes the simulated truth the way its name says, at its step."""
 
 from __future__ import annotations
 
 import pytest
 
-from kdvfs.runtime.iteration import IterationRunner, Schedule
 from kdvfs.runtime.presets import H200
 from kdvfs.runtime.scenarios import SCENARIOS, get_scenario
+from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
@@ -18,20 +18,20 @@ WORKLOAD = gpt3_xl_layer()
 
 def test_registry_and_lookup():
     assert set(SCENARIOS) == {"ambient-step", "power-cap", "gpu-swap", "workload-change"}
-    assert get_scenario("power-cap", 500).at_iteration == 500
+    assert get_scenario("power-cap", 500).at_step == 500
     with pytest.raises(KdvfsError, match="unknown scenario 'heatwave' \\(known: ambient-step, power-cap"):
         get_scenario("heatwave")
-    with pytest.raises(KdvfsError, match="iteration -1 is negative"):
+    with pytest.raises(KdvfsError, match="step -1 is negative"):
         get_scenario("power-cap", -1)
 
 
 def test_a_loop_of_chunks_stops_at_the_change_and_applies_it_once():
     scenario = get_scenario("power-cap", 500)
     device = SimulatedDevice("h200", noise=0)
-    runner = IterationRunner(device, WORKLOAD)
+    runner = StepRunner(device, WORKLOAD)
     done, chunks, caps = 0, [], []
     while done < 1200:
-        n = scenario.iterations_before(done, min(300, 1200 - done))
+        n = scenario.steps_before(done, min(300, 1200 - done))
         runner.run(Schedule.stock(), n)
         chunks.append(n)
         if scenario.due(done, done + n):
@@ -47,7 +47,7 @@ def test_ambient_step_heats_the_card_and_raises_energy_in_place():
     locked = ClockPair(1200, 3201)
     before_t, before_e = device.expected(GEMM, locked)
     before_c = device.operating_temperature_c()
-    runner = IterationRunner(device, WORKLOAD)
+    runner = StepRunner(device, WORKLOAD)
     runner.run(Schedule.stock(), 20_000)  # settled
     settled_c = device.temperature_c()
     same, workload = get_scenario("ambient-step").apply(device, WORKLOAD)
@@ -101,7 +101,7 @@ def test_gpu_swap_restarts_on_the_partner_card_with_the_same_noise_and_grid_choi
         get_scenario("gpu-swap").apply(SimulatedDevice(H200), WORKLOAD)
 
 
-def test_workload_change_doubles_the_batch_and_the_iteration():
+def test_workload_change_doubles_the_batch_and_the_step():
     device = SimulatedDevice("h200", noise=0)
     same, doubled = get_scenario("workload-change").apply(device, WORKLOAD)
     assert same is device
@@ -110,7 +110,7 @@ def test_workload_change_doubles_the_batch_and_the_iteration():
     assert doubled.signature != WORKLOAD.signature  # a stored plan no longer fits
 
     def stock(w):
-        return device.expected_iteration([(k, None, k.launches) for k in w.kernels])
+        return device.expected_step([(k, None, k.launches) for k in w.kernels])
 
     (t0, e0), (t1, e1) = stock(WORKLOAD), stock(doubled)
     assert 1.8 < t1 / t0 < 2.0 and 1.8 < e1 / e0 < 2.0  # the optimizer's kernels do not grow

@@ -29,7 +29,7 @@ def workload(card):
 
 
 def run_for(device: SimulatedDevice, workload, seconds: float) -> None:
-    """Run iterations at whatever clocks are in effect until `seconds` of the card's clock passed."""
+    """Run steps at whatever clocks are in effect until `seconds` of the card's clock passed."""
     end_s = device.now_s() + seconds
     while device.now_s() < end_s:
         for kernel in workload.kernels:

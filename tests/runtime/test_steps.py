@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.types import KdvfsError
 

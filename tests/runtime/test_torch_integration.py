@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from kdvfs.runtime import nvml_device
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.nvml_device import NvmlDevice
 from kdvfs.runtime.presets import get_preset
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.torch_discovery import discover_workload, workload_sites
 from kdvfs.runtime.torch_integration import (

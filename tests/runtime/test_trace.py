@@ -77,7 +77,7 @@ def test_gpt3xl_trace_durations_and_work() -> None:
     # the recorded step, simulated: each kernel takes its recorded time under its power window's
     # cap (those under their kind's floor take the floor), and the GEMM, run alone back to back,
     # is capped harder than among the step's small kernels
-    step_s, _ = h200.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    step_s, _ = h200.expected_step([(k, None, k.launches) for k in workload.kernels])
     assert step_s == pytest.approx(sum(k.ref_time_s for k in workload.kernels), rel=0.01)
     assert h200.point(gemm, None).time_s > 1.05 * mean_s
     copy = workload.kernels[2]

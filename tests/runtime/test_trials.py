@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kdvfs.runtime.iteration import Schedule
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import StockReference
 

@@ -285,7 +285,7 @@ def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
 
 @pytest.fixture(scope="module")
 def small_table(tmp_path_factory) -> str:
-    """A replayed card: 3 kernels on a 2 x 2 grid, tens of ms each (few simulated iterations
+    """A replayed card: 3 kernels on a 2 x 2 grid, tens of ms each (few simulated steps
     fill a reference: a sweep takes well under a second)."""
     rows = ["kernel,core_mhz,mem_mhz,time_s,energy_j"]
     for k in range(3):
@@ -310,7 +310,7 @@ def _killed_runs(uri: str, experiment: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "command, owner, name, call, phase, kept",
     [
-        ("sweep", kdvfs.tuner.sweep, "measure_reference_iterations", 1, "measuring the stock reference", {}),
+        ("sweep", kdvfs.tuner.sweep, "measure_reference_steps", 1, "measuring the stock reference", {}),
         ("sweep", kdvfs.tuner.sweep, "measure_cell", 6, "measuring every clock pair", {"measurements": 5}),
         ("compare", kdvfs.tuner.compare, "run_sweep", 2, "running the full sweep, seed 1", {"sweeps": 1}),
         ("compare", kdvfs.tuner.compare, "run_search", 2, "running ucb, seed 0", {"searches": ["random"]}),

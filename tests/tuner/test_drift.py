@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from kdvfs.runtime.iteration import IterationRunner, Schedule
+from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError
 from kdvfs.runtime.workloads import gpt3_xl_layer
@@ -187,8 +187,8 @@ def test_monitor_rejects_bad_input_with_one_line():
 
 class SimulatedWindows:
     """Windows of ~2 s of training on a noisy simulated H200 (fast clock switch) under a
-    four-group schedule: each group's time per iteration from launch timings and the
-    iteration's energy from the counter, against the device's noiseless expectation."""
+    four-group schedule: each group's time per step from launch timings and the
+    step's energy from the counter, against the device's noiseless expectation."""
 
     # group 1 starts at a 670-us GEMM, so its switch (50 us) lands inside that kernel: from
     # kernel 12 (a 50-us add at 900 MHz, a tie with the switch) a 1-s noise draw decided
@@ -200,7 +200,7 @@ class SimulatedWindows:
     def __init__(self, seed: int) -> None:
         self.device = SimulatedDevice("h200-fastswitch", seed=seed)
         self.workload = gpt3_xl_layer()
-        self.runner = IterationRunner(self.device, self.workload)
+        self.runner = StepRunner(self.device, self.workload)
         pairs = self.SCHEDULE.pair_per_kernel(len(self.workload))
         starts = [s for s, _ in self.SCHEDULE.groups] + [len(self.workload)]
         self.spans = list(itertools.pairwise(starts))
@@ -211,17 +211,17 @@ class SimulatedWindows:
             )
             for g, (a, b) in enumerate(self.spans)
         }
-        iteration_s, self.expected["energy"] = self.device.expected_iteration(
+        step_s, self.expected["energy"] = self.device.expected_step(
             [(k, p, k.launches) for k, p in zip(kernels, pairs)]
         )
-        self.iterations = max(1, int(2.0 / iteration_s))
-        self.runner.run(self.SCHEDULE, int(120.0 / iteration_s))  # settle to the training temperature
+        self.steps = max(1, int(2.0 / step_s))
+        self.runner.run(self.SCHEDULE, int(120.0 / step_s))  # settle to the training temperature
 
     def next(self) -> dict[str, float]:
         energy_j = self.device.energy_j()
-        times, _ = self.runner.run(self.SCHEDULE, self.iterations)
+        times, _ = self.runner.run(self.SCHEDULE, self.steps)
         values = {f"group{g}": float(times[a:b].sum()) for g, (a, b) in enumerate(self.spans)}
-        values["energy"] = (self.device.energy_j() - energy_j) / self.iterations
+        values["energy"] = (self.device.energy_j() - energy_j) / self.steps
         return values
 
 
@@ -279,4 +279,4 @@ def test_condition_watch_waits_for_a_warming_card_to_settle_and_ignores_an_absen
 
 def test_a_group_stream_name_parses_back_to_its_group_and_no_other_stream_does():
     assert [stream_group(group_stream(i)) for i in (0, 7, 12)] == [0, 7, 12]
-    assert [stream_group(name) for name in ("iteration", "energy", "power_limit", "g", "gx")] == [None] * 5
+    assert [stream_group(name) for name in ("step", "energy", "power_limit", "g", "gx")] == [None] * 5

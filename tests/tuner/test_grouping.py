@@ -26,7 +26,7 @@ def all_groupings(n, pairs=PAIRS):
 def brute_force(t, e, latency_s):
     """(energy, time) of every grouping the planner may propose: every switch lands before the
     next request (a group shorter than the latency is the group before, merged) and before the
-    iteration ends (the planner does not carry a switch into the next iteration)."""
+    step ends (the planner does not carry a switch into the next step)."""
     out = []
     for groups in all_groupings(len(t)):
         g = evaluate_grouping(t, e, groups, latency_s)
@@ -41,7 +41,7 @@ def instance(seed, n):
 
 
 # latencies: none, within one kernel, over a few kernels, longer than any single kernel, and
-# longer than a whole iteration
+# longer than a whole step
 LATENCIES = [0.0, 0.7, 1.5, 2.5, 100.0]
 
 
@@ -121,7 +121,7 @@ def test_without_latency_it_is_the_per_kernel_knapsack(seed):
         assert got.switches == sum(a != b for a, b in zip(kernel_pairs, kernel_pairs[1:] + kernel_pairs[:1]))
 
 
-def test_a_latency_longer_than_the_iteration_collapses_to_one_group():
+def test_a_latency_longer_than_the_step_collapses_to_one_group():
     t, e = instance(9, 6)
     reference_s = float(t[:, 0].sum())
     for budget in (0.0, 0.2, 10.0):
@@ -138,7 +138,7 @@ def test_evaluation_runs_the_window_at_the_previous_pair_and_wraps_around():
     groups = [(0, 1), (3, 0)]
     # latency 1.5: group 0 follows group 1 (pair 0, the wrap); kernels 0 and 1 start within the
     # latency and run at pair 0, kernel 2 at pair 1. Group 1 (one kernel of 2 s) lasts longer
-    # than the latency: its switch lands at its end, and the next iteration starts at pair 0.
+    # than the latency: its switch lands at its end, and the next step starts at pair 0.
     g = evaluate_grouping(t, e, groups, 1.5)
     assert [(x.lag_kernels, x.time_s, x.energy_j) for x in g.groups] == [(2, 4.0, 21.0), (1, 2.0, 1.0)]
     assert (g.time_s, g.energy_j, g.switches, g.unsettled) == (6.0, 22.0, 2, 0)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kdvfs.runtime.measure import IterationReference
+from kdvfs.runtime.measure import StepReference
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, Kernel, Measurement, Workload
 from kdvfs.tuner.observations import Observations, measure_cell
@@ -14,7 +14,7 @@ WL = Workload("w", (Kernel("a"), Kernel("b", launches=2)))
 
 def reference(times=(1.0, 2.0), rel_sd=0.0):
     t = np.array(times)
-    return IterationReference(t, float(t.sum()), 30.0, rel_sd, iterations=10, all_iterations=20, cost_s=5.0)
+    return StepReference(t, float(t.sum()), 30.0, rel_sd, steps=10, all_steps=20, cost_s=5.0)
 
 
 def m(t, e, throttled=False):
@@ -29,7 +29,7 @@ def test_unexplored_kernels_stay_at_stock_and_launches_count():
     assert obs.kernel_level_choice(0.01) == {"a": PAIRS[0], "b": None}
     assert obs.kernel_level_choice(0.0) == {"a": None, "b": None}
     obs.add(1, PAIRS[1], m(0.5, 1.0), 1.0)
-    assert obs.time_s[1, 1] == 1.0  # two launches per iteration
+    assert obs.time_s[1, 1] == 1.0  # two launches per step
     assert obs.measurements == 3 and obs.cost_s == 5.0 + 3.0
 
 
@@ -59,7 +59,7 @@ def test_throttled_pair_is_planned_by_its_ratio_to_a_paired_stock_measurement():
     time_s, energy_j = obs.plannable()
     assert time_s[0, 1] == pytest.approx(0.98 / 0.96)
     assert energy_j[0, 1] == pytest.approx(10.0 * 9.0 / 9.6)
-    # +0.021 s on a 3 s iteration: over a 0.5% budget (raw, 0.98 s, it would have fitted)
+    # +0.021 s on a 3 s step: over a 0.5% budget (raw, 0.98 s, it would have fitted)
     assert obs.kernel_level_choice(0.005)["a"] is None
     assert obs.kernel_level_choice(0.01)["a"] == PAIRS[1]
     assert obs.measurements == 4 and obs.throttled == 1

@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kdvfs.runtime.distributed import TorchRankPool
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.ranks import SimulatedDataParallel
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.trials import Trial, open_window
 from kdvfs.runtime.types import KdvfsError

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kdvfs.cli import main
-from kdvfs.runtime.measure import measure_reference_iterations
+from kdvfs.runtime.measure import measure_reference_steps
 from kdvfs.runtime.registry import open_device
 from kdvfs.runtime.replay import ReplayDevice
 from kdvfs.runtime.tables import load_table
@@ -25,7 +25,7 @@ STRATEGIES = ["sweep", "random", "egreedy", "ucb", "thompson", "botorch", "cross
 def table_csv(tmp_path_factory):
     """A small recorded table with a known shape: 6 kernels (memory-, compute-bound and mixed)
     on a 5 x 3 grid, energies from a U-shaped law, times from a roofline (tens of ms a launch,
-    so that a reference of training iterations simulates quickly)."""
+    so that a reference of training steps simulates quickly)."""
     rows = ["kernel,core_mhz,mem_mhz,time_s,energy_j"]
     rng = np.random.default_rng(0)
     for k in range(6):
@@ -120,7 +120,7 @@ def test_bench_pairs_throttled_pairs_with_the_adjacent_stock_measurement():
     workload = gpt3_xl_layer()
     k = next(i for i, kernel in enumerate(workload.kernels) if kernel.name == "fc_fwd")
     obs = Observations(
-        workload, device.grid.pairs, measure_reference_iterations(device, workload.kernels, 1.0, 2.0)
+        workload, device.grid.pairs, measure_reference_steps(device, workload.kernels, 1.0, 2.0)
     )
     capped = [p for p in device.grid.pairs if p.mem_mhz == 9501 and p.core_mhz >= 1680]
     bench = Bench(device, 0.3)

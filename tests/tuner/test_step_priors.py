@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kdvfs.runtime.iteration import Schedule
-from kdvfs.runtime.measure import IterationReference
+from kdvfs.runtime.measure import StepReference
 from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.step_feed import site_workload
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 from kdvfs.tuner.observations import Observations
@@ -69,7 +69,7 @@ def test_switch_sites_must_start_at_the_first_kernel():
 
 def test_unmeasured_cells_are_filled_in_pessimistically_and_never_planned():
     workload = Workload("w", (Kernel("a"), Kernel("b")))
-    reference = IterationReference(np.array([0.1, 0.1]), 0.2, 20.0, 0.0, 100, 100, 0.0)
+    reference = StepReference(np.array([0.1, 0.1]), 0.2, 20.0, 0.0, 100, 100, 0.0)
     obs = Observations(workload, (FAST, SLOW), reference)
     obs.stock_energy_j[:] = 10.0
     obs.time_s[0, 1], obs.energy_j[0, 1], obs.counts[0, 1] = 0.1, 5.0, 1  # a: SLOW measured

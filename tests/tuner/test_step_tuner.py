@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from kdvfs.runtime.iteration import Schedule
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
+from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.tuner.step_priors import model_plan
 from kdvfs.tuner.step_tuner import Exploring, Retuning, Settled, StepTuner, Verifying, switchable_groups
@@ -43,7 +43,7 @@ def tuned(seed: int, *, dry_run: bool):
         budget=BUDGET,
         seed=seed,
     )
-    stock_s, stock_j = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
+    stock_s, stock_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
     slowdowns: list[float] = []
     recording = Recording(tuner)
     job = SimulatedJob(device, workload, dry_run=dry_run)

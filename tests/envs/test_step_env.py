@@ -1,4 +1,4 @@
-"""IterationDVFS-v0: Gymnasium API, honest iteration measurement, switch physics, seeding, reward."""
+"""StepDVFS-v0: Gymnasium API, honest step measurement, switch physics, seeding, reward."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from kdvfs.envs.iteration_env import IterationDVFSEnv, measure_iterations
 from kdvfs.envs.reward import compute_waste_reward
+from kdvfs.envs.step_env import StepDVFSEnv, measure_steps
 from kdvfs.runtime.replay import ReplayDevice
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
@@ -44,10 +44,10 @@ def toy_csv(tmp_path: Path) -> Path:
 
 
 def make(device: str, workload: str | Workload, **kwargs: object) -> gymnasium.Env:
-    return gymnasium.make("kdvfs/IterationDVFS-v0", device=device, workload=workload, **kwargs)
+    return gymnasium.make("kdvfs/StepDVFS-v0", device=device, workload=workload, **kwargs)
 
 
-def uniform(env: IterationDVFSEnv, pair: ClockPair) -> np.ndarray:
+def uniform(env: StepDVFSEnv, pair: ClockPair) -> np.ndarray:
     return env.action_for({k.name: pair for k in env.workload.kernels})
 
 
@@ -62,41 +62,39 @@ def test_check_env_on_a_synthetic_table(toy_csv: Path) -> None:
 
 @pytest.mark.skipif(not REAL_TABLE.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 def test_check_env_on_the_recorded_gtx1080ti_table() -> None:
-    env = make(f"replay:{REAL_TABLE}", "table", iterations_per_step=3)
+    env = make(f"replay:{REAL_TABLE}", "table", steps_per_action=3)
     check_env(env.unwrapped, skip_render_check=True)
     assert env.action_space.nvec.tolist() == [20] * 30
 
 
 def test_registered_id_makes_with_a_time_limit() -> None:
-    env = gymnasium.make(
-        "kdvfs/IterationDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer", budget=0.01
-    )
+    env = gymnasium.make("kdvfs/StepDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer", budget=0.01)
     assert env.spec is not None and env.spec.max_episode_steps == 200
-    assert isinstance(env.unwrapped, IterationDVFSEnv)
+    assert isinstance(env.unwrapped, StepDVFSEnv)
     assert env.action_space.nvec.tolist() == [50] * 44
 
 
 def test_docstring_example_runs() -> None:
     runner = doctest.DocTestRunner()
-    for test in doctest.DocTestFinder().find(IterationDVFSEnv, "IterationDVFSEnv", globs={}):
+    for test in doctest.DocTestFinder().find(StepDVFSEnv, "StepDVFSEnv", globs={}):
         runner.run(test)
     assert runner.summarize(verbose=False).attempted > 0
     assert runner.summarize(verbose=False).failed == 0
 
 
 # --- measurement ------------------------------------------------------------------------
-def test_measured_iteration_matches_the_table(toy_csv: Path) -> None:
+def test_measured_step_matches_the_table(toy_csv: Path) -> None:
     device = ReplayDevice.from_csv(toy_csv)
     kernels = device.table.workload().kernels
     plan = [ClockPair(1500, 7000), ClockPair(1000, 5000)]  # gemm, copy
-    m = measure_iterations(device, kernels, plan, iterations=20)
+    m = measure_steps(device, kernels, plan, steps=20)
     assert m.time_s == pytest.approx(0.0026 + 0.00145)
     assert m.energy_j == pytest.approx(0.55 + 0.17, rel=0.03)
     assert m.cost_s >= 21 * m.time_s and not m.throttled
 
 
 def test_a_uniform_plan_asks_for_clocks_once_per_step() -> None:
-    env = IterationDVFSEnv("sim:a100-fastswitch", SMALL, noise=0.0)
+    env = StepDVFSEnv("sim:a100-fastswitch", SMALL, noise=0.0)
     env.reset(seed=0)
     env.step(uniform(env, ClockPair(1110, 1215)))
     switches = env.device.switches
@@ -106,19 +104,19 @@ def test_a_uniform_plan_asks_for_clocks_once_per_step() -> None:
 
 @pytest.mark.parametrize("preset", ["a100-fastswitch", "a100"])
 def test_per_kernel_switching_waits_out_the_switch_latency(preset: str) -> None:
-    env = IterationDVFSEnv(f"sim:{preset}", SMALL, noise=0.0)
+    env = StepDVFSEnv(f"sim:{preset}", SMALL, noise=0.0)
     env.reset(seed=0)
     alternating = np.array([env.device.grid.index(ClockPair(c, 1215)) for c in (1410, 510, 1410, 510)])
     _, _, _, _, info = env.step(alternating)
     slowdown = info["time_s"] / info["ref_time_s"] - 1.0
-    waits = 4 * env.device.switch_latency_s / info["ref_time_s"]  # 4 switches an iteration
+    waits = 4 * env.device.switch_latency_s / info["ref_time_s"]  # 4 switches a step
     assert info["expected_slowdown"] > 0.5  # the 510 MHz kernels
     assert slowdown == pytest.approx(info["expected_slowdown"] + waits, rel=0.05)
 
 
 # --- seeding ----------------------------------------------------------------------------
 def _rollout(seed: int, actions: list[np.ndarray]) -> list[tuple]:
-    env = IterationDVFSEnv("sim:a100", SMALL)
+    env = StepDVFSEnv("sim:a100", SMALL)
     obs, _ = env.reset(seed=seed)
     out = [tuple(obs["temperature_c"].tolist())]
     for a in actions:
@@ -136,7 +134,7 @@ def test_same_seed_same_episode_different_seed_different() -> None:
 
 def test_make_vec_sync_runs_steps() -> None:
     envs = gymnasium.make_vec(
-        "kdvfs/IterationDVFS-v0", num_envs=2, vectorization_mode="sync", device="sim:a100", workload=SMALL
+        "kdvfs/StepDVFS-v0", num_envs=2, vectorization_mode="sync", device="sim:a100", workload=SMALL
     )
     obs, _ = envs.reset(seed=0)
     assert obs["last"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
@@ -148,15 +146,15 @@ def test_make_vec_sync_runs_steps() -> None:
 # --- reward -----------------------------------------------------------------------------
 def test_in_budget_saving_pays_and_over_budget_is_penalised() -> None:
     device = SimulatedDevice("a100", noise=0.0)
-    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in SMALL.kernels])
+    ref_t, ref_e = device.expected_step([(k, None, k.launches) for k in SMALL.kernels])
     figures = []
     for pair in device.grid.pairs:
-        t, e = device.expected_iteration([(k, pair, k.launches) for k in SMALL.kernels])
+        t, e = device.expected_step([(k, pair, k.launches) for k in SMALL.kernels])
         if t <= ref_t:
             figures.append((1.0 - e / ref_e, pair))
     saving, pair = max(figures)
     assert saving > 0.03
-    env = IterationDVFSEnv("sim:a100", SMALL, budget=0.01, noise=0.0)
+    env = StepDVFSEnv("sim:a100", SMALL, budget=0.01, noise=0.0)
     env.reset(seed=0)
     _, reward, _, _, info = env.step(uniform(env, pair))
     assert reward == pytest.approx(saving, abs=0.02) and reward > 0.01
@@ -168,7 +166,7 @@ def test_in_budget_saving_pays_and_over_budget_is_penalised() -> None:
 
 
 def test_highest_pair_on_a_table_is_the_reference(toy_csv: Path) -> None:
-    env = IterationDVFSEnv(f"replay:{toy_csv}", "table")
+    env = StepDVFSEnv(f"replay:{toy_csv}", "table")
     obs, info = env.reset(seed=0)
     assert obs["last"].tolist() == [1.0, 1.0] and info["source"] == "replayed"
     obs, reward, *_ = env.step(uniform(env, ClockPair(2000, 7000)))

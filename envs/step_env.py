@@ -1,9 +1,9 @@
-"""IterationDVFS-v0: choose a clock pair for every kernel of a training iteration at once;
-each step runs the iteration with them and measures it.
+"""StepDVFS-v0: choose a clock pair for every kernel of a training step at once;
+each env step runs the training step with them and measures it.
 
-- `IterationDVFSEnv`: the environment (its class docstring documents it as Gymnasium
+- `StepDVFSEnv`: the environment (its class docstring documents it as Gymnasium
   documents its own);
-- `measure_iterations` / `IterationMeasurement`: one iteration's time and energy under a
+- `measure_steps` / `StepMeasurement`: one step's time and energy under a
   per-kernel plan, read at the energy counter's updates;
 - `_KernelStream`: the kernels run back to back, switching clocks synchronously.
 
@@ -32,13 +32,13 @@ _NOTHING_ASKED = object()  # the stream's last request before its first: differs
 
 
 @dataclass(frozen=True)
-class IterationMeasurement:
-    """Measured time and energy of one iteration, whether the card throttled, and the device
+class StepMeasurement:
+    """Measured time and energy of one step, whether the card throttled, and the device
     seconds the measurement cost.
 
     Attributes:
-        time_s: one iteration's time, s (kernel run times plus clock-switch waits).
-        energy_j: one iteration's energy, J (the window's mean power times time_s).
+        time_s: one step's time, s (kernel run times plus clock-switch waits).
+        energy_j: one step's energy, J (the window's mean power times time_s).
         throttled: a throttle reason of runtime.measure.THROTTLES was seen in the window.
         cost_s: device seconds the measurement took, warm-up and counter alignment included.
     """
@@ -50,14 +50,14 @@ class IterationMeasurement:
 
 
 class _KernelStream:
-    """The iteration's kernels run back to back, over and over, each at its planned clocks
+    """The step's kernels run back to back, over and over, each at its planned clocks
     (None: stock). Before a kernel whose pair differs from the previous kernel's, the stream
     asks for it and waits the device's switch latency (idle, at the old clocks) so that the
     kernel runs at its own pair (why: docs/design-envs.md).
 
     Args:
         device: runs the kernels.
-        kernels: one iteration's kernels, in order.
+        kernels: one step's kernels, in order.
         plan: per kernel, its clock pair (None: stock clocks).
     """
 
@@ -89,60 +89,60 @@ class _KernelStream:
         self.position = (self.position + 1) % len(self._kernels)
         return waited_s + elapsed_s
 
-    def to_iteration_end(self) -> None:
+    def to_step_end(self) -> None:
         while self.position != 0:
             self.next_kernel()
 
 
-def measure_iterations(
+def measure_steps(
     device: RunnableDevice,
     kernels: Sequence[Kernel],
     plan: Sequence[ClockPair | None],
-    iterations: int,
-) -> IterationMeasurement:
-    """Run the iteration with `plan` and measure one iteration's time and energy.
+    steps: int,
+) -> StepMeasurement:
+    """Run the step with `plan` and measure one step's time and energy.
 
-    As measure.measure_isolated does for one kernel: after a warm-up iteration, a window is
+    As measure.measure_isolated does for one kernel: after a warm-up step, a window is
     opened and closed at observed updates of the energy counter (checked after each kernel),
-    `iterations` iterations' worth of kernels run inside it, their run() times plus the
-    clock-switch waits give the iteration time, and the window's mean power times that time
-    its energy. The stream then finishes the iteration it is in, as training would.
+    `steps` steps' worth of kernels run inside it, their run() times plus the
+    clock-switch waits give the step time, and the window's mean power times that time
+    its energy. The stream then finishes the step it is in, as training would.
     """
     start_s = device.now_s()
     stream = _KernelStream(device, kernels, plan)
     stream.next_kernel()
-    stream.to_iteration_end()
+    stream.to_step_end()
     energy_a = device.energy_j()
     while device.energy_j() == energy_a:
         stream.next_kernel()
     energy_a, t_a = device.energy_j(), device.now_s()
     stream.throttled = False
-    busy_s = sum(stream.next_kernel() for _ in range(iterations * len(kernels)))
+    busy_s = sum(stream.next_kernel() for _ in range(steps * len(kernels)))
     energy_b = device.energy_j()
     while device.energy_j() == energy_b:
         stream.next_kernel()
     energy_b, t_b = device.energy_j(), device.now_s()
-    stream.to_iteration_end()
-    time_s = busy_s / iterations
+    stream.to_step_end()
+    time_s = busy_s / steps
     power_w = (energy_b - energy_a) / (t_b - t_a)
-    return IterationMeasurement(
+    return StepMeasurement(
         float(time_s), float(power_w * time_s), stream.throttled, float(device.now_s() - start_s)
     )
 
 
-class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
+class StepDVFSEnv(gym.Env[Observation, np.ndarray]):
     """
     ## Description
 
     Per-kernel GPU clock tuning (DVFS) judged where it matters: on the whole training
-    iteration. Each step the agent gives every kernel of the workload a clock pair; the
-    device then runs the iteration with those clocks `iterations_per_step` times (after one
-    warm-up iteration). Before each kernel whose pair differs from the previous kernel's,
+    step. At each env step the agent gives every kernel of the workload a clock pair; the
+    device then runs the step with those clocks `steps_per_action` times (after one
+    warm-up step). Before each kernel whose pair differs from the previous kernel's,
     the clocks are switched and the device's switch latency waited out, so that every kernel
     runs at its own pair: switching per kernel on a card that takes tens of ms to change
     clocks costs far more time than it saves energy, which is the physics, not an artefact.
     Time is the sum of the kernels' run times and the switch waits; energy comes from the
-    card's counter, read at its updates (`measure_iterations`). The reference is the iteration at stock clocks (boost + power
+    card's counter, read at its updates (`measure_steps`). The reference is the step at stock clocks (boost + power
     cap; the highest pair on a recorded table), measured at reset.
 
     ## Action Space
@@ -156,22 +156,22 @@ class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
 
     | Key             | Space                     | Meaning                                                           |
     |-----------------|---------------------------|-------------------------------------------------------------------|
-    | `last`          | `Box(0, inf, (2,))`       | last iteration's time / reference time, energy / reference energy |
+    | `last`          | `Box(0, inf, (2,))`       | last step's time / reference time, energy / reference energy |
     | `temperature_c` | `Box(-273.15, inf, (1,))` | GPU temperature now                                               |
     | `budget`        | `Box(0, inf, (1,))`       | the slowdown budget                                               |
 
     ## Rewards
 
-    The compute-waste reward of `kdvfs.envs.reward.compute_waste_reward` on the iteration:
+    The compute-waste reward of `kdvfs.envs.reward.compute_waste_reward` on the step:
 
         reward = (E_ref - E) / E_ref - penalty_scale * max(0, T / T_ref - 1 - budget) / budget
 
-    the relative energy saved against the reference iteration, less a penalty linear in the
+    the relative energy saved against the reference step, less a penalty linear in the
     slowdown beyond the budget (a slowdown of 2 x budget costs `penalty_scale`).
 
     ## Starting State
 
-    The reference iteration measured at reset; `last` is `[1, 1]`.
+    The reference step measured at reset; `last` is `[1, 1]`.
 
     ## Episode End
 
@@ -184,14 +184,14 @@ class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
     |-----------------------|----------------------------|-------------------|-------------------------------------------------------|
     | `device`              | **str \\| RunnableDevice**  | `"sim:rtx3080ti"` | a `kdvfs.runtime.registry` spec (`sim:PRESET`, `replay:CSV`) or a device object |
     | `workload`            | **str \\| Workload**        | `"gpt3-xl-layer"` | a registry spec (`gpt3-xl-layer`, `trace:CSV`, `table`) or a `Workload` |
-    | `budget`              | **float**                  | `0.01`            | allowed slowdown of the iteration (0.01: 1 %)          |
-    | `iterations_per_step` | **int**                    | `10`              | iterations in a measurement window (make it span several energy-counter updates, >= ~0.5 s, for a precise reading) |
+    | `budget`              | **float**                  | `0.01`            | allowed slowdown of the step (0.01: 1 %)          |
+    | `steps_per_action` | **int**                    | `10`              | steps in a measurement window (make it span several energy-counter updates, >= ~0.5 s, for a precise reading) |
     | `penalty_scale`       | **float**                  | `1.0`             | weight of the over-budget penalty                      |
     | `noise`               | **float \\| None**          | `None`            | measurement-noise scale of a spec'd device (None: its default) |
 
-    `info` holds the measured iteration (`time_s`, `energy_j`, `throttled`), the reference
+    `info` holds the measured step (`time_s`, `energy_j`, `throttled`), the reference
     (`ref_time_s`, `ref_energy_j`), the noiseless figures of the plan from the device's model
-    (`expected_saving`, `expected_slowdown`: each iteration at its own steady temperature,
+    (`expected_saving`, `expected_slowdown`: each step at its own steady temperature,
     switch cost ignored), `device_s` (device seconds this call cost), `episode_device_s` and
     `source` ("simulated" or "replayed").
 
@@ -203,8 +203,8 @@ class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
     ```python
     >>> import gymnasium as gym
     >>> import kdvfs.envs
-    >>> env = gym.make("kdvfs/IterationDVFS-v0", device="sim:a100", workload="gpt3-xl-layer",
-    ...                budget=0.01, iterations_per_step=2)
+    >>> env = gym.make("kdvfs/StepDVFS-v0", device="sim:a100", workload="gpt3-xl-layer",
+    ...                budget=0.01, steps_per_action=2)
     >>> obs, info = env.reset(seed=0)
     >>> obs["last"].tolist()
     [1.0, 1.0]
@@ -223,15 +223,15 @@ class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
         workload: str | Workload = "gpt3-xl-layer",
         budget: float = 0.01,
         *,
-        iterations_per_step: int = 10,
+        steps_per_action: int = 10,
         penalty_scale: float = 1.0,
         noise: float | None = None,
     ) -> None:
         positive("budget", budget)
-        positive("iterations_per_step", iterations_per_step)
+        positive("steps_per_action", steps_per_action)
         self._target = EnvTarget(device, workload, noise)
         self.budget = budget
-        self.iterations_per_step = int(iterations_per_step)
+        self.steps_per_action = int(steps_per_action)
         self.penalty_scale = penalty_scale
         self.action_space = spaces.MultiDiscrete([len(self.device.grid)] * len(self.workload))
         self.observation_space = spaces.Dict(
@@ -241,7 +241,7 @@ class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
                 "budget": scalar_box(0.0),
             }
         )
-        self._ref = IterationMeasurement(1.0, 1.0, False, 0.0)
+        self._ref = StepMeasurement(1.0, 1.0, False, 0.0)
         self._expected_ref = (1.0, 1.0)
         self._last = (1.0, 1.0)
         self._episode_device_s = 0.0
@@ -263,31 +263,31 @@ class IterationDVFSEnv(gym.Env[Observation, np.ndarray]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
-        """Measure the reference iteration (stock clocks)."""
+        """Measure the reference step (stock clocks)."""
         super().reset(seed=seed)
         self._target.reseed(seed)
         kernels = self.workload.kernels
-        self._ref = measure_iterations(self.device, kernels, [None] * len(kernels), self.iterations_per_step)
-        self._expected_ref = self.device.expected_iteration([(k, None, k.launches) for k in kernels])
+        self._ref = measure_steps(self.device, kernels, [None] * len(kernels), self.steps_per_action)
+        self._expected_ref = self.device.expected_step([(k, None, k.launches) for k in kernels])
         self._last = (1.0, 1.0)
         self._episode_device_s = self._ref.cost_s
         return self._observation(), self._info(self._ref.cost_s)
 
     def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        """Run and measure the iteration with a pair per kernel."""
+        """Run and measure the step with a pair per kernel."""
         if not self.action_space.contains(np.asarray(action, dtype=np.int64)):
             raise KdvfsError(f"action {np.asarray(action).tolist()} is outside {self.action_space}")
         pairs = self.device.grid.pairs
         plan = [pairs[int(a)] for a in action]
         kernels = self.workload.kernels
-        m = measure_iterations(self.device, kernels, plan, self.iterations_per_step)
+        m = measure_steps(self.device, kernels, plan, self.steps_per_action)
         self._episode_device_s += m.cost_s
         ref = self._ref
         reward = compute_waste_reward(
             m.time_s, m.energy_j, ref.time_s, ref.energy_j, self.budget, self.penalty_scale
         )
         self._last = (m.time_s / ref.time_s, m.energy_j / ref.energy_j)
-        expected_t, expected_e = self.device.expected_iteration(
+        expected_t, expected_e = self.device.expected_step(
             [(k, p, k.launches) for k, p in zip(kernels, plan)]
         )
         info = self._info(m.cost_s)

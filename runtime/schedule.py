@@ -1,7 +1,7 @@
-"""Training iterations on a device whose kernels we run: a schedule of clock groups applied.
+"""Training steps on a device whose kernels we run: a schedule of clock groups applied.
 
-- `Schedule`: the clock requests of one iteration (a group's first kernel and its pair);
-- `IterationRunner`: runs iterations of a workload on a ModelDevice under a schedule,
+- `Schedule`: the clock requests of one step (a group's first kernel and its pair);
+- `StepRunner`: runs steps of a workload on a ModelDevice under a schedule,
   requesting a group's clocks at its first kernel only when they differ from the last
   request, so a switch lands switch_latency_s later, as tuner/grouping.py models it;
 - `schedule_figures`: a schedule's noiseless (energy saving, slowdown) against stock, as the
@@ -23,7 +23,7 @@ from kdvfs.runtime.types import ClockPair, Kernel, Workload
 
 @dataclass(frozen=True)
 class Schedule:
-    """Clock requests of one iteration: (index of a group's first kernel, pair or None for
+    """Clock requests of one step: (index of a group's first kernel, pair or None for
     stock clocks), the first group starting at kernel 0."""
 
     groups: tuple[tuple[int, ClockPair | None], ...]
@@ -33,7 +33,7 @@ class Schedule:
         return cls(((0, None),))
 
     def one_pair(self) -> ClockPair | None:
-        """The pair when the whole iteration runs at one locked pair, else None."""
+        """The pair when the whole step runs at one locked pair, else None."""
         return self.groups[0][1] if len(self.groups) == 1 else None
 
     def pair_per_kernel(self, n: int) -> list[ClockPair | None]:
@@ -44,12 +44,12 @@ class Schedule:
         return out
 
 
-class IterationRunner:
-    """Runs training iterations of a workload on a ModelDevice under a schedule.
+class StepRunner:
+    """Runs training steps of a workload on a ModelDevice under a schedule.
 
     Args:
         device: runs the kernels (a simulated or replayed device).
-        workload: the kernels of one iteration, in order.
+        workload: the kernels of one step, in order.
     """
 
     def __init__(self, device: ModelDevice, workload: Workload) -> None:
@@ -57,14 +57,14 @@ class IterationRunner:
         self.workload = workload
         self._requested: ClockPair | str | None = "unset"
 
-    def run(self, schedule: Schedule, iterations: int) -> tuple[np.ndarray, float]:
-        """(each kernel's time in the last iteration run kernel by kernel, launches included, as
-        launch timings give it; total seconds of all the iterations). Iterations run kernel by
+    def run(self, schedule: Schedule, steps: int) -> tuple[np.ndarray, float]:
+        """(each kernel's time in the last step run kernel by kernel, launches included, as
+        launch timings give it; total seconds of all the steps). Steps run kernel by
         kernel until one runs in steady state: at least one (two after an isolated
         measurement), and more while a switch that the steady cycle would not make is in
         flight during it (a new schedule's first request, or one made before the previous
-        iteration began: on the H200 a switch takes 10 ms, longer than an iteration, and an
-        iteration in which such a switch lands runs partly at the old clocks). The rest repeat
+        step began: on the H200 a switch takes 10 ms, longer than a step, and an
+        step in which such a switch lands runs partly at the old clocks). The rest repeat
         that one (ModelDevice.repeat_since), which keeps long runs cheap."""
         starts = dict(schedule.groups)
         cyclic_first = (
@@ -73,8 +73,8 @@ class IterationRunner:
         t0 = self.device.now_s()
         exact = 1 if self._requested != "unset" else 2
         done = 0
-        prev_start_s: float | None = None  # start of the previous iteration, when it was steady
-        while done < iterations:
+        prev_start_s: float | None = None  # start of the previous step, when it was steady
+        while done < steps:
             t_it, e_it = self.device.now_s(), self.device.true_energy_j()
             inherited_s = self.device.switch_requested_s()  # in flight as it begins: the cycle's own?
             times = np.empty(len(self.workload))
@@ -90,7 +90,7 @@ class IterationRunner:
             if done >= exact and not transient and own_start and (requested_s is None or requested_s >= t_it):
                 break
             prev_start_s = None if transient else t_it
-        self.device.repeat_since(t_it, e_it, iterations - done)
+        self.device.repeat_since(t_it, e_it, steps - done)
         return times, self.device.now_s() - t0
 
     def _request(self, pair: ClockPair | None) -> None:
@@ -107,23 +107,23 @@ class IterationRunner:
 
 def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule) -> tuple[float, float]:
     """Noiseless (energy saving, slowdown) of a schedule run over and over, against stock, at
-    the iteration's own steady temperature: each kernel at the pair in effect when it starts
+    the step's own steady temperature: each kernel at the pair in effect when it starts
     (a switch lands switch_latency_s after its group's first kernel starts, as on the card)."""
-    ref_t, ref_e = device.expected_iteration([(k, None, k.launches) for k in workload.kernels])
-    t, e = device.expected_iteration(schedule_items(device, workload, schedule))
+    ref_t, ref_e = device.expected_step([(k, None, k.launches) for k in workload.kernels])
+    t, e = device.expected_step(schedule_items(device, workload, schedule))
     return 1.0 - e / ref_e, t / ref_t - 1.0
 
 
 def schedule_items(
     device: ModelDevice, workload: Workload, schedule: Schedule
 ) -> list[tuple[Kernel, ClockPair | None, int]]:
-    """(kernel, pair in effect, launches) of one steady-state iteration of a schedule (see
+    """(kernel, pair in effect, launches) of one steady-state step of a schedule (see
     schedule_figures)."""
     requested = schedule.pair_per_kernel(len(workload))
     starts = {s for s, _ in schedule.groups}
     in_effect, pending, clock_s = requested[-1], None, 0.0
     items = []
-    for _ in range(2):  # the second iteration starts in steady state
+    for _ in range(2):  # the second step starts in steady state
         items = []
         for k, kernel in enumerate(workload.kernels):
             if pending is not None and clock_s >= pending[0]:
