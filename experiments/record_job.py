@@ -1,0 +1,617 @@
+"""Record a real training job's step times and the GPU's NVML readings, read-only, at stock clocks.
+
+    python experiments/record_job.py --job vision|hf|sync --seconds 300 --out DIR
+
+Standalone (torch, pynvml and the framework libraries only), so it runs on a bare GPU machine. It
+never changes a clock, power limit or any other GPU setting: every NVML call here is a query.
+Map, top to bottom:
+  Args          every knob, one line each, with its unit
+  StepClock     per step: a CUDA event recorded at the step's start on the training stream and
+                the host's perf_counter; events are resolved `lag` steps later with query(),
+                so the recorder adds no synchronisation to the job
+  NvmlSampler   a thread that reads, every `sample_ms`: the energy counter (mJ) and whether it
+                changed, SM and memory clocks, power, temperature, throttle reasons, power limit
+  run_vision    torchvision ResNet-50, bf16 autocast, channels_last, SGD with momentum, fed by a
+                DataLoader whose workers decode JPEGs and augment them on the CPU
+  run_hf        Hugging Face Trainer on GPT-2 small (random init, synthetic tokens); step starts
+                come from a TrainerCallback's on_step_begin
+  run_sync      a plain loop of an nn.TransformerEncoder LM, AdamW, with host synchronisation:
+                loss.item() every 10 steps, a 20-batch evaluation every 200, a checkpoint every 500
+  summarise     step-time statistics after the warm-up, power, clocks, throttling, counter period
+  main          parse, run the job, write <job>_steps.csv.gz, <job>_nvml.csv.gz, <job>_meta.json
+Without CUDA (or with --device cpu) the step times come from perf_counter alone; without NVML
+the sampler is skipped. Both are said in the meta file.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import datetime
+import gzip
+import itertools
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclasses.dataclass
+class Args:
+    job: str = "vision"  # job kind: vision, hf or sync
+    seconds: float = 300.0  # recorded time after the warm-up; s
+    warmup_s: float = 30.0  # time run first and left out of the summary (still in the CSV); s
+    out: str = "."  # directory for the three output files
+    device: str = "cuda"  # torch device; cpu runs the job on the CPU with host timing only
+    sample_ms: float = 10.0  # NVML sampling period; ms
+    lag: int = 8  # steps between recording a step-start event and resolving it; steps
+    batch: int = 0  # images or sequences per step; 0 = the job's standard size (128, 16, 32)
+    workers: int = 8  # DataLoader worker processes (vision; hf uses 4 unless set lower); processes
+    image_px: int = 224  # crop side of the vision job's images; px
+    seq_len: int = 512  # tokens per sequence (hf, sync); tokens
+    layers: int = 12  # transformer layers (hf, sync); layers
+    d_model: int = 1024  # width of the sync job's transformer; features
+    item_every: int = 10  # sync: loss.item() period; steps
+    eval_every: int = 200  # sync: evaluation period; steps
+    eval_batches: int = 20  # sync: batches per evaluation; batches
+    ckpt_every: int = 500  # sync: checkpoint (torch.save of the state dict) period; steps
+    seed: int = 0  # random seed for weights and synthetic data
+
+
+def parse_args(argv: list[str]) -> Args:
+    """`--name value` pairs (dashes or underscores) onto Args; `--help` lists the knobs."""
+    fields = {f.name: f for f in dataclasses.fields(Args)}
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        for f in fields.values():
+            print(f"  --{f.name.replace('_', '-')} (default {f.default!r})")
+        sys.exit(0)
+    values: dict[str, object] = {}
+    if len(argv) % 2:
+        sys.exit(f"record_job: expected --name value pairs, got {argv}")
+    for key, raw in zip(argv[::2], argv[1::2]):
+        name = key.lstrip("-").replace("-", "_")
+        if not key.startswith("--") or name not in fields:
+            sys.exit(f"record_job: unknown option {key}")
+        kind = type(fields[name].default)
+        values[name] = kind(raw)
+    args = Args(**values)
+    if args.job not in ("vision", "hf", "sync"):
+        sys.exit(f"record_job: --job must be vision, hf or sync, got {args.job!r}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Step clock: CUDA events at each step's start, resolved off the hot path.
+
+
+class StepClock:
+    """Marks step starts; keeps host times and resolves GPU times `lag` steps later.
+
+    Args:
+        stream_device: the CUDA device whose current stream carries the training work, or None
+            to time with the host clock only.
+        lag: how many steps a recorded event waits before it is queried (query() never blocks).
+        t0_s: perf_counter origin of every host time written out; s.
+        run_s: how long the job runs, counted from its first step (warm-up included); s.
+    """
+
+    def __init__(self, stream_device: torch.device | None, lag: int, t0_s: float, run_s: float) -> None:
+        self.cuda = stream_device is not None
+        self.lag = max(1, lag)
+        self.t0_s, self.run_s = t0_s, run_s
+        self.host_s: list[float] = []  # step start, host; s since t0
+        self.gpu_start_ms: list[float] = []  # step start, GPU; ms after the first event
+        self._pending: collections.deque[torch.cuda.Event] = collections.deque()
+        self._first: torch.cuda.Event | None = None
+
+    def step_begin(self) -> None:
+        self.host_s.append(time.perf_counter() - self.t0_s)
+        if not self.cuda:
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream())
+        if self._first is None:
+            self._first = event
+        self._pending.append(event)
+        while len(self._pending) > self.lag and self._pending[0].query():
+            self.gpu_start_ms.append(self._first.elapsed_time(self._pending.popleft()))
+
+    def done(self) -> bool:
+        """Whether `run_s` has passed since the first step began (False before it)."""
+        return bool(self.host_s) and time.perf_counter() - self.t0_s - self.host_s[0] >= self.run_s
+
+    def finish(self) -> None:
+        """Marks the end of the last step and resolves every pending event (one sync, at the end)."""
+        self.step_begin()
+        if self.cuda:
+            torch.cuda.synchronize()
+            while self._pending:
+                self.gpu_start_ms.append(self._first.elapsed_time(self._pending.popleft()))
+
+    def rows(self) -> list[tuple[int, float, float, float]]:
+        """(step, host_start_s, gpu_step_s, host_step_s) per complete step."""
+        host = self.host_s
+        gpu = [ms / 1e3 for ms in self.gpu_start_ms] if self.cuda else host
+        return [(i, host[i], gpu[i + 1] - gpu[i], host[i + 1] - host[i]) for i in range(len(host) - 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML sampler: read-only queries on a thread.
+
+NVML_COLUMNS = (
+    "host_s", "energy_mj", "counter_changed", "sm_mhz", "mem_mhz", "power_w",
+    "temperature_c", "throttle_reasons", "power_limit_w",
+)  # fmt: skip
+#: Throttle-reason bits as NVML names them (nvmlClocksEventReason*).
+REASON_BITS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}  # fmt: skip
+
+
+class NvmlSampler(threading.Thread):
+    """Reads the GPU's energy counter, clocks, power, temperature and throttle reasons.
+
+    Args:
+        index: NVML index of the GPU.
+        period_s: time between samples; s.
+        t0_s: perf_counter origin of the host times; s.
+    """
+
+    def __init__(self, index: int, period_s: float, t0_s: float) -> None:
+        super().__init__(daemon=True)
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self.reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.period_s, self.t0_s = period_s, t0_s
+        self.rows: list[tuple] = []
+        self.stop_event = threading.Event()
+
+    def info(self) -> dict:
+        n, h = self.nvml, self.handle
+        name = n.nvmlDeviceGetName(h)
+        driver = n.nvmlSystemGetDriverVersion()
+        as_text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        return {
+            "gpu_name": as_text(name),
+            "driver": as_text(driver),
+            "power_limit_w": n.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3,
+            "max_sm_mhz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM),
+            "max_mem_mhz": n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM),
+        }
+
+    def run(self) -> None:
+        n, h = self.nvml, self.handle
+        last = None
+        while not self.stop_event.is_set():
+            energy = n.nvmlDeviceGetTotalEnergyConsumption(h)
+            host_s = time.perf_counter() - self.t0_s
+            self.rows.append((
+                round(host_s, 6), energy, int(last is not None and energy != last),
+                n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
+                n.nvmlDeviceGetPowerUsage(h) / 1e3, n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+                self.reasons(h), n.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3,
+            ))  # fmt: skip
+            last = energy
+            self.stop_event.wait(self.period_s)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=5)
+
+
+def start_sampler(args: Args, device: torch.device, t0_s: float) -> NvmlSampler | None:
+    """The NVML thread for the job's GPU, or None (said on stderr) without CUDA or NVML."""
+    if device.type != "cuda":
+        return None
+    try:
+        sampler = NvmlSampler(device.index or 0, args.sample_ms / 1e3, t0_s)
+    except Exception as error:  # no pynvml, no driver: record step times only
+        print(f"record_job: NVML unavailable, no power/clock samples ({error})", file=sys.stderr)
+        return None
+    sampler.start()
+    return sampler
+
+
+# ---------------------------------------------------------------------------------------------
+# Job 1, vision: ResNet-50 fed by CPU decode and augmentation workers.
+
+
+class SyntheticJpegs(torch.utils.data.Dataset):
+    """Images 256x256 encoded once as JPEGs; each item is decoded and augmented on the CPU.
+
+    Args:
+        count: items per epoch.
+        crop_px: side of the RandomResizedCrop; px.
+        seed: seed of the source images.
+    """
+
+    def __init__(self, count: int, crop_px: int, seed: int) -> None:
+        import torchvision
+        from torchvision.transforms import v2
+
+        self.count = count
+        gen = torch.Generator().manual_seed(seed)
+        # Smooth structure plus fine noise, so that each JPEG carries photo-like detail to decode.
+        sources = [
+            0.8 * F.interpolate(torch.rand(1, 3, 32, 32, generator=gen), size=256, mode="bilinear")[0]
+            + 0.2 * torch.rand(3, 256, 256, generator=gen)
+            for _ in range(32)
+        ]
+        sources = [(255 * s).clamp(0, 255).to(torch.uint8) for s in sources]
+        try:
+            self.jpegs = [torchvision.io.encode_jpeg(s, quality=90) for s in sources]
+            self.decode = torchvision.io.decode_jpeg
+        except Exception as error:  # torchvision without its image library: raw uint8 images
+            print(f"record_job: JPEG codec unavailable, feeding raw uint8 images ({error})", file=sys.stderr)
+            self.jpegs, self.decode = sources, lambda x: x.clone()
+        self.transform = v2.Compose([
+            v2.RandomResizedCrop(crop_px, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ])  # fmt: skip
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.decode(self.jpegs[i % len(self.jpegs)])), i % 1000
+
+
+def run_vision(args: Args, device: torch.device, clock: StepClock) -> dict:
+    import torchvision
+
+    batch = args.batch or 128
+    loader = torch.utils.data.DataLoader(
+        SyntheticJpegs(10**7, args.image_px, args.seed),
+        batch_size=batch,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+        persistent_workers=args.workers > 0,
+        prefetch_factor=4 if args.workers > 0 else None,
+    )
+    model = torchvision.models.resnet50(weights=None).to(device, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    model.train()
+    for images, labels in loader:
+        if clock.done():
+            break
+        clock.step_begin()
+        images = images.to(device, non_blocking=True, memory_format=torch.channels_last)
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return {"model": "torchvision resnet50", "batch": batch, "image_px": args.image_px,
+            "workers": args.workers, "precision": "bf16 autocast, channels_last",
+            "optimizer": "SGD momentum 0.9 lr 0.1 wd 1e-4",
+            "data": "32 synthetic 256x256 JPEGs, decode + RandomResizedCrop + flip + normalize in workers"}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Job 2, hf: the Hugging Face Trainer on GPT-2 small.
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """Sequences of uniform random token ids, labels equal to the inputs.
+
+    Args:
+        count: items per epoch.
+        seq_len: tokens per item.
+        vocab: vocabulary size.
+        seed: seed of the tokens.
+    """
+
+    def __init__(self, count: int, seq_len: int, vocab: int, seed: int) -> None:
+        self.count, self.seq_len, self.vocab, self.seed = count, seq_len, vocab, seed
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        ids = torch.randint(0, self.vocab, (self.seq_len,), generator=gen)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def run_hf(args: Args, device: torch.device, clock: StepClock) -> dict:
+    try:
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    except Exception as error:
+        sys.exit(f"record_job: the hf job needs transformers (and accelerate): {error}")
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, targs, state, control, **kwargs):
+            clock.step_begin()
+
+        def on_step_end(self, targs, state, control, **kwargs):
+            if clock.done():
+                control.should_training_stop = True
+
+    config = GPT2Config(n_layer=args.layers, n_positions=max(1024, args.seq_len))
+    torch.manual_seed(args.seed)
+    model = GPT2LMHeadModel(config)
+    batch = args.batch or 16
+    workers = min(args.workers, 4)
+    cuda = device.type == "cuda"
+    out_dir = tempfile.mkdtemp(prefix="record_job_hf_")
+    try:
+        targs = TrainingArguments(
+            output_dir=out_dir,
+            per_device_train_batch_size=batch,
+            max_steps=10**7,
+            learning_rate=3e-4,
+            bf16=cuda,
+            dataloader_num_workers=workers,
+            dataloader_pin_memory=cuda,
+            logging_steps=10,
+            save_strategy="no",
+            eval_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            use_cpu=not cuda,
+            seed=args.seed,
+        )
+    except TypeError as error:
+        sys.exit(f"record_job: this transformers ({transformers.__version__}) rejects an argument: {error}")
+    trainer = Trainer(
+        model=model,
+        args=targs,
+        train_dataset=RandomTokens(10**7, args.seq_len, config.vocab_size, args.seed),
+        callbacks=[Clock()],
+    )
+    trainer.train()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return {"model": f"GPT-2 small (GPT2Config, n_layer={args.layers}, random init)", "batch": batch,
+            "seq_len": args.seq_len, "workers": workers, "precision": "bf16 (Trainer)" if cuda else "fp32",
+            "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            "optimizer": str(targs.optim), "logging_steps": 10, "trainer": "transformers.Trainer"}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Job 3, sync: a plain loop with host synchronisation, evaluation and checkpoints.
+
+
+class EncoderLM(nn.Module):
+    """Token embedding, an nn.TransformerEncoder (pre-norm, GELU) and a linear LM head.
+
+    Args:
+        vocab: vocabulary size.
+        d_model: width; features.
+        layers: encoder layers.
+    """
+
+    def __init__(self, vocab: int, d_model: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, nhead=max(1, d_model // 64), dim_feedforward=4 * d_model, dropout=0.0,
+            activation="gelu", batch_first=True, norm_first=True,
+        )  # fmt: skip
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def run_sync(args: Args, device: torch.device, clock: StepClock) -> dict:
+    vocab, batch = 32768, args.batch or 32
+    torch.manual_seed(args.seed)
+    model = EncoderLM(vocab, args.d_model, args.layers).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    tokens = lambda: torch.randint(0, vocab, (batch, args.seq_len), device=device, generator=gen)  # noqa: E731
+    ckpt = Path(tempfile.mkdtemp(prefix="record_job_ckpt_")) / "model.pt"
+    step, losses = 0, []
+    while not clock.done():
+        clock.step_begin()
+        model.train()
+        x = tokens()
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if step % args.item_every == 0:
+            losses.append(loss.item())
+        if step % args.eval_every == 0:
+            model.eval()
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+                total = sum(F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).item()
+                            for x in (tokens() for _ in range(args.eval_batches)))  # fmt: skip
+            losses.append(total / args.eval_batches)
+        if step % args.ckpt_every == 0:
+            torch.save(model.state_dict(), ckpt)
+    params = sum(p.numel() for p in model.parameters())
+    ckpt_bytes = ckpt.stat().st_size if ckpt.exists() else 0
+    shutil.rmtree(ckpt.parent, ignore_errors=True)
+    return {"model": f"nn.TransformerEncoder LM d={args.d_model} layers={args.layers} vocab={vocab}",
+            "params": params, "batch": batch, "seq_len": args.seq_len, "precision": "bf16 autocast",
+            "optimizer": "AdamW" + (" fused" if device.type == "cuda" else ""),
+            "item_every": args.item_every, "eval_every": args.eval_every,
+            "eval_batches": args.eval_batches, "ckpt_every": args.ckpt_every,
+            "ckpt_bytes": ckpt_bytes}  # fmt: skip
+
+
+JOBS = {"vision": run_vision, "hf": run_hf, "sync": run_sync}
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary and output.
+
+
+def quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def cv(values: list[float]) -> float:
+    if len(values) < 2:
+        return math.nan
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(var) / mean if mean else math.nan
+
+
+def summarise(steps: list[tuple], nvml: list[tuple], warmup_end_s: float) -> dict:
+    """Statistics of the steps that start after the warm-up, and of the NVML samples then."""
+    kept = [r for r in steps if r[1] >= warmup_end_s]
+    gpu = [r[2] for r in kept]
+    windows: dict[int, list[float]] = collections.defaultdict(list)
+    for r in kept:
+        windows[int(r[1] - warmup_end_s)].append(r[2])
+    if windows:
+        windows.pop(max(windows))  # the last window is partial
+    window_means = [sum(v) / len(v) for v in windows.values() if v]
+    out = {
+        "steps": len(kept),
+        "gpu_step_median_s": quantile(gpu, 0.5),
+        "gpu_step_p1_s": quantile(gpu, 0.01),
+        "gpu_step_p99_s": quantile(gpu, 0.99),
+        "gpu_step_mean_s": sum(gpu) / len(gpu) if gpu else math.nan,
+        "per_step_cv": cv(gpu),
+        "window_1s_mean_cv": cv(window_means),
+        "windows_1s": len(window_means),
+        "host_step_median_s": quantile([r[3] for r in kept], 0.5),
+    }
+    samples = [r for r in nvml if r[0] >= warmup_end_s]
+    if samples:
+        changes = [r[0] for r in samples if r[2]]
+        gaps = [b - a for a, b in itertools.pairwise(changes)]
+        energy_j = (samples[-1][1] - samples[0][1]) / 1e3
+        span_s = samples[-1][0] - samples[0][0]
+        busy = [r[7] & ~0x1 for r in samples]  # any reason but idle
+        seen = 0
+        for r in samples:
+            seen |= r[7]
+        out |= {
+            "nvml_samples": len(samples),
+            "sample_period_median_s": quantile([b[0] - a[0] for a, b in itertools.pairwise(samples)], 0.5),
+            "power_mean_w": sum(r[5] for r in samples) / len(samples),
+            "energy_power_mean_w": energy_j / span_s if span_s > 0 else math.nan,
+            "energy_per_step_j": energy_j / len(kept) if kept else math.nan,
+            "sm_mhz_median": quantile([r[3] for r in samples], 0.5),
+            "sm_mhz_p1": quantile([r[3] for r in samples], 0.01),
+            "mem_mhz_median": quantile([r[4] for r in samples], 0.5),
+            "temperature_c_max": max(r[6] for r in samples),
+            "temperature_c_median": quantile([r[6] for r in samples], 0.5),
+            "throttle_share_any_but_idle": sum(1 for b in busy if b) / len(samples),
+            "throttle_reasons_seen": [name for bit, name in REASON_BITS.items() if seen & bit],
+            "throttle_share_by_reason": {
+                name: sum(1 for r in samples if r[7] & bit) / len(samples)
+                for bit, name in REASON_BITS.items()
+                if seen & bit
+            },
+            "counter_updates": len(changes),
+            "counter_period_median_s": quantile(gaps, 0.5),
+            "counter_period_p1_s": quantile(gaps, 0.01),
+            "counter_period_p99_s": quantile(gaps, 0.99),
+            "power_limit_w": samples[-1][8],
+        }
+    return out
+
+
+def write_csv_gz(path: Path, header: tuple[str, ...], rows: list[tuple]) -> None:
+    with gzip.open(path, "wt", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def versions() -> dict:
+    found = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("torchvision", "transformers", "accelerate", "pynvml"):
+        try:
+            found[name] = getattr(__import__(name), "__version__", "present")
+        except Exception:
+            found[name] = None
+    return found
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = args.device.startswith("cuda") and torch.cuda.is_available()
+    if args.device.startswith("cuda") and not cuda:
+        print("record_job: CUDA unavailable, running on the CPU with host timing", file=sys.stderr)
+    device = torch.device(args.device if cuda else "cpu")
+    if cuda:
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    started_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    t0_s = time.perf_counter()
+    sampler = start_sampler(args, device, t0_s)
+    clock = StepClock(device if cuda else None, args.lag, t0_s, args.warmup_s + args.seconds)
+    job_info = JOBS[args.job](args, device, clock)
+    clock.finish()
+    if sampler is not None:
+        sampler.stop()
+    ended_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+    steps = [(i, round(h, 6), round(g, 7), round(s, 7)) for i, h, g, s in clock.rows()]
+    nvml = sampler.rows if sampler is not None else []
+    # The warm-up is timed from the first step, so model build and loader start do not eat it.
+    first_step_s = steps[0][1] if steps else 0.0
+    warmup_end_s = first_step_s + args.warmup_s
+    summary = summarise(steps, nvml, warmup_end_s)
+    meta = {
+        "job": args.job,
+        "args": dataclasses.asdict(args),
+        "started_utc": started_utc,
+        "ended_utc": ended_utc,
+        "device": str(device),
+        "gpu_timing": "cuda events at step start" if cuda else "host perf_counter (no CUDA)",
+        "nvml": sampler.info() if sampler is not None else None,
+        "gpu_name_torch": torch.cuda.get_device_name(device) if cuda else None,
+        "versions": versions(),
+        "cpu_count": os.cpu_count(),
+        "steps_total": len(steps),
+        "first_step_host_s": first_step_s,
+        "warmup_end_host_s": warmup_end_s,
+        "warmup_steps_excluded": sum(1 for r in steps if r[1] < warmup_end_s),
+        "job_info": job_info,
+        "summary": summary,
+    }
+    write_csv_gz(
+        out / f"{args.job}_steps.csv.gz", ("step", "host_start_s", "gpu_step_s", "host_step_s"), steps
+    )
+    write_csv_gz(out / f"{args.job}_nvml.csv.gz", NVML_COLUMNS, nvml)
+    (out / f"{args.job}_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    print(json.dumps({"job": args.job, **{k: summary.get(k) for k in (
+        "steps", "gpu_step_median_s", "per_step_cv", "window_1s_mean_cv", "power_mean_w",
+        "sm_mhz_median", "throttle_share_any_but_idle", "counter_period_median_s")}}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,240 @@
+"""Record whole training steps of differently shaped models, read-only, for a simulator's calibration.
+
+    python experiments/record_step_shapes.py --out DIR [--warmup-s 6 --window-s 20 --budget-s 270]
+
+Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU setting. Map:
+  SHAPES        the steps: ResNet-50 bf16 batch 128; GPT-2 small bf16 with SDPA attention and with
+                eager attention; an fp32 MLP with SGD; a large-batch transformer at the power cap
+  measure       per shape: warm up for warmup_s, then run window_s between two synchronisations
+                with the NVML sampler on: step time, energy per step from the energy counter,
+                mean power, SM clock, temperature, throttle reasons; then a torch.profiler trace
+                of 3 steps: GPU busy share (union of kernel intervals over the steps' span)
+  main          writes DIR/steps_summary.json (one entry per shape, after each shape) and
+                DIR/steps_kernels.csv.gz (shape, name, start_us, duration_us per GPU event)
+Data are random tensors already on the GPU: the steps, not a data pipeline, are measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    from record_job import REASON_BITS, EncoderLM, NvmlSampler, quantile
+except ImportError:
+    from kdvfs.experiments.record_job import REASON_BITS, EncoderLM, NvmlSampler, quantile
+
+DEVICE = torch.device("cuda")
+
+
+def resnet50_bf16() -> tuple:
+    import torchvision
+
+    model = torchvision.models.resnet50(weights=None).to(DEVICE, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(128, 3, 224, 224, device=DEVICE).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (128,), device=DEVICE)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step, "torchvision resnet50, batch 128x3x224x224, bf16 autocast, channels_last, SGD momentum"
+
+
+def gpt2_small(attn: str) -> tuple:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(attn_implementation=attn)).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    ids = torch.randint(0, 50257, (16, 512), device=DEVICE)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step, f"GPT-2 small (GPT2Config), batch 16x512, bf16 autocast, attention {attn}, fused AdamW"
+
+
+def mlp_fp32() -> tuple:
+    width, depth = 8192, 4
+    layers = [m for _ in range(depth) for m in (nn.Linear(width, width), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Linear(width, 1000)).to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(4096, width, device=DEVICE)
+    y = torch.randint(0, 1000, (4096,), device=DEVICE)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    return step, f"MLP {depth}x{width} ReLU, batch 4096, fp32 (allow_tf32={tf32}), SGD momentum"
+
+
+def transformer_large_batch() -> tuple:
+    model = EncoderLM(32768, 1024, 12).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    x = torch.randint(0, 32768, (64, 513), device=DEVICE)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step, "nn.TransformerEncoder LM d=1024 12 layers, batch 64x512, bf16 autocast, fused AdamW"
+
+
+SHAPES = {
+    "resnet50_bf16_b128": resnet50_bf16,
+    "gpt2_small_sdpa_bf16": lambda: gpt2_small("sdpa"),
+    "gpt2_small_eager_bf16": lambda: gpt2_small("eager"),
+    "mlp_fp32_sgd": mlp_fp32,
+    "transformer_bf16_b64_powercap": transformer_large_batch,
+}
+
+
+def busy_share(kernels: list[tuple[str, float, float]]) -> tuple[float, float]:
+    """(union of GPU event intervals / their span, span in us)."""
+    spans = sorted((s, s + d) for _, s, d in kernels)
+    if not spans:
+        return float("nan"), 0.0
+    busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy, cur_s, cur_e = busy + cur_e - cur_s, s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    total = max(e for _, e in spans) - spans[0][0]
+    return (busy / total if total > 0 else float("nan")), total
+
+
+def profile(step, steps: int) -> list[tuple[str, float, float]]:
+    """GPU events (kernels, memcpys, memsets) of `steps` steps: (name, start_us, duration_us)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    path = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    gpu = [
+        (e["name"], float(e["ts"]), float(e.get("dur", 0.0)))
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+    t0 = min((s for _, s, _ in gpu), default=0.0)
+    return [(n, s - t0, d) for n, s, d in sorted(gpu, key=lambda k: k[1])]
+
+
+def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSampler) -> tuple[dict, list]:
+    step, description = build()
+    t_end = time.perf_counter() + warmup_s
+    while time.perf_counter() < t_end:
+        step()
+    torch.cuda.synchronize()
+    first = len(sampler.rows)
+    start_s = time.perf_counter() - sampler.t0_s
+    steps = 0
+    t_end = time.perf_counter() + window_s
+    while time.perf_counter() < t_end:
+        step()
+        steps += 1
+    torch.cuda.synchronize()
+    end_s = time.perf_counter() - sampler.t0_s
+    rows = [r for r in sampler.rows[first:] if start_s <= r[0] <= end_s]
+    changes = [r for r in rows if r[2]]
+    counter_power_w = (
+        (changes[-1][1] - changes[0][1]) / 1e3 / (changes[-1][0] - changes[0][0])
+        if len(changes) > 1
+        else float("nan")
+    )
+    step_s = (end_s - start_s) / steps
+    kernels = profile(step, 3)
+    share, span_us = busy_share(kernels)
+    seen = 0
+    for r in rows:
+        seen |= r[7]
+    summary = {
+        "shape": name,
+        "description": description,
+        "steps": steps,
+        "window_s": end_s - start_s,
+        "step_s": step_s,
+        "counter_power_w": counter_power_w,
+        "energy_per_step_j": counter_power_w * step_s,
+        "power_mean_w": sum(r[5] for r in rows) / len(rows) if rows else None,
+        "sm_mhz_median": quantile([r[3] for r in rows], 0.5),
+        "sm_mhz_p1": quantile([r[3] for r in rows], 0.01),
+        "mem_mhz_median": quantile([r[4] for r in rows], 0.5),
+        "temperature_c_start": rows[0][6] if rows else None,
+        "temperature_c_end": rows[-1][6] if rows else None,
+        "throttle_share_any_but_idle": sum(1 for r in rows if r[7] & ~0x1) / len(rows) if rows else None,
+        "throttle_reasons_seen": [n for bit, n in REASON_BITS.items() if seen & bit],
+        "profiled_steps": 3,
+        "profiled_span_us": span_us,
+        "profiled_gpu_events": len(kernels),
+        "gpu_busy_share": share,
+        "memory_allocated_max_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+    return summary, kernels
+
+
+def main(argv: list[str]) -> None:
+    opts = dict(zip(argv[::2], argv[1::2]))
+    out = Path(opts.get("--out", "."))
+    warmup_s = float(opts.get("--warmup-s", 6))  # per shape, before its window; s
+    window_s = float(opts.get("--window-s", 20))  # measured window per shape; s
+    budget_s = float(opts.get("--budget-s", 270))  # no new shape starts after this; s
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sampler = NvmlSampler(torch.cuda.current_device(), 0.01, t0)
+    sampler.start()
+    results = {"gpu": sampler.info(), "torch": torch.__version__, "warmup_s": warmup_s, "shapes": []}
+    with gzip.open(out / "steps_kernels.csv.gz", "wt", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("shape", "name", "start_us", "duration_us"))
+        for name, build in SHAPES.items():
+            if time.perf_counter() - t0 + warmup_s + window_s + 15 > budget_s:
+                print(f"skipped {name}: budget", flush=True)
+                continue
+            try:
+                summary, kernels = measure(name, build, warmup_s, window_s, sampler)
+            except Exception as error:
+                summary, kernels = {"shape": name, "error": repr(error)}, []
+            writer.writerows((name, n, round(s, 3), round(d, 3)) for n, s, d in kernels)
+            results["shapes"].append(summary)
+            (out / "steps_summary.json").write_text(json.dumps(results, indent=2) + "\n")
+            print(json.dumps({k: summary.get(k) for k in ("shape", "step_s", "energy_per_step_j", "power_mean_w",
+                  "sm_mhz_median", "gpu_busy_share", "throttle_share_any_but_idle", "error")}), flush=True)  # fmt: skip
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    sampler.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
