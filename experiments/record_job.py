@@ -114,6 +114,7 @@ class StepClock:
         self.gpu_start_ms: list[float] = []  # step start, GPU; ms after the first event
         self._pending: collections.deque[torch.cuda.Event] = collections.deque()
         self._first: torch.cuda.Event | None = None
+        self.finished = False
 
     def step_begin(self) -> None:
         self.host_s.append(time.perf_counter() - self.t0_s)
@@ -132,7 +133,14 @@ class StepClock:
         return bool(self.host_s) and time.perf_counter() - self.t0_s - self.host_s[0] >= self.run_s
 
     def finish(self) -> None:
-        """Marks the end of the last step and resolves every pending event (one sync, at the end)."""
+        """Marks the end of the last step and resolves every pending event (one sync, at the end).
+
+        Jobs call it as soon as their loop ends, so that teardown stays out of the last step;
+        later calls do nothing.
+        """
+        if self.finished:
+            return
+        self.finished = True
         self.step_begin()
         if self.cuda:
             torch.cuda.synchronize()
@@ -293,8 +301,6 @@ def run_vision(args: Args, device: torch.device, clock: StepClock) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     model.train()
     for images, labels in loader:
-        if clock.done():
-            break
         clock.step_begin()
         images = images.to(device, non_blocking=True, memory_format=torch.channels_last)
         labels = labels.to(device, non_blocking=True)
@@ -303,6 +309,9 @@ def run_vision(args: Args, device: torch.device, clock: StepClock) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if clock.done():
+            break
+    clock.finish()
     return {"model": "torchvision resnet50", "batch": batch, "image_px": args.image_px,
             "workers": args.workers, "precision": "bf16 autocast, channels_last",
             "optimizer": "SGD momentum 0.9 lr 0.1 wd 1e-4",
@@ -348,6 +357,7 @@ def run_hf(args: Args, device: torch.device, clock: StepClock) -> dict:
 
         def on_step_end(self, targs, state, control, **kwargs):
             if clock.done():
+                clock.finish()
                 control.should_training_stop = True
 
     config = GPT2Config(n_layer=args.layers, n_positions=max(1024, args.seq_len))
@@ -446,6 +456,7 @@ def run_sync(args: Args, device: torch.device, clock: StepClock) -> dict:
             losses.append(total / args.eval_batches)
         if step % args.ckpt_every == 0:
             torch.save(model.state_dict(), ckpt)
+    clock.finish()
     params = sum(p.numel() for p in model.parameters())
     ckpt_bytes = ckpt.stat().st_size if ckpt.exists() else 0
     shutil.rmtree(ckpt.parent, ignore_errors=True)
@@ -483,8 +494,12 @@ def cv(values: list[float]) -> float:
 
 
 def summarise(steps: list[tuple], nvml: list[tuple], warmup_end_s: float) -> dict:
-    """Statistics of the steps that start after the warm-up, and of the NVML samples then."""
-    kept = [r for r in steps if r[1] >= warmup_end_s]
+    """Statistics of the steps that start after the warm-up, and of the NVML samples then.
+
+    The last step is left out: the end mark, not a next step's start, closes it. NVML samples
+    count from the warm-up's end to the host end of the last step kept.
+    """
+    kept = [r for r in steps[:-1] if r[1] >= warmup_end_s]
     gpu = [r[2] for r in kept]
     windows: dict[int, list[float]] = collections.defaultdict(list)
     for r in kept:
@@ -503,7 +518,8 @@ def summarise(steps: list[tuple], nvml: list[tuple], warmup_end_s: float) -> dic
         "windows_1s": len(window_means),
         "host_step_median_s": quantile([r[3] for r in kept], 0.5),
     }
-    samples = [r for r in nvml if r[0] >= warmup_end_s]
+    end_s = kept[-1][1] + kept[-1][3] if kept else math.inf  # host end of the last kept step
+    samples = [r for r in nvml if warmup_end_s <= r[0] <= end_s]
     if samples:
         changes = [r[0] for r in samples if r[2]]
         gaps = [b - a for a, b in itertools.pairwise(changes)]

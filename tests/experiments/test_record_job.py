@@ -1,0 +1,51 @@
+"""The standalone job recorder (experiments/record_job.py) on the CPU: its summary and a short
+run of the plain-loop job with host timing and no NVML."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+
+import pytest
+
+from kdvfs.experiments import record_job
+
+
+def test_summary_leaves_out_the_warm_up_and_the_last_step_and_times_the_counter_updates():
+    # 30 steps of 0.1 s from host time 0; the warm-up ends at 1.0 s; the last step is 5 s long.
+    steps = [(i, 0.1 * i, 0.1, 0.1) for i in range(30)] + [(30, 3.0, 5.0, 5.0)]
+    # Samples every 0.05 s; the energy counter moves every 0.2 s by 40 J (200 W).
+    nvml = [(0.05 * k, 40_000 * (k // 4), int(k % 4 == 0 and k > 0), 1980, 3201, 200.0, 50, 0x4 * (k % 2), 700.0)
+            for k in range(61)]  # fmt: skip
+    summary = record_job.summarise(steps, nvml, warmup_end_s=1.0)
+    assert summary["steps"] == 20
+    assert summary["gpu_step_median_s"] == pytest.approx(0.1)
+    assert summary["per_step_cv"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["counter_period_median_s"] == pytest.approx(0.2)
+    assert summary["energy_power_mean_w"] == pytest.approx(200.0, rel=0.15)
+    assert summary["throttle_reasons_seen"] == ["sw_power_cap"]
+    assert 0.4 < summary["throttle_share_any_but_idle"] < 0.6
+
+
+def test_an_unknown_option_is_refused_with_one_line():
+    with pytest.raises(SystemExit, match="unknown option --colour"):
+        record_job.parse_args(["--colour", "red"])
+
+
+def test_the_plain_loop_job_records_its_steps_on_the_cpu_without_nvml(tmp_path):
+    record_job.main([
+        "--job", "sync", "--device", "cpu", "--seconds", "0.5", "--warmup-s", "0", "--out", str(tmp_path),
+        "--batch", "1", "--seq-len", "8", "--layers", "1", "--d-model", "16",
+        "--item-every", "1", "--eval-every", "2", "--eval-batches", "1", "--ckpt-every", "3",
+    ])  # fmt: skip
+    with gzip.open(tmp_path / "sync_steps.csv.gz", "rt") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["step", "host_start_s", "gpu_step_s", "host_step_s"]
+    assert len(rows) >= 2 and all(float(r[2]) > 0 for r in rows[1:])
+    with gzip.open(tmp_path / "sync_nvml.csv.gz", "rt") as f:
+        assert next(csv.reader(f)) == list(record_job.NVML_COLUMNS)
+    meta = json.loads((tmp_path / "sync_meta.json").read_text())
+    assert meta["job"] == "sync" and meta["nvml"] is None
+    assert meta["gpu_timing"].startswith("host")
+    assert meta["steps_total"] == len(rows) - 1
