@@ -4,13 +4,16 @@ the pair the action picks for the group being explored, paid the compute-waste r
 tuner's own judgement of that trial.
 
 - `TrialDVFSEnv`: the environment (its class docstring documents it as Gymnasium documents
-  its own); everything it measures goes through runtime/trials.py (StockReference, Trial,
-  judge, pass_boundaries, switchable_groups) on a runtime/steps.py SimulatedJob, and its
-  reward is envs/reward.py's `trial_reward`: the same code as tuner/step_tuner.py's.
+  its own). It is a tuning run (tuner/run.py: TuningRun, the one every caller feeds) on a
+  runtime/steps.py SimulatedJob, whose strategy is the agent: the tuner asks it for the
+  current group's pair (`StepTuner.current_task`), the env answers with the action, and the
+  run's TrialFinished event carries the outcome the tuner judges (`StepTuner.judge`); the
+  reward is envs/reward.py's `trial_reward` of that judgement.
 - The observation is policies/agent.py's `search_observation` of the group's task, so an
   agent trained here is a strategy (`AgentStrategy`) wherever a Task is searched.
 
-Why it is built so: docs/agent-strategy.md.
+Layers: this env sits above tuner/ (it feeds a TuningRun); tuner/compare.py makes it only to
+train the learning agent. Why it is built so: docs/agent-strategy.md.
 """
 
 from __future__ import annotations
@@ -23,27 +26,51 @@ from gymnasium import spaces
 
 from kdvfs.envs._common import EnvTarget, positive
 from kdvfs.envs.reward import trial_reward
-from kdvfs.policies._common import GridFacts, TaskLog
-from kdvfs.policies.agent import observation_space, search_mask, search_observation, task_log
-from kdvfs.policies.base import SearchSpace, Task
+from kdvfs.policies._common import BaseStrategy, GridFacts, TaskLog
+from kdvfs.policies.agent import observation_space, search_mask, search_observation
+from kdvfs.policies.base import ASK_LATER, SearchSpace, Task
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
-from kdvfs.runtime.trials import (
-    REFERENCE_S,
-    TRIAL_BLOCKS,
-    TRIAL_WINDOW_S,
-    StepAccount,
-    StockFigures,
-    StockReference,
-    Trial,
-    judge,
-    pass_boundaries,
-    switchable_groups,
-)
+from kdvfs.runtime.trials import REFERENCE_S, TRIAL_BLOCKS, TRIAL_WINDOW_S, Judgement, Outcome, StockFigures
 from kdvfs.runtime.types import KdvfsError, Workload
+from kdvfs.tuner.run import Card, TuningRun
+from kdvfs.tuner.step_tuner import Settled, StepTiming, StepTuner, TrialFinished
 
-#: Trials of one group before the episode moves to the next group; trials.
+#: Trials of one group before its best is verified and the next group explored; trials.
 TRIALS_PER_GROUP = 8
+#: Most steps the env trains between two of the agent's decisions before it stops with an
+#: error (a run that neither asks nor settles); steps.
+MAX_STEPS_BETWEEN_ACTIONS = 1_000_000
+
+
+class _AgentAnswers(BaseStrategy):
+    """The agent as the tuner's strategy: `ask` answers the env's action once, ASK_LATER while
+    the agent has not acted, None once the group has had its trials or no pair is left worth
+    a trial (search_mask); `tell` and `best` are BaseStrategy's (the group's TaskLog)."""
+
+    name = "agent"
+
+    def __init__(self, space: SearchSpace, trials_per_group: int) -> None:
+        super().__init__(space, 0, max_per_task=trials_per_group)
+        self.facts = GridFacts(space)
+        self.action: int | None = None
+        self.waiting = False  # the tuner asked and waits for the agent's action
+
+    def mask(self, task: Task) -> np.ndarray:
+        return search_mask(self.facts, task, self.log(task))
+
+    def ask(self, task: Task) -> int | None:
+        log = self.log(task)
+        if len(log.order) >= self.max_per_task or (self.action is None and not self.mask(task).any()):
+            return None
+        if self.action is None:
+            self.waiting = True
+            return ASK_LATER
+        action, self.action, self.waiting = self.action, None, False
+        return action
+
+    def _choose(self, task: Task, log: TaskLog) -> int | None:  # ask() answers for the agent
+        raise NotImplementedError
 
 
 class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
@@ -51,17 +78,19 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
     ## Description
 
     Per-group GPU clock tuning (DVFS) inside a running training job, as kdvfs's step-driven
-    tuner does it (docs/design-step-tuner.md). A simulated job (`kdvfs.runtime.steps.SimulatedJob`)
-    trains step after step on a simulated or replayed card. At reset the job runs at stock
-    while the reference is measured in counter-aligned windows; the step is then split into
-    groups where the job can switch clocks (its passes, merged until each lasts four
-    switch latencies), explored one at a time, the longest first. Each env step is one
-    trial: the incumbent schedule with the current group's pair replaced by the action's
-    (B) runs against the incumbent (A) in `blocks` A-B-B-A blocks of `window_s` windows of
-    whole steps. The trial is judged as the tuner judges it (`kdvfs.runtime.trials.judge`):
-    B's energy per step against A's, its step time against stock, their standard errors;
-    a candidate the judgement adopts becomes the incumbent. Every group gets
-    `trials_per_group` trials (fewer once no pair is left to try).
+    tuner does it (docs/design-step-tuner.md): the env is a tuning run of the tuner itself,
+    with the agent as its search strategy. A simulated job
+    (`kdvfs.runtime.steps.SimulatedJob`) trains step after step on a simulated or replayed
+    card. At reset the job runs at stock while the tuner measures its reference in
+    counter-aligned windows; the step is then split into groups where the job can switch
+    clocks (its passes, merged until each lasts four switch latencies), explored one at a
+    time, the longest first. Each env step is one trial: the incumbent schedule with the
+    current group's pair replaced by the action's (B) runs against the incumbent (A) in
+    `blocks` A-B-B-A blocks of `window_s` windows of whole steps. The trial is judged as the
+    tuner judges it (`StepTuner.judge`): B's energy per step against A's, its step time
+    against stock, their standard errors. Once a group has had `trials_per_group` trials (or
+    no pair is left worth one), the tuner verifies the group's best against the incumbent over
+    longer windows and adopts it when the verification shows its saving, as in training.
 
     ## Action Space
 
@@ -95,8 +124,8 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
 
     ## Episode End
 
-    Termination: every group has had its trials. Truncation: `max_episode_steps` of the
-    registration (200) or of `gymnasium.make`.
+    Termination: the tuner has settled (every group had its trials and its verification).
+    Truncation: `max_episode_steps` of the registration (200) or of `gymnasium.make`.
 
     ## Arguments
 
@@ -106,18 +135,20 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
     | `workload`         | **str \\| Workload**      | `"gpt3-xl-layer"` | a registry spec (`gpt3-xl-layer`, `trace:CSV`, `table`) or a `Workload` |
     | `budget`           | **float**                 | `0.01`            | the largest slowdown against stock (0.01: 1 %) |
     | `trials_per_group` | **int**                   | `8`               | trials of each group |
-    | `window_s`         | **float**                 | `2.0`             | length of one window, s (the tuner's TRIAL_WINDOW_S) |
-    | `blocks`           | **int**                   | `4`               | A-B-B-A blocks per trial (the tuner's TRIAL_BLOCKS; adoption needs >= 2) |
+    | `window_s`         | **float**                 | `2.0`             | length of one trial window, s (the tuner's TRIAL_WINDOW_S); verification windows are twice as long |
+    | `blocks`           | **int**                   | `4`               | A-B-B-A blocks per trial and per verification (the tuner's TRIAL_BLOCKS) |
     | `reference_s`      | **float**                 | `20.0`            | training at stock measured as the reference, s |
     | `penalty_scale`    | **float**                 | `1.0`             | weight of the over-budget penalty |
     | `noise`            | **float \\| None**        | `None`            | measurement-noise scale of a spec'd device |
 
     `info` holds the trial's judgement (`saving`, `saving_se`, `slowdown`, `energy_ratio`,
-    `adopted`), `group`, `pair`, `running_saving` (the incumbent's measured saving against
-    stock), `run_slowdown` (the whole run's against stock so far, exploration included),
-    `device_s` (training seconds this call ran), `source` ("simulated" or "replayed").
-    `env.incumbent` is the schedule adopted so far. Seeding as StepDVFS-v0's: a spec'd
-    device is re-opened, fresh, with each seeded reset's seed.
+    each None where the trial could not measure it; `adopted`: whether the judgement would
+    adopt it), `abandoned` (the tuner stopped B to keep the budget), `group`, `pair`, `running_saving` (the
+    incumbent's measured saving against stock), `run_slowdown` (the whole run's against stock
+    so far, exploration included), `device_s` (training seconds this call ran), `source`
+    ("simulated" or "replayed"). `env.incumbent` is the schedule adopted so far, `env.tuner`
+    the tuner. Seeding as StepDVFS-v0's: a spec'd device is re-opened, fresh, with each
+    seeded reset's seed.
 
     ```python
     >>> import gymnasium as gym
@@ -166,6 +197,16 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
         self.blocks = int(blocks)
         self.reference_s = reference_s
         self.penalty_scale = penalty_scale
+        self.timing = StepTiming(
+            reference_s=reference_s,
+            trial_window_s=window_s,
+            trial_blocks=self.blocks,
+            verify_window_s=2.0 * window_s,
+            verify_blocks=self.blocks,
+            verify_max_blocks=3 * self.blocks,
+            max_trials_per_group=self.trials_per_group,
+        )
+        """How long the env's tuner measures (the tuner's own lengths at the defaults)."""
         self.pairs = list(self.device.grid.pairs)
         self.space = SearchSpace(
             np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float),
@@ -173,11 +214,11 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
             if self.device.source == "simulated"
             else self.pairs.index(self.device.grid.highest()),
         )
-        self._facts = GridFacts(self.space)
         self.action_space = spaces.Discrete(len(self.pairs))
         self.observation_space = observation_space(len(self.pairs))
-        self.trial: Trial | None = None
-        """The last trial run (its windows and outcome)."""
+        self.outcome: Outcome | None = None
+        """The last trial's outcome (its blocks' differences and standard errors)."""
+        self.run: TuningRun | None = None
 
     @property
     def device(self):
@@ -188,122 +229,111 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
     def workload(self) -> Workload:
         return self._target.workload
 
+    @property
+    def tuner(self) -> StepTuner:
+        """The tuner of this episode's run."""
+        return self.run.tuner
+
+    @property
+    def incumbent(self) -> Schedule:
+        """The schedule adopted so far."""
+        return self.run.tuner.incumbent
+
+    @property
+    def stock(self) -> StockFigures:
+        """Stock as the tuner's reference measured it."""
+        return self.run.tuner.stock
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Train at stock until the reference is measured; the first group's search."""
+        """Train at stock until the reference is measured and the tuner asks for the first
+        group's pair."""
         super().reset(seed=seed)
         self._target.reseed(seed)
         self.job = SimulatedJob(self.device, self.workload)
-        self.account = StepAccount(self.budget)
-        segments = pass_boundaries(self.workload)
-        reference = StockReference(
-            Schedule(tuple((s, None) for s in segments)), self.window_s, self.reference_s
+        self._agent = _AgentAnswers(self.space, self.trials_per_group)
+        self.run = TuningRun(
+            Card.of(self.device),
+            self.workload,
+            budget=self.budget,
+            strategy=self._agent,
+            timing=self.timing,
+            start_s=self.job.seconds,
         )
+        self.run.subscribe(self._follow)
+        self._schedule = self.run.tuner.incumbent
+        self._finished: TrialFinished | None = None
+        self._judged: Judgement | None = None
+        self._task: Task | None = None
         start_s = self.job.seconds
-        while not reference.add(self._run(reference.schedule)):
-            pass
-        self.stock: StockFigures = reference.figures()
-        self.account.stock_step_s = self.stock.account_step_s
-        starts = switchable_groups(segments, list(self.stock.segment_times_s), self.device.switch_latency_s)
-        ends = [*starts[1:], len(self.workload)]
-        self.group_times_s = [
-            float(sum(t for s, t in zip(segments, self.stock.segment_times_s) if a <= s < b))
-            for a, b in zip(starts, ends)
-        ]
-        self.incumbent = Schedule(tuple((s, None) for s in starts))
-        self.incumbent_step_s = self.stock.step_s
-        self.incumbent_energy_j = self.stock.energy_per_step_j
-        self._order = [int(g) for g in np.argsort(self.group_times_s)[::-1]]
-        self._position = -1
-        self._next_group()
-        self.trial = None
+        self._train_until_asked()
+        if self._task is None:
+            raise KdvfsError("the tuner settled without a group to explore: nothing for the agent to choose")
         return self._observation(), {"device_s": self.job.seconds - start_s, "source": self.device.source}
 
     def action_masks(self) -> np.ndarray:
         """True where the pair is worth a trial in the current group (the Action Space)."""
-        return search_mask(self._facts, self._task, self._log)
+        return self._agent.mask(self._task)
 
     def step(self, action):
-        """One trial of the action's pair for the current group against the incumbent."""
+        """One trial of the action's pair for the current group against the incumbent (and,
+        when it was the group's last, the group's verification)."""
         if not self.action_space.contains(np.int64(action)):
             raise KdvfsError(f"action {action!r} is outside {self.action_space}")
-        if self._position >= len(self._order):
+        if self._terminated:
             raise KdvfsError("the episode has ended: reset the env")
         start_s = self.job.seconds
-        group, pair = self._order[self._position], self.pairs[int(action)]
-        groups = list(self.incumbent.groups)
-        groups[group] = (groups[group][0], pair)
-        trial = Trial(self.incumbent, Schedule(tuple(groups)), self.blocks, self.window_s, self._settle_s)
-        while not trial.done:
-            if trial.current is None:
-                trial.open(self.job.seconds)
-            trial.add(self._run(trial.schedule()))
-        self.trial = trial
-        outcome = trial.outcome()
-        judgement = judge(
-            outcome,
-            self.stock,
-            incumbent_step_s=self.incumbent_step_s,
-            incumbent_energy_j=self.incumbent_energy_j,
-            budget=self.budget,
-            window_s=self.window_s,
-        )
+        self._agent.action = int(action)
+        self._finished = None
+        self._train_until_asked()
+        finished = self._finished
+        if finished is None:
+            raise KdvfsError("the tuner settled before the action's trial ended")
+        judgement = self._judged  # against the incumbent the trial ran against
         reward = trial_reward(judgement, self.budget, self.penalty_scale)
-        energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
-        self._log.add(int(action), float(outcome.b_group_times_s[group]), energy_j)
-        if judgement.adopted:
-            self.incumbent = trial.candidate
-            self.incumbent_energy_j *= 1.0 - judgement.saving
-            self.incumbent_step_s *= 1.0 + outcome.time_diff
-        self._trials += 1
-        if self._trials >= self.trials_per_group or not self.action_masks().any():
-            self._next_group()
         info = {
-            "group": group,
-            "pair": str(pair),
-            "saving": judgement.saving,
-            "saving_se": judgement.saving_se,
-            "slowdown": judgement.slowdown,
-            "energy_ratio": judgement.energy_ratio,
+            "group": finished.group,
+            "pair": str(self.pairs[int(action)]),
+            "saving": _measured(judgement.saving),
+            "saving_se": _measured(judgement.saving_se),
+            "slowdown": _measured(judgement.slowdown),
+            "energy_ratio": _measured(judgement.energy_ratio),
             "adopted": judgement.adopted,
-            "running_saving": 1.0 - self.incumbent_energy_j / self.stock.energy_per_step_j,
-            "run_slowdown": self.account.slowdown(),
+            "abandoned": finished.outcome.abandoned,
+            "running_saving": self.run.tuner.running_saving(),
+            "run_slowdown": self.run.tuner.account.slowdown(),
             "device_s": self.job.seconds - start_s,
             "source": self.device.source,
         }
-        terminated = self._position >= len(self._order)
-        return self._observation(), reward, terminated, False, info
+        return self._observation(), reward, self._terminated, False, info
 
     # --- helpers -------------------------------------------------------------------------
     @property
-    def _settle_s(self) -> float:
-        return self.device.switch_latency_s + self.device.energy_update_period_s
+    def _terminated(self) -> bool:
+        return isinstance(self.run.tuner.phase, Settled)
 
-    def _run(self, schedule: Schedule):
-        report = self.job.step(schedule)
-        self.account.charge(report.step_time_s)
-        return report
+    def _follow(self, event: object) -> None:
+        """The run's events: the action's trial ended (its reward is judged when it is told)."""
+        if isinstance(event, TrialFinished) and event.kind == "trial" and self._finished is None:
+            self._finished = event
+            self.outcome = event.outcome
+            self._judged = self.run.tuner.judge(event.outcome, self.window_s)
 
-    def _next_group(self) -> None:
-        """The next group's search, as the tuner builds its Task: the group's stock time, the
-        incumbent's step energy, the budget's extra time as a share of the group's."""
-        self._position += 1
-        self._trials = 0
-        if self._position >= len(self._order):
-            return
-        g = self._order[self._position]
-        group_s = self.group_times_s[g]
-        extra_s = self.budget * self.stock.account_step_s - (
-            self.incumbent_step_s - self.stock.account_step_s
-        )
-        self._task = Task(
-            key=f"group{g}",
-            ref_time_s=group_s,
-            ref_energy_j=self.incumbent_energy_j,
-            budget=max(extra_s / group_s, 1e-3),
-        )
-        self._log: TaskLog = task_log(self.space, self._task)
-        if not self.action_masks().any():
-            self._next_group()
+    def _train_until_asked(self) -> None:
+        """Train until the tuner waits for the agent (its trial, if one was asked, ended), or
+        settles."""
+        for _ in range(MAX_STEPS_BETWEEN_ACTIONS):
+            if self._agent.waiting and self._agent.action is None:
+                self._task = self.run.tuner.current_task()
+                return
+            if self._terminated:
+                return
+            self._schedule = self.run.on_step_end(self.job.step(self._schedule))
+        raise KdvfsError(f"the tuner neither asked nor settled in {MAX_STEPS_BETWEEN_ACTIONS} steps")
 
     def _observation(self) -> np.ndarray:
-        return search_observation(self._task, self._log)
+        return search_observation(self._task, self._agent.log(self._task))
+
+
+def _measured(x: float) -> float | None:
+    """A figure of the trial, None where it could not be measured (abandoned before a block)."""
+    return float(x) if np.isfinite(x) else None

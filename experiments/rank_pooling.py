@@ -5,11 +5,11 @@
 For each seed: the job once on one simulated card, once as n data-parallel ranks (runtime/
 ranks.py: SimulatedDataParallel, n cards of the preset with independent noise seeds stepped
 in lockstep (every step ends with the slowest rank's), rank 0's card the one-rank job's) whose
-StepTuner pools every rank's report (pool=, StepTiming.for_ranks).
+tuning run pools every rank's report (pool=, StepTiming.for_ranks).
 Rank 0's tuner answers for every rank (the ranks' decisions are identical on the same pooled
 data: tests/tuner/test_rank_pooling.py checks it with a tuner on each rank). Reported, in
 training seconds: when the adopted schedule first reached 95% of the realisable oracle and
-stayed (session.reached_after_s), and when it reached the saving the one-rank job of the seed
+stayed (run.reached_after_s), and when it reached the saving the one-rank job of the seed
 ends at; the final schedule's noiseless saving and slowdown; the largest cumulative slowdown
 of rank 0 against its true stock step. --prior model (the default, as `kdvfs tune`): the
 tuner starts from the card's model plan, verified first; none: groups from segment times.
@@ -25,10 +25,16 @@ import statistics
 from kdvfs.runtime.ranks import SimulatedDataParallel
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import schedule_figures
-from kdvfs.tuner.session import reached_after_s
-from kdvfs.tuner.step_priors import model_plan
-from kdvfs.tuner.step_tuner import StepTuner
-from kdvfs.tuner.sweep import realisable, run_sweep
+from kdvfs.tuner.run import (
+    NO_PRIOR,
+    ORACLE_SHARE,
+    Card,
+    Prior,
+    TuningRun,
+    choose_prior,
+    oracle,
+    reached_after_s,
+)
 
 #: Seeds of a seed's ranks: rank r of seed s runs a card of seed s + RANK_SEED_STRIDE * r.
 RANK_SEED_STRIDE = 1000
@@ -36,21 +42,21 @@ RANK_SEED_STRIDE = 1000
 SLOWDOWN_FROM_S = 1.0
 
 
-def run_job(args, seed: int, ranks: int, noiseless, workload, prior):
+def run_job(args, seed: int, ranks: int, noiseless, workload, prior: Prior):
     devices = [open_device(args.device, seed=seed + RANK_SEED_STRIDE * r) for r in range(ranks)]
     job = SimulatedDataParallel(devices, workload)
     card = devices[0]
-    tuner = StepTuner(
+    run = TuningRun(
+        Card.of(card),
         workload,
-        card.grid.pairs,
-        switch_latency_s=card.switch_latency_s,
-        energy_update_period_s=card.energy_update_period_s,
         budget=args.budget,
         strategy=args.strategy,
         seed=seed,
         prior=prior,
         pool=job.pool(0) if ranks > 1 else None,
+        start_s=card.now_s(),
     )
+    tuner = run.tuner
     stock_s, _ = card.expected_step([(k, None, k.launches) for k in workload.kernels])
     worst = [0.0]
 
@@ -59,7 +65,7 @@ def run_job(args, seed: int, ranks: int, noiseless, workload, prior):
         if r.end_s >= SLOWDOWN_FROM_S:
             worst[0] = max(worst[0], r.end_s / (stock_s * (r.step + 1)) - 1.0)
 
-    job.run([tuner], seconds=args.seconds, on_step=watch)
+    job.run([run], seconds=args.seconds, on_step=watch)
     final, slowdown = schedule_figures(noiseless, workload, tuner.incumbent)
     return tuner, {
         "ranks": ranks,
@@ -89,8 +95,12 @@ def main() -> None:
     args = p.parse_args()
     noiseless = open_device(args.device, noise=0.0)
     workload = open_workload(args.workload, noiseless)
-    oracle = realisable(noiseless, run_sweep(noiseless, workload), args.budget).energy_saving
-    prior = model_plan(noiseless, workload, args.budget) if args.prior == "model" else None
+    oracle_saving = oracle(noiseless, workload, args.budget).energy_saving  # held to the budget in the step
+    prior = (
+        choose_prior(noiseless, workload, args.budget, store=None, model=noiseless)
+        if args.prior == "model"
+        else NO_PRIOR
+    )
 
     def saving(schedule) -> float:
         return schedule_figures(noiseless, workload, schedule)[0]
@@ -101,7 +111,7 @@ def main() -> None:
         pooled_tuner, pooled = run_job(args, seed, args.ranks, noiseless, workload, prior)
         level = saving(one_tuner.incumbent)  # what the one-rank job ends at
         for tuner, doc in ((one_tuner, one), (pooled_tuner, pooled)):
-            oracle_s = reached_after_s(tuner.adoptions, saving, 0.95 * oracle)
+            oracle_s = reached_after_s(tuner.adoptions, saving, ORACLE_SHARE * oracle_saving)
             level_s = reached_after_s(tuner.adoptions, saving, level) if level > 0 else None
             doc["reached_95pct_oracle_after_s"] = None if oracle_s is None else round(oracle_s, 1)
             doc["reached_one_ranks_final_after_s"] = None if level_s is None else round(level_s, 1)
@@ -128,7 +138,7 @@ def main() -> None:
         "seconds": args.seconds,
         "prior": args.prior,
         "ranks": args.ranks,
-        "oracle_saving": round(oracle, 4),
+        "oracle_saving": round(oracle_saving, 4),
         "seeds": rows,
         "pooled_time_as_share_of_one_rank": {
             "to_95pct_oracle": to_oracle,

@@ -6,10 +6,10 @@ Starts a real `kdvfs serve` on loopback (SQLite in a temporary folder) and runs,
 simulated card, job 1 (seed s) and then job 2 (seed s + 100) of the same workload through
 it: each a TuneSession (the tuner of `kdvfs tune`) whose strategy is the service's
 (ServiceStrategy), so job 2 asks the model job 1 fed. --second-prior fleet: job 2 also starts
-from the plan job 1 stored in the service (session.choose_prior through the service's plan
+from the plan job 1 stored in the service (run.choose_prior through the service's plan
 store: verified first, over PROVEN_VERIFY_BLOCKS blocks, then refined). For each job: when
 its adopted schedule first reached (and kept) 95% of the realisable oracle's saving
-(session.reached_after_s), when it first reached job 1's final saving, its final saving,
+(run.reached_after_s), when it first reached job 1's final saving, its final saving,
 and how its asks were answered. A control runs job 2's seed alone (its own strategy, no
 service). The client's timeout is raised (--timeout-s): on this loaded 2-core machine a
 BoTorch ask in the service can take over the default 1 s, and the question here is what
@@ -30,12 +30,13 @@ from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import schedule_figures
 from kdvfs.service.client import ServiceClient, ServicePlanStore, service_strategy, store_plan
 from kdvfs.tuner.report import tune_report
-from kdvfs.tuner.session import Prior, TuneSession, choose_prior, reached_after_s
-from kdvfs.tuner.step_priors import model_plan
-from kdvfs.tuner.sweep import realisable, run_sweep
+from kdvfs.tuner.run import NO_PRIOR, ORACLE_SHARE, Prior, choose_prior, oracle, reached_after_s
+from kdvfs.tuner.session import TuneSession
 
 
-def run_job(args, seed: int, oracle: float, prior: Prior, url: str | None, token: str, job: str, target):
+def run_job(
+    args, seed: int, oracle_saving: float, prior: Prior, url: str | None, token: str, job: str, target
+):
     """One job through the service (url None: alone); its figures, and its session."""
     device = open_device(args.device, seed=seed)
     workload = open_workload(args.workload, device)
@@ -53,7 +54,12 @@ def run_job(args, seed: int, oracle: float, prior: Prior, url: str | None, token
             seed=seed,
         )
     session = TuneSession(
-        device, workload, strategy=args.strategy, budget=args.budget, seed=seed, prior=prior, policy=policy
+        device,
+        workload,
+        strategy=policy if policy is not None else args.strategy,
+        budget=args.budget,
+        seed=seed,
+        prior=prior,
     )
     session.run_until(args.seconds)
     if policy is not None:
@@ -73,7 +79,7 @@ def run_job(args, seed: int, oracle: float, prior: Prior, url: str | None, token
         "job": job,
         "seed": seed,
         "prior": prior.source,
-        "reached_95pct_oracle_after_s": first_kept(0.95 * oracle),
+        "reached_95pct_oracle_after_s": first_kept(ORACLE_SHARE * oracle_saving),
         "reached_first_jobs_final_after_s": first_kept(target),
         "final_saving": round(final, 4),
         "adoptions": [[round(t, 1), round(s, 4)] for t, s in savings],
@@ -97,16 +103,16 @@ def main() -> None:
         choices=("same", "fleet"),
         default="same",
         help="job 2 starts from --prior as job 1 did (same), or from the plan job 1 stored in the "
-        "service (fleet: session.choose_prior through the service's plan store, verified first)",
+        "service (fleet: run.choose_prior through the service's plan store, verified first)",
     )
     args = p.parse_args()
     noiseless = open_device(args.device, noise=0.0)
     workload = open_workload(args.workload, noiseless)
-    oracle = realisable(noiseless, run_sweep(noiseless, workload), args.budget).energy_saving
+    oracle_saving = oracle(noiseless, workload, args.budget).energy_saving  # held to the budget in the step
     prior = (
-        Prior(model_plan(noiseless, workload, args.budget), "model")
+        choose_prior(noiseless, workload, args.budget, store=None, model=noiseless)
         if args.prior == "model"
-        else Prior(None, "none")
+        else NO_PRIOR
     )
     folder = Path(tempfile.mkdtemp(prefix="kdvfs-sharing-"))
     token = f"sharing-{uuid.uuid4().hex}"
@@ -114,7 +120,7 @@ def main() -> None:
     service = Service(folder, _free_port(), folder / "tokens")
     service.start()
     try:
-        session, first = run_job(args, args.seed, oracle, prior, service.url, token, "job-1", None)
+        session, first = run_job(args, args.seed, oracle_saving, prior, service.url, token, "job-1", None)
         target = first.pop("final_saving_exact")
         second_prior = prior
         if args.second_prior == "fleet":
@@ -126,11 +132,13 @@ def main() -> None:
             second_prior = choose_prior(
                 card, workload, args.budget, store=ServicePlanStore(client), model=None
             )
-        _, second = run_job(args, args.seed + 100, oracle, second_prior, service.url, token, "job-2", target)
+        _, second = run_job(
+            args, args.seed + 100, oracle_saving, second_prior, service.url, token, "job-2", target
+        )
     finally:
         service.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    _, alone = run_job(args, args.seed + 100, oracle, prior, None, token, "job-2-alone", target)
+    _, alone = run_job(args, args.seed + 100, oracle_saving, prior, None, token, "job-2-alone", target)
     for job in (second, alone):
         job.pop("final_saving_exact")
     first["reached_first_jobs_final_after_s"] = first["adoptions"][-1][0] if first["adoptions"] else None
@@ -146,7 +154,7 @@ def main() -> None:
         "budget": args.budget,
         "prior": args.prior,
         "second_prior": args.second_prior,
-        "oracle_saving": round(oracle, 4),
+        "oracle_saving": round(oracle_saving, 4),
         "jobs": [first, second, alone],
         "second_job_time_as_share_of_first": {
             "to_95pct_oracle": share(

@@ -61,6 +61,12 @@ class Task:
     features: tuple[float, ...] = ()
 
 
+#: What a strategy whose answers come from outside (an agent choosing between steps: the
+#: Gymnasium environment's) answers `ask` with while it has no answer yet: the tuner runs the
+#: incumbent for a step and asks again. No config index is negative.
+ASK_LATER = -1
+
+
 @runtime_checkable
 class Strategy(Protocol):
     """A search strategy over a SearchSpace, for many tasks at once."""

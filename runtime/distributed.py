@@ -6,7 +6,7 @@ step, a tensor-parallel group whose collectives wait for the slowest member, sha
 decision: shared_decision() gives every rank of the group the value its first rank
 proposed, so no member runs a slower schedule than the others. Data-parallel ranks may
 instead pool their readings: TorchRankPool is runtime/ranks.py's RankPool over the process
-group (each rank's step report, all_gather_object each step), for StepTuner(pool=...).
+group (each rank's step report, all_gather_object each step), for a TuningRun's pool (tuner/run.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
   (FIRST_DOWN_S .. MAX_DOWN_S), so a dead or hung service costs a job at most one timeout per
   back-off. `ServiceDown` (unreachable, 5xx, 429) and `ServiceRefused` (4xx: the request is wrong,
   or the token) are its two errors.
-- `ServiceStrategy`: a policies.base.Strategy for StepTuner(policy=...): asks the fleet's model in
+- `ServiceStrategy`: a policies.base.Strategy for a TuningRun (strategy=...): asks the fleet's model in
   the service; when the service is down (or refuses), the job's own local strategy answers, fed
   with every tell of the job. Tells wait in an outbox (with their ids, so a retried tell counts
   once) and reach the service when it answers again: the job reports later.

@@ -48,29 +48,17 @@ from kdvfs.runtime.step_feed import COUNTER_POLL_S, site_workload
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, workload_sites
 from kdvfs.runtime.torch_integration import KdvfsTrainer
-from kdvfs.runtime.trials import REFERENCE_MARGIN
-from kdvfs.runtime.types import KdvfsError, Workload
-from kdvfs.tuner.plan import Plan, plan_schedule, save_plan
+from kdvfs.runtime.types import Workload
+from kdvfs.tuner.plan import Plan, save_plan
 from kdvfs.tuner.plan_store import PlanStore
+from kdvfs.tuner.run import Card, Point, TuningRun, choose_prior, point_metrics, schedule_pairs
 from kdvfs.tuner.step_priors import sweep_prior
-from kdvfs.tuner.step_tuner import (
-    DEFAULT_STRATEGY,
-    Settled,
-    StepTiming,
-    StepTuner,
-    Verifying,
-)
+from kdvfs.tuner.step_tuner import DEFAULT_STRATEGY, Adoption, PhaseEntered, StepTiming, StepTuner
 
 log = logging.getLogger(__name__)
 
 #: Time between two progress lines in the log, s of training.
 PROGRESS_S = 10.0
-#: Time between two rows of step metrics in the MLflow run, s of training.
-METRICS_S = 1.0
-#: Clock-switch latency assumed for a card that does not state its own, s (tens of ms on current cards).
-DEFAULT_SWITCH_LATENCY_S = 0.030
-#: Update period of the energy counter assumed for a card that does not state its own, s.
-DEFAULT_ENERGY_UPDATE_PERIOD_S = 0.1
 #: The job's first seconds under kdvfs.tune, at stock and not reported to the tuner (lazy
 #: initialisation, first garbage collections: docs/gpu-validation.md); s.
 WARMUP_S = 5.0
@@ -174,42 +162,39 @@ class JobTuning:
         try:
             self.workload = workload or site_workload(sites or _default_sites(model, optimizer))
             self.store = _plan_store(plan_store)
-            stored = self._stored_plan()
-            prior = plan_schedule(stored) if stored is not None else None
-            if prior is None and prior_sweep is not None:
-                prior = sweep_prior(Path(prior_sweep), self.workload)
-            self.tuner = StepTuner(
+            prior = choose_prior(
+                self.device,
                 self.workload,
-                list(self.device.grid.pairs),
-                switch_latency_s=_stated(
-                    switch_latency_s, self.device, "switch_latency_s", DEFAULT_SWITCH_LATENCY_S
-                ),
-                energy_update_period_s=_stated(
-                    energy_update_period_s,
+                budget,
+                store=self.store,
+                measured=None if prior_sweep is None else sweep_prior(Path(prior_sweep), self.workload),
+            )
+            if prior.note and prior.source != "store" and self.store is not None:
+                (log.warning if "refused" in prior.note else log.info)("kdvfs.tune: %s", prior.note)
+            self.run = TuningRun(
+                Card.of(
                     self.device,
-                    "energy_update_period_s",
-                    DEFAULT_ENERGY_UPDATE_PERIOD_S,
+                    switch_latency_s=switch_latency_s,
+                    energy_update_period_s=energy_update_period_s,
                 ),
+                self.workload,
                 budget=budget,
                 strategy=strategy,
                 seed=seed,
-                boundaries=_site_starts(self.workload),
                 prior=prior,
+                sites=_site_starts(self.workload),
                 timing=timing,
                 pool=pool,
             )
-            self.outcomes: list[dict[str, Any]] = []
-            """Each finished trial and verification: kind, step, candidate, figures, adopted."""
-            self.run = _open_run(tracking_uri, run_name, self._params(seed, stored)) if track else None
+            self.run.subscribe(self._follow)
+            self.mlflow_run = (
+                _open_run(tracking_uri, run_name, self._params(seed, prior.source)) if track else None
+            )
             self._metrics: queue.SimpleQueue[tuple[int, dict[str, float]] | None] = queue.SimpleQueue()
             self._tracking = threading.Thread(target=self._deliver_metrics, name="kdvfs-mlflow", daemon=True)
-            if self.run is not None:
+            if self.mlflow_run is not None:
                 self._tracking.start()
-            self._watched: Any = None  # the trial object being watched for its outcome
-            self._watched_kind = ""
-            self._adoptions = 0
             self._settled_stored = False
-            self._next_metrics_s = -math.inf
             self._next_progress_s = -math.inf
             self._closed = False
             # one full collection now: the strategy's imports leave many objects, and the first
@@ -219,7 +204,7 @@ class JobTuning:
             self.trainer = KdvfsTrainer(
                 self.device,
                 self.workload,
-                self.tuner.incumbent,
+                self.run.tuner.incumbent,
                 model=model,
                 optimizer=optimizer,
                 out_dir=self.out_dir,
@@ -239,12 +224,12 @@ class JobTuning:
             100 * budget,
             strategy,
             len(workload_sites(self.workload)[0]),
-            ", the stored plan verified first"
-            if stored is not None
-            else ", the sweep's pass-level plan verified first"
-            if prior is not None
-            else "",
-            "" if self.run is None else f", MLflow run at {self.run.url_or_path}",
+            {
+                "store": ", the stored plan verified first",
+                "transferred": ", another GPU's stored plan carried to this card verified first",
+                "measured": ", the sweep's pass-level plan verified first",
+            }.get(prior.source, ""),
+            "" if self.mlflow_run is None else f", MLflow run at {self.mlflow_run.url_or_path}",
         )
 
     # --- the training loop's side ---------------------------------------------------------
@@ -312,151 +297,75 @@ class JobTuning:
         )
 
     # --- the controller's side (its thread) ----------------------------------------------------
+    @property
+    def tuner(self) -> StepTuner:
+        """The run's tuner (read it; the controller feeds the run)."""
+        return self.run.tuner
+
+    @property
+    def outcomes(self) -> list[dict[str, Any]]:
+        """Each finished trial and verification: kind, step, candidate, figures, adopted."""
+        return self.run.outcomes
+
     def on_step_end(self, report: StepReport) -> Schedule:
-        """The tuner's answer to one step (StepController), and what it changed kept."""
-        pool = self.tuner.pool  # pooled: every rank ends the warm-up at the same step
+        """The tuner's answer to one step (StepController); what it changed is kept through
+        the run's events (_follow)."""
+        pool = self.run.tuner.pool  # pooled: every rank ends the warm-up at the same step
         clock = report if pool is None or self._warm_until_s == -math.inf else pool.gather(report)[0]
         if self._warm_until_s is None:
             self._warm_until_s = clock.end_s + self.warmup_s
         if clock.end_s < self._warm_until_s:
-            return self.tuner.incumbent  # warming up: stock, unmeasured
+            return self.run.tuner.incumbent  # warming up: stock, unmeasured
+        if self._warm_until_s != -math.inf:  # the first step tuned: training second 0 at its start
+            self.run.offset_s = report.end_s - report.step_time_s
         self._warm_until_s = -math.inf  # warm: no more gathers here
-        answer = self.tuner.on_step_end(report)
-        self._watch_outcomes(report.step)
-        if len(self.tuner.adoptions) > self._adoptions:
-            self._adoptions = len(self.tuner.adoptions)
-            a = self.tuner.adoptions[-1]
+        return self.run.on_step_end(report)
+
+    def _follow(self, event: object) -> None:
+        """The run's events: an adoption logged and the plan kept; once Settled the plan
+        stored; each Point to MLflow and, every progress_s, to the log."""
+        if isinstance(event, Adoption):
             log.info(
                 "kdvfs.tune: adopted %s: saving %.2f%% +- %.2f%%",
-                _pairs(a.schedule),
-                100 * a.saving,
-                100 * a.saving_se,
+                schedule_pairs(event.schedule),
+                100 * event.saving,
+                100 * event.saving_se,
             )
             self._keep_plan()
-        if isinstance(self.tuner.phase, Settled) and not self._settled_stored:
+        elif isinstance(event, PhaseEntered) and event.phase == "Settled" and not self._settled_stored:
             self._settled_stored = True
             self._keep_plan(store=True)
-        if report.end_s >= self._next_metrics_s and self.run is not None:
-            self._next_metrics_s = report.end_s + METRICS_S
-            self._metrics.put((report.step, self._step_metrics(report)))
-        if report.end_s >= self._next_progress_s:
-            self._next_progress_s = report.end_s + self.progress_s
-            self._log_progress(report)
-        return answer
+        elif isinstance(event, Point):
+            if self.mlflow_run is not None:
+                self._metrics.put((event.step, point_metrics(event)))
+            if event.end_s >= self._next_progress_s:
+                self._next_progress_s = event.end_s + self.progress_s
+                self._log_progress(event)
 
-    def _watch_outcomes(self, step: int) -> None:
-        """Record a trial or verification once it is done (the tuner drops it after)."""
-        phase = self.tuner.phase
-        watched = self._watched
-        if watched is not None and watched.done and getattr(phase, "trial", None) is not watched:
-            o = watched.outcome()
-            self.outcomes.append(
-                {
-                    "kind": self._watched_kind,
-                    "step": step,
-                    "candidate": _pairs(watched.candidate),
-                    "energy_diff": o.energy_diff,
-                    "energy_se": o.energy_se,
-                    "time_diff": o.time_diff,
-                    "time_se": o.time_se,
-                    "blocks": o.blocks,
-                    "abandoned": o.abandoned,
-                    "adopted": self._watched_adopted(),
-                }
-            )
-            self._watched = None
-        trial = getattr(phase, "trial", None)
-        if trial is not None and trial is not self._watched:
-            self._watched, self._watched_kind = trial, "verify" if isinstance(phase, Verifying) else "trial"
-            self._watched_phase = phase
-
-    def _watched_adopted(self) -> bool | None:
-        phase = getattr(self, "_watched_phase", None)
-        return phase.adopted if isinstance(phase, Verifying) else None
-
-    def _step_metrics(self, report: StepReport) -> dict[str, float]:
-        t = self.tuner
-        return {
-            "step_time_s": report.step_time_s,
-            "slowdown": t.account.slowdown() if math.isfinite(t.stock_step_s) else 0.0,
-            "running_saving": t.running_saving(),
-            "phase": float(_PHASES.index(type(t.phase).__name__)),
-            "adopted": float(len(t.adoptions)),
-            "temperature_c": report.temperature_c,
-        }
-
-    def _log_progress(self, report: StepReport) -> None:
-        t = self.tuner
-        spent = t.account.slowdown() if math.isfinite(t.stock_step_s) else 0.0
+    def _log_progress(self, point: Point) -> None:
         log.info(
             "kdvfs.tune: %5.0f s, step %d, %s, budget spent %.2f%% of %.2f%%, saving so far %.2f%%",
-            report.end_s - (self._start_s if hasattr(self, "_start_s") else report.end_s),
-            report.step,
-            type(t.phase).__name__,
-            100 * max(spent, 0.0),
+            point.end_s,
+            point.step,
+            point.phase,
+            100 * max(point.slowdown if math.isfinite(point.slowdown) else 0.0, 0.0),
             100 * self.budget,
-            100 * t.running_saving(),
+            100 * point.plan_energy_saving,
         )
-        if not hasattr(self, "_start_s"):
-            self._start_s = report.end_s
 
     # --- what is kept -----------------------------------------------------------------------
     def plan(self) -> Plan | None:
         """The schedule adopted so far as a Plan (None before stock is measured)."""
-        t = self.tuner
-        if not (math.isfinite(t.stock_step_s) and math.isfinite(t.stock_energy_j)):
-            return None
-        stock_s = t.stock_step_s / (1.0 - REFERENCE_MARGIN)
-        starts = [s for s, _ in t.incumbent.groups]
-        ends = [*starts[1:], len(self.workload)]
-        shares = t.group_times_s if len(t.group_times_s) == len(starts) else [1.0] * len(starts)
-        total = sum(shares) or 1.0
-        spans = [
-            (s, e, p, t.incumbent_step_s * w / total, t.incumbent_energy_j * w / total)
-            for (s, p), e, w in zip(t.incumbent.groups, ends, shares)
-        ]
-        return Plan.from_groups(
-            gpu_name=self.device.name,
-            grid=self.device.grid,
-            workload=self.workload,
-            budget=self.budget,
-            groups=spans,
-            reference_time_s=stock_s,
-            reference_energy_j=t.stock_energy_j,
-            source=self.device.source,
-            strategy=f"kdvfs.tune {self.strategy}" + (" (dry run: no clock applied)" if self.dry_run else ""),
-            measurements=len(self.outcomes),
+        return self.run.plan(
+            f"kdvfs.tune {self.strategy}" + (" (dry run: no clock applied)" if self.dry_run else "")
         )
 
     def summary(self) -> dict[str, Any]:
-        """What the tuning did and measured, JSON-ready."""
-        t, c = self.tuner, self.trainer.controller
+        """What the tuning did and measured, JSON-ready: the run's summary and the controller's."""
+        c = self.trainer.controller
         answers = sorted(c.answer_s)
-        return {
-            "device": self.device.name,
+        return self.run.summary() | {
             "dry_run": self.dry_run,
-            "budget": self.budget,
-            "strategy": self.strategy,
-            "steps": t.account.steps,
-            "phase": type(t.phase).__name__,
-            "phases": list(t.phases),
-            "stock_step_s": t.stock_step_s / (1.0 - REFERENCE_MARGIN)
-            if math.isfinite(t.stock_step_s)
-            else None,
-            "stock_energy_per_step_j": t.stock_energy_j if math.isfinite(t.stock_energy_j) else None,
-            "window_energy_cv": t.window_sd if math.isfinite(t.window_sd) else None,
-            "trial_window_s": t.timing.trial_window_s,
-            "step_time_cv_per_root_s": t.time_sd_per_root_s,
-            "running_saving": t.running_saving(),
-            "slowdown": t.account.slowdown() if math.isfinite(t.stock_step_s) else None,
-            "adopted": len(t.adoptions),
-            "adoptions": [
-                {"step": a.step, "schedule": _pairs(a.schedule), "saving": a.saving, "saving_se": a.saving_se}
-                for a in t.adoptions
-            ],
-            "plan": _pairs(t.incumbent),
-            "outcomes": list(self.outcomes),
-            "alarms": [{"step": a.step, "reasons": list(a.reasons), "held": a.held} for a in t.alarms],
             "mismatched_steps": len(c.mismatched_steps),
             "clock_requests": len(c.requests),
             "counter_polling": None if c.poller is None else c.poller.figures(),
@@ -486,17 +395,8 @@ class JobTuning:
         except Exception as exc:  # keeping the plan never stops training
             log.warning("kdvfs.tune: the plan could not be kept: %s", exc)
 
-    def _stored_plan(self) -> Plan | None:
-        if self.store is None:
-            return None
-        try:
-            return self.store.get(self.device.name, self.device.grid, self.workload.signature)
-        except KdvfsError as exc:
-            log.warning("kdvfs.tune: stored plan not used: %s", exc)
-            return None
-
     # --- MLflow ------------------------------------------------------------------------------
-    def _params(self, seed: int, stored: Plan | None) -> dict[str, Any]:
+    def _params(self, seed: int, prior: str) -> dict[str, Any]:
         return {
             "device": self.device.name,
             "dry_run": self.dry_run,
@@ -506,26 +406,23 @@ class JobTuning:
             "workload": self.workload.name,
             "workload_signature": self.workload.signature,
             "sites": "|".join(workload_sites(self.workload)[0]),
-            "stored_plan": stored is not None,
+            "prior": prior,
         }
 
     def _deliver_metrics(self) -> None:
         while (item := self._metrics.get()) is not None:
-            self.run.log_metrics(*item)
+            self.mlflow_run.log_metrics(*item)
 
     def _finish_run(self, failed: bool) -> None:
-        if self.run is None:
+        if self.mlflow_run is None:
             return
         self._metrics.put(None)
         self._tracking.join()
         plan = self.plan()
         if plan is not None:
-            self.run.log_dict(plan.to_dict(), "plan.json")
-        self.run.log_dict(self.summary(), "summary.json")
-        self.run.end("FAILED" if failed else "FINISHED")
-
-
-_PHASES = ("Reference", "Exploring", "Verifying", "Settled", "Retuning")
+            self.mlflow_run.log_dict(plan.to_dict(), "plan.json")
+        self.mlflow_run.log_dict(self.summary(), "summary.json")
+        self.mlflow_run.end("FAILED" if failed else "FINISHED")
 
 
 def _default_sites(model: Any, optimizer: Any) -> list[str]:
@@ -544,13 +441,6 @@ def _site_starts(workload: Workload) -> list[int]:
     return sorted({kernel_sites.index(s) for s in set(kernel_sites)})
 
 
-def _stated(given: float | None, device: Device, name: str, default: float) -> float:
-    if given is not None:
-        return given
-    value = getattr(device, name, None)
-    return float(value) if isinstance(value, int | float) else default
-
-
 def _plan_store(store: PlanStore | Path | str | bool | None) -> PlanStore | None:
     if store is False:
         return None
@@ -566,7 +456,3 @@ def _open_run(uri: str | None, name: str, params: dict[str, Any]) -> Any:
         log.warning("kdvfs.tune: no MLflow run (%s)", exc)
         return None
     return Tracker(uri).start_run(name, params, tags={"kdvfs.kind": "tune"})
-
-
-def _pairs(schedule: Schedule) -> list[list[Any]]:
-    return [[s, None if p is None else p.as_list()] for s, p in schedule.groups]

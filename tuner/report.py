@@ -15,17 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.schedule import Schedule, schedule_figures, schedule_items
-from kdvfs.runtime.types import Workload
+from kdvfs.runtime.schedule import Schedule, schedule_figures
 from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.session import Oracle, TuneSession, reached_after_s
+from kdvfs.tuner.run import ORACLE_SHARE, Oracle, reached_after_s
+from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.text import pct, slowdown_text
-
-#: Share of the realisable oracle's saving a run's plan must reach to count as there; a fraction.
-ORACLE_SHARE = 0.95
 
 
 @dataclass
@@ -35,30 +29,11 @@ class TuneReport:
     doc: dict[str, Any]
 
     def plan(self, strategy: str) -> Plan:
-        """The running schedule as a plan document. Its expected figures are the device's
-        noiseless evaluation of the schedule as the card runs it (schedule_figures, switches
+        """The running schedule as a plan document (TuningRun.plan). Its expected figures are
+        the device's noiseless evaluation of the schedule as the card runs it (switches
         included): the figure `plan show` and `plan validate` print and MLflow's
         final_energy_saving holds."""
-        s = self.session
-        schedule = s.tuner.incumbent
-        ends = [start for start, _ in schedule.groups[1:]] + [len(s.workload)]
-        group_t, group_e, ref_t, ref_e = schedule_group_figures(s.device, s.workload, schedule)
-        spans = [
-            (start, end, pair, gt, ge)
-            for ((start, pair), end), gt, ge in zip(zip(schedule.groups, ends), group_t, group_e)
-        ]
-        return Plan.from_groups(
-            gpu_name=s.device.name,
-            grid=s.device.grid,
-            workload=s.workload,
-            budget=s.budget,
-            groups=spans,
-            reference_time_s=ref_t,
-            reference_energy_j=ref_e,
-            source=s.device.source,
-            strategy=strategy,
-            measurements=self.doc["trials"],
-        )
+        return self.session.plan(strategy)
 
     def headline(self) -> str:
         """One sentence: what this run saved at what slowdown, what its plan saves from now on."""
@@ -151,24 +126,6 @@ class TuneReport:
         return [("plots/convergence.png", fig)]
 
 
-def schedule_group_figures(
-    device: RunnableDevice, workload: Workload, schedule: Schedule
-) -> tuple[list[float], list[float], float, float]:
-    """Noiseless time and energy per step of each group of a schedule as the card runs it,
-    and of the stock step: (group times s, group energies J, stock time s, stock energy J).
-    The totals are schedule_figures'; a group's share is its kernels' share at the pair in effect."""
-    ref_t, ref_e = device.expected_step([(k, None, k.launches) for k in workload.kernels])
-    items = schedule_items(device, workload, schedule)
-    total_t, total_e = device.expected_step(items)
-    cells = np.array([device.expected(k, pair) for k, pair, _ in items]) * [[n] for _, _, n in items]
-    starts = [s for s, _ in schedule.groups]
-    ends = [*starts[1:], len(workload)]
-    scale_t, scale_e = total_t / cells[:, 0].sum(), total_e / cells[:, 1].sum()
-    group_t = [float(cells[s:e, 0].sum() * scale_t) for s, e in zip(starts, ends)]
-    group_e = [float(cells[s:e, 1].sum() * scale_e) for s, e in zip(starts, ends)]
-    return group_t, group_e, float(ref_t), float(ref_e)
-
-
 def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> TuneReport:
     """The figures of a tuning run (oracle: from tuner/session.py's oracle, None to leave out)."""
     s, t = session, session.tuner
@@ -178,7 +135,7 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
         return schedule_figures(device, workload, schedule)
 
     saving, slowdown = figures(t.incumbent)
-    last = s.points[-1] if s.points else s.point()
+    summary = s.run.summary()  # what the tuner measured, as kdvfs.tune reports it
     reached = None
     if oracle is not None:
         reached = reached_after_s(t.adoptions, lambda x: figures(x)[0], ORACLE_SHARE * oracle.energy_saving)
@@ -197,12 +154,10 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
         "energy_saving": saving,
         "slowdown": slowdown,
         "running": {"energy_saving": saving, "slowdown": slowdown, "groups": len(t.incumbent.groups)},
-        "run": {"energy_saving": _finite(last.energy_saving), "slowdown": _finite(last.slowdown)},
-        "max_cumulative_slowdown": max(
-            (p.slowdown for p in s.points if np.isfinite(p.slowdown)), default=0.0
-        ),
+        "run": summary["run"],
+        "max_cumulative_slowdown": summary["max_cumulative_slowdown"],
         "tuner_claimed_saving": t.running_saving(),
-        "converged_after_s": s.converged_after_s,
+        "converged_after_s": summary["converged_after_s"],
         "reached_95pct_oracle_after_s": reached,
         "realisable_oracle": None
         if oracle is None
@@ -238,12 +193,9 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
         ],
         "drift_alarms": [{"end_s": a.end_s, "reasons": list(a.reasons), "held": a.held} for a in t.alarms],
         "clock_requests": len(s.job.requests),
+        "tuner": summary,
     }
     return TuneReport(session, oracle, doc)
-
-
-def _finite(x: float) -> float:
-    return float(x) if np.isfinite(x) else 0.0
 
 
 def _at(slowdown: float) -> str:

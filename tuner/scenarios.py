@@ -25,7 +25,8 @@ from kdvfs.runtime.schedule import schedule_figures
 from kdvfs.runtime.types import KdvfsError
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.report import tune_report
-from kdvfs.tuner.session import TuneSession, choose_prior, job_sites, oracle
+from kdvfs.tuner.run import choose_prior, job_sites, oracle, reached_after
+from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_tuner import WATCH_CONFIRM_WINDOWS, WATCH_WARMUP, WATCH_WINDOW_S
 
 #: Share of the new conditions' realisable oracle that counts as recovered; a fraction.
@@ -169,12 +170,13 @@ def _stable_alarms(job: TuneSession, seconds: float) -> int:
 
 def _recovered_s(job: TuneSession, change_s: float, noiseless, workload, target: float) -> float | None:
     """From when the plan was worth >= target to the end, in training seconds (None: not so at the end)."""
-    recovered = None
-    for start_s, plan in job.plan_log:
-        good = schedule_figures(noiseless, workload, plan)[0] >= target
-        if start_s >= change_s or good:
-            recovered = (recovered if recovered is not None else max(start_s, change_s)) if good else None
-    return recovered
+
+    def saving(schedule) -> float:
+        return schedule_figures(noiseless, workload, schedule)[0]
+
+    # the schedules from the change on; one before it counts from the change when it was good
+    history = [(max(t, change_s), s) for t, s in job.plan_log if t >= change_s or saving(s) >= target]
+    return reached_after(history, saving, target)
 
 
 def _document(

@@ -1,24 +1,20 @@
-"""The step-driven tuner: fed each training step's report, it answers with the
-clocks of the next steps. It never runs kernels itself.
+"""The step-driven tuner: fed each training step's report, it answers with the clocks of the
+next steps. It never runs kernels itself.
 
-- `StepTuner.on_step_end(report) -> Schedule`: the one entry point; `phase` is the phase object
-  now (Zeus's power_limit.py shape): `Reference` -> `Exploring` -> `Verifying` -> ... ->
-  `Settled`, each a small dataclass holding its own data; `phases` lists those passed.
+- `StepTuner.on_step_end(report) -> Schedule`: the one entry point. A state machine (Zeus's
+  power_limit.py shape): `phase` is the phase object now, `Reference` -> `Exploring` ->
+  `Verifying` -> ... -> `Settled` (-> `Retuning` -> `Reference` after an alarm); each phase is a
+  small dataclass holding its own data, its docstring listing its transitions; `phases` lists
+  the phases passed.
+- Events (`subscribe`): `PhaseEntered`, `TrialFinished`, `Adoption`, `Alarm`; tuner/run.py's
+  TuningRun (the one place a StepTuner is built) and through it MLflow and progress follow them.
 - The measuring core (`Window`, `Trial`, `Outcome`, `StepAccount`, `switchable_groups`,
-  `pass_boundaries`) is runtime/trials.py's, shared with the Gymnasium environment; groups
-  come from `switchable_groups` where no prior plan gives them (tuner/step_priors.py).
-- `StepTiming`: the measuring lengths (reference, windows, blocks), the constants by default;
-  `StepTiming.for_ranks(n)` for n pooled data-parallel ranks.
-- Ranks pooled (`pool`, runtime/ranks.py: RankPool): each step's report is gathered from every
-  data-parallel rank, windows and the reference count every rank's energy (n samples a
-  window; the step time, which the ranks share, once), and every rank decides on the same
-  pooled data: the decisions are identical. A
-  lost pool (runtime/ranks.py: PoolLost) is an alarm: the rank goes on alone from a new
-  reference.
-- Once `Settled`, the drift watch (tuner/drift.py: ConditionWatch on each report, DriftMonitor
-  on watch windows of group times and energy); an alarm enters `Retuning` (stock until the
-  temperature is flat), then `Reference` again, the plan before verified first, then the
-  groups whose time moved explored again. A card warming without throttling keeps its plan.
+  `pass_boundaries`) is runtime/trials.py's; `StepTiming`: the measuring lengths, the constants
+  by default, `StepTiming.for_ranks(n)` for n pooled data-parallel ranks.
+- Ranks pooled (`pool`, runtime/ranks.py: RankPool): every rank decides on the same pooled
+  figures; a lost pool (PoolLost) is an alarm: the rank goes on alone from a new reference.
+- Once `Settled`, the drift watch (tuner/drift.py); an alarm enters `Retuning` (stock until the
+  temperature is flat), then `Reference` again, the plan before verified first.
 
 Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
 """
@@ -31,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kdvfs.policies.base import SearchSpace, Strategy, Task
+from kdvfs.policies.base import ASK_LATER, SearchSpace, Strategy, Task
 from kdvfs.policies.registry import make_strategy
 from kdvfs.runtime.ranks import PoolLost, RankPool
 from kdvfs.runtime.schedule import Schedule
@@ -147,14 +143,52 @@ class StepTiming:
         )
 
 
-# --- phases -----------------------------------------------------------------------------------
+# --- phases: each holds its own data; its docstring lists its transitions ----------------------
+@dataclass
+class Search:
+    """What the exploration of one reference's groups carries from phase to phase.
+
+    Attributes:
+        order: the groups to explore, in order (the longest first).
+        first: group -> the pair it tries first (after an alarm: the plan before's); empty at
+            the start of a run.
+    """
+
+    order: list[int]
+    first: dict[int, ClockPair | None] = field(default_factory=dict)
+
+    def after(self, group: int) -> int:
+        """The position in `order` of the group after `group`."""
+        return self.order.index(group) + 1
+
+
 @dataclass
 class Reference:
-    """Stock measured in training: windows of whole steps at stock, every segment its own group."""
+    """Stock measured in training: windows of whole steps at stock, every segment its own group.
+
+    Transitions:
+        -> Verifying (a whole schedule): stock is measured and a schedule waits to be verified
+           (the prior at the start of a run; after an alarm, the plan before or the replan).
+        -> Exploring: stock is measured and nothing waits: the longest group's search.
+        -> Settled: stock is measured and no group is left to explore.
+        -> Retuning: the power limit moved, or the rank pool was lost.
+
+    Attributes:
+        schedule: the stock schedule run (one group a segment).
+        window_s: length of one reference window, s.
+        min_s: training measured before the reference may end, s.
+        plan_before: after an alarm, the schedule verified first (None: the prior's turn).
+        explore: after an alarm, the groups to explore again (None: all).
+        first: group -> the pair it tries first.
+        measured: the windows so far (runtime/trials.py: StockReference).
+    """
 
     schedule: Schedule
     window_s: float = TRIAL_WINDOW_S
     min_s: float = REFERENCE_S
+    plan_before: Schedule | None = None
+    explore: tuple[int, ...] | None = None
+    first: dict[int, ClockPair | None] = field(default_factory=dict)
     measured: StockReference = field(init=False)
 
     def __post_init__(self) -> None:
@@ -163,30 +197,78 @@ class Reference:
 
 @dataclass
 class Exploring:
-    """Trials of one group's candidates through the policy's Task of that group."""
+    """Trials of one group's candidates through the strategy's Task of that group.
+
+    Transitions:
+        -> Exploring (itself): a trial ends; the strategy is told and asked again (a strategy
+           answering ASK_LATER is asked again at the next step).
+        -> Verifying (the group's best): the strategy has converged or reached the group's
+           trial cap, and its best differs from the incumbent's pair.
+        -> Exploring (the next group) or Settled (no group left): nothing to verify.
+        -> Retuning: the power limit moved, or the rank pool was lost.
+
+    Attributes:
+        group: the group explored (its index in the incumbent).
+        task: the strategy's Task of the group.
+        search: the groups' order and first pairs (Search).
+        trial: the trial running (None between trials).
+        config: the candidate's index in the grid (None: not asked yet).
+        trials: trials of this group so far.
+        first: a config tried before the strategy is asked (the pair chosen before an alarm).
+        waiting_steps: steps run at the incumbent waiting for budget slack.
+    """
 
     group: int
     task: Task
+    search: Search
     trial: Trial | None = None
     config: int | None = None
     trials: int = 0
-    first: int | None = None  # a config tried before the policy is asked (the pair chosen before)
-    waiting_steps: int = 0  # steps run at the incumbent waiting for slack
+    first: int | None = None
+    waiting_steps: int = 0
 
 
 @dataclass
 class Verifying:
     """A candidate against the incumbent over a longer run: a group's best (group: its index),
-    or a whole schedule (group None: the prior plan, or the plan before an alarm)."""
+    or a whole schedule (group None: the prior, or the plan before an alarm).
+
+    Transitions:
+        -> Verifying (itself, more blocks): a clear saving whose time bound is not yet inside
+           the budget (at most verify_max_blocks).
+        -> Exploring (the next group; after a whole schedule, the first) or Settled (no group
+           left): the verification is judged, the candidate adopted or not.
+        -> Retuning: the power limit moved, or the rank pool was lost.
+
+    Attributes:
+        group: the group verified (None: a whole schedule).
+        trial: the verification's A-B-B-A trial.
+        search: the groups' order and first pairs (Search).
+        adopted: the judgement (None until judged).
+    """
 
     group: int | None
     trial: Trial
+    search: Search
     adopted: bool | None = None
 
 
 @dataclass
 class Settled:
-    """The incumbent runs under the drift watch: windows of its group times and energy."""
+    """The incumbent runs under the drift watch: windows of its group times and energy.
+
+    Transitions:
+        -> Retuning: a stream of the watch (a group's time, the step's energy) or a condition
+           (the power limit, the settled temperature with throttling) moved, or the rank pool
+           was lost.
+        -> Settled (itself): a card that warmed without throttling keeps its plan.
+        The incumbent falls back to stock (no phase change) when the budget's guard is reached.
+
+    Attributes:
+        since_step: the step it settled at.
+        window: the watch window open (None between windows).
+        expected: the first window's values, the streams' baseline.
+    """
 
     since_step: int
     window: Window | PooledWindow | None = None
@@ -195,9 +277,19 @@ class Settled:
 
 @dataclass
 class Retuning:
-    """After an alarm: stock until the temperature is flat again (or RETUNE_SETTLE_MAX_S),
-    then the reference again. `groups`: those to explore again (their own time moved; all
-    when a condition or the energy moved); `plan`: the plan before, verified first."""
+    """After an alarm: stock until the temperature is flat again (or RETUNE_SETTLE_MAX_S).
+
+    Transitions:
+        -> Reference: RETUNE_MIN_S of stock have run and the temperature is flat (or
+           RETUNE_SETTLE_MAX_S passed); the plan before (or the replan) is verified first.
+
+    Attributes:
+        since_s: when the alarm came, s (the report's clock).
+        reasons: the streams or conditions that moved.
+        groups: the groups to explore again (their own time moved; all when a condition or
+            the energy moved).
+        plan: the plan before the alarm.
+    """
 
     since_s: float
     reasons: tuple[str, ...]
@@ -206,6 +298,30 @@ class Retuning:
 
 
 Phase = Reference | Exploring | Verifying | Settled | Retuning
+
+
+# --- events: what the tuner tells its subscribers (tuner/run.py, MLflow, progress) -----------
+@dataclass(frozen=True)
+class PhaseEntered:
+    """The tuner entered a phase (its class name), at a step and a time (the report's clock, s)."""
+
+    step: int
+    end_s: float
+    phase: str
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    """A trial ("trial") or a verification ("verify") ended: its candidate and Outcome, and
+    for a verification whether the candidate was adopted (None for a trial)."""
+
+    step: int
+    end_s: float
+    kind: str
+    group: int | None
+    candidate: Schedule
+    outcome: Outcome
+    adopted: bool | None
 
 
 @dataclass(frozen=True)
@@ -231,8 +347,13 @@ class Adoption:
     slowdown: float  # against stock, as measured
 
 
+TunerEvent = PhaseEntered | TrialFinished | Adoption | Alarm
+
+
 class StepTuner:
-    """Tunes a training job's clocks from its step reports.
+    """Tunes a training job's clocks from its step reports (a state machine of the phases
+    above; `subscribe` to its events). Build it through tuner/run.py's TuningRun, which every
+    caller feeds.
 
     Args:
         workload: the kernels of one step (for where the job can switch: its passes).
@@ -240,17 +361,17 @@ class StepTuner:
         switch_latency_s: the card's clock-switch latency, s.
         energy_update_period_s: how often the card's energy counter advances, s.
         budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
-        strategy: the search strategy (kdvfs.policies.registry.STRATEGIES).
-        seed: seeds the strategy.
+        strategy: the search strategy: a name (kdvfs.policies.registry), made here with `seed`
+            and `strategy_options`, or the strategy itself (e.g. the service's,
+            service/client.py).
+        seed: seeds a strategy made here.
         boundaries: kernel indices where the job can switch clocks (default: the step and each pass).
-        policy_options: passed to the strategy's constructor (e.g. tol).
-        prior: a schedule planned before training (step_priors.plan_prior): its groups are
+        strategy_options: passed to a strategy made here (e.g. tol).
+        prior: a schedule planned before training (step_priors.prior_schedule): its groups are
             explored, and it is verified against stock first; None: groups from segment times.
         replan: after a drift alarm, once the card has settled at stock: a plan for the new
             conditions from the report then (its power limit), verified first in place of the
             plan before; None, or it answering None: the plan before is verified.
-        policy: the strategy itself, made elsewhere (the service's client,
-            service/client.py); None: made here from strategy, seed and policy_options.
         timing: how long the reference, trials, verifications and watch windows run
             (StepTiming); None: StepTiming.for_ranks of the pool's ranks.
         proven_prior: the prior is a plan that jobs before proved in training (a stored
@@ -268,13 +389,12 @@ class StepTuner:
         switch_latency_s: float,
         energy_update_period_s: float,
         budget: float = 0.01,
-        strategy: str = DEFAULT_STRATEGY,
+        strategy: str | Strategy = DEFAULT_STRATEGY,
         seed: int = 0,
         boundaries: list[int] | None = None,
-        policy_options: dict[str, float] | None = None,
+        strategy_options: dict[str, float] | None = None,
         prior: Schedule | None = None,
         replan: Callable[[StepReport], Schedule | None] | None = None,
-        policy: Strategy | None = None,
         timing: StepTiming | None = None,
         pool: RankPool | None = None,
         proven_prior: bool = False,
@@ -294,13 +414,18 @@ class StepTuner:
         self.budget = budget
         self.account = StepAccount(budget)
         space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
-        self.policy = policy or make_strategy(
-            strategy,
-            space,
-            seed=seed,
-            max_per_task=self.timing.max_trials_per_group,
-            **({"tol": POLICY_TOL} | (policy_options or {})),
+        self.policy: Strategy = (
+            make_strategy(
+                strategy,
+                space,
+                seed=seed,
+                max_per_task=self.timing.max_trials_per_group,
+                **({"tol": POLICY_TOL} | (strategy_options or {})),
+            )
+            if isinstance(strategy, str)
+            else strategy
         )
+        """The search strategy asked and told (made here from a name, or given)."""
         self.prior = prior
         self.proven_prior = proven_prior
         self.replan = replan
@@ -322,21 +447,23 @@ class StepTuner:
         self.phase: Phase = Reference(self.incumbent, timing.trial_window_s, timing.reference_s)
         self.phases: list[str] = ["Reference"]
         self.group_times_s: list[float] = []  # each group's stock time per step, s
-        self._order: list[int] = []
-        self._now_s = 0.0
         self.conditions = ConditionWatch()
         self.watch: DriftMonitor | None = None
         self.alarms: list[Alarm] = []
         self.retunes = 0
+        self._listeners: list[Callable[[TunerEvent], None]] = []
         self._moved: list[str] = []  # conditions that moved before the watch acts on them
-        self._to_explore: list[int] | None = None  # groups of a retune (None: all)
-        self._first: dict[int, ClockPair | None] = {}  # group -> pair tried first
-        self._retune_plan: Schedule | None = None
+        self._now_s = 0.0  # this step's end, s (the report's clock)
         self._feed: StepReport | list[StepReport] | None = None  # what windows count this step
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
         self._ranks = 1 if pool is None else pool.ranks
 
-    # --- the entry point ---------------------------------------------------------------------
+    # --- the entry point and the events ----------------------------------------------------
+    def subscribe(self, listener: Callable[[TunerEvent], None]) -> None:
+        """Call `listener` with each event (PhaseEntered, TrialFinished, Adoption, Alarm), in
+        order, on the thread that feeds the tuner."""
+        self._listeners.append(listener)
+
     def on_step_end(self, report: StepReport) -> Schedule:
         """Take one step's report; the schedule for the next steps (pooled: every rank calls
         it each step, a collective)."""
@@ -368,6 +495,15 @@ class StepTuner:
         if isinstance(phase, Verifying):
             return self._verifying(phase, report)
         return self._settled(phase, report)
+
+    def current_task(self) -> Task | None:
+        """The Task of the group being explored (None outside Exploring): what the strategy
+        is asked about (the Gymnasium environment observes it)."""
+        return self.phase.task if isinstance(self.phase, Exploring) else None
+
+    def _emit(self, event: TunerEvent) -> None:
+        for listener in self._listeners:
+            listener(event)
 
     def _gather(self, report: StepReport) -> list[StepReport] | None:
         """Every rank's report of this step (None: this rank is alone, or the pool is lost)."""
@@ -402,18 +538,21 @@ class StepTuner:
         name = type(phase).__name__
         if self.phases[-1] != name:
             self.phases.append(name)
+        self._emit(PhaseEntered(self.account.steps, self._now_s, name))
 
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
         if not ref.measured.add(self._feed):
             return ref.schedule
-        self._finish_reference(ref.measured.figures())
-        before = self._retune_plan if self.retunes else None
+        search = self._finish_reference(ref, ref.measured.figures())
+        before = ref.plan_before if self.retunes else None
         plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
         if plan is not None and any(p is not None for _, p in plan.groups):
-            return self._verify(None, plan)
-        return self._start_group(0)
+            return self._verify(None, plan, search)
+        return self._start_group(search, 0)
 
-    def _finish_reference(self, stock: StockFigures) -> None:
+    def _finish_reference(self, ref: Reference, stock: StockFigures) -> Search:
+        """Stock's figures kept; the groups (switchable ones on a first reference without a
+        prior, else the segments) and the order they are explored in."""
         self.stock = stock
         self.account.stock_step_s = stock.account_step_s
         self.stock_energy_j = self.incumbent_energy_j = stock.energy_per_step_j
@@ -434,14 +573,16 @@ class StepTuner:
         ]
         self.group_times_s = times
         order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
-        self._order = order if self._to_explore is None else [g for g in order if g in self._to_explore]
+        if ref.explore is not None:
+            order = [g for g in order if g in ref.explore]
+        return Search(order, dict(ref.first))
 
-    def _start_group(self, position: int) -> Schedule:
-        if position >= len(self._order):
+    def _start_group(self, search: Search, position: int) -> Schedule:
+        if position >= len(search.order):
             self._enter(Settled(self.account.steps))
             self.conditions.relearn_temperature()  # the settled plan's own temperature
             return self.incumbent
-        g = self._order[position]
+        g = search.order[position]
         group_s = self.group_times_s[g]
         extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
         task = Task(
@@ -450,10 +591,10 @@ class StepTuner:
             ref_energy_j=self.incumbent_energy_j,
             budget=max(extra_s / group_s, 0.0),
         )
-        first = self._first.get(g)
+        first = search.first.get(g)
         current = self.incumbent.groups[g][1]
         first_config = self.pairs.index(first) if first is not None and first != current else None
-        self._enter(Exploring(g, task, first=first_config))
+        self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
 
     def _exploring(self, ex: Exploring, report: StepReport | None) -> Schedule:
@@ -470,6 +611,9 @@ class StepTuner:
                 ex.config = self.policy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
                 if ex.config is None:
                     return self._verify_best(ex)
+                if ex.config == ASK_LATER:  # the strategy's answer comes from outside, later
+                    ex.config = None
+                    return self.incumbent
             candidate = self._with_pair(ex.group, self.pairs[ex.config])
             if self.account.slack_s() < self._worst_case_s(candidate):
                 ex.waiting_steps += 1
@@ -499,6 +643,11 @@ class StepTuner:
                 ex.task.ref_time_s * 10.0,
                 ex.task.ref_energy_j * 10.0,
             )  # nothing measured: too slow
+        self._emit(
+            TrialFinished(
+                self.account.steps, self._now_s, "trial", ex.group, ex.trial.candidate, outcome, None
+            )
+        )
         self.policy.tell(ex.task, ex.config, group_s, energy_j)
         ex.config = None
 
@@ -524,17 +673,17 @@ class StepTuner:
         best = self.policy.best(ex.task)
         current = self.incumbent.groups[ex.group][1]
         if best is None or self.pairs[best] == current:
-            return self._start_group(self._order.index(ex.group) + 1)
-        return self._verify(ex.group, self._with_pair(ex.group, self.pairs[best]))
+            return self._start_group(ex.search, ex.search.after(ex.group))
+        return self._verify(ex.group, self._with_pair(ex.group, self.pairs[best]), ex.search)
 
-    def _verify(self, group: int | None, candidate: Schedule) -> Schedule:
+    def _verify(self, group: int | None, candidate: Schedule, search: Search) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
         if group is None and self.retunes == 0 and self.proven_prior:
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
         trial = Trial(self.incumbent, candidate, blocks, t.verify_window_s, self.settle_s)
         self.trials += 1
-        self._enter(Verifying(group, trial))
+        self._enter(Verifying(group, trial, search))
         return self._verifying(self.phase, None)
 
     def _verifying(self, ver: Verifying, report: StepReport | None) -> Schedule:
@@ -550,8 +699,8 @@ class StepTuner:
         if trial.done:
             self._judge(ver, trial.outcome())
             if ver.group is None:
-                return self._start_group(0)
-            return self._start_group(self._order.index(ver.group) + 1)
+                return self._start_group(ver.search, 0)
+            return self._start_group(ver.search, ver.search.after(ver.group))
         if trial.current is None:
             if trial.arm == "B" and self.account.slack_s() < self._worst_case_s(trial.candidate):
                 return self.incumbent  # wait for the slack; the window opens when it covers B
@@ -589,20 +738,31 @@ class StepTuner:
         judgement = self.judge(outcome, ver.trial.window_s)
         ver.adopted = judgement.adopted
         se, saving, slowdown = judgement.saving_se, judgement.saving, judgement.slowdown
+        self._emit(
+            TrialFinished(
+                self.account.steps,
+                self._now_s,
+                "verify",
+                ver.group,
+                ver.trial.candidate,
+                outcome,
+                ver.adopted,
+            )
+        )
         if ver.adopted:
             self.incumbent = ver.trial.candidate
             self.incumbent_energy_j *= 1.0 - saving
             self.incumbent_step_s *= 1.0 + outcome.time_diff
-            self.adoptions.append(
-                Adoption(
-                    self.account.steps,
-                    self._now_s,
-                    self.incumbent,
-                    1.0 - self.incumbent_energy_j / self.stock_energy_j,
-                    se,
-                    slowdown,
-                )
+            adoption = Adoption(
+                self.account.steps,
+                self._now_s,
+                self.incumbent,
+                1.0 - self.incumbent_energy_j / self.stock_energy_j,
+                se,
+                slowdown,
             )
+            self.adoptions.append(adoption)
+            self._emit(adoption)
 
     def _settled(self, settled: Settled, report: StepReport) -> Schedule:
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self.budget:
@@ -633,7 +793,9 @@ class StepTuner:
         throttling keeps its plan (the watch learns its new temperature)."""
         moved, self._moved = tuple(dict.fromkeys(self._moved)), []
         if moved == ("temperature",) and self.conditions.step_c > 0.0 and not report.throttle_reasons:
-            self.alarms.append(Alarm(self.account.steps, report.end_s, moved, held=True))
+            alarm = Alarm(self.account.steps, report.end_s, moved, held=True)
+            self.alarms.append(alarm)
+            self._emit(alarm)
             if self.watch is not None:
                 self.watch.reset(["energy"])  # a warmer card leaks more: learn its energy again
             return self.incumbent
@@ -641,7 +803,9 @@ class StepTuner:
 
     def _alarm(self, report: StepReport, reasons: tuple[str, ...], groups: list[int] | None) -> Schedule:
         """Stock now; the reference again once the temperature is flat."""
-        self.alarms.append(Alarm(self.account.steps, report.end_s, reasons))
+        alarm = Alarm(self.account.steps, report.end_s, reasons)
+        self.alarms.append(alarm)
+        self._emit(alarm)
         everything = tuple(range(len(self.incumbent.groups)))
         plan = self.incumbent
         self.incumbent = Schedule(tuple((s, None) for s, _ in plan.groups))
@@ -658,13 +822,20 @@ class StepTuner:
         self.retunes += 1
         fresh = self.replan(report) if self.replan is not None else None
         plan = fresh if fresh is not None else ret.plan
-        self._retune_plan = plan
-        self._to_explore = None if fresh is not None else list(ret.groups)
-        self._first = dict(enumerate(p for _, p in plan.groups))
         self.segments = [s for s, _ in plan.groups]
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         self._moved = []
-        self._enter(Reference(self.incumbent, self.timing.trial_window_s, self.timing.reference_s))
+        t = self.timing
+        self._enter(
+            Reference(
+                self.incumbent,
+                t.trial_window_s,
+                t.reference_s,
+                plan_before=plan,
+                explore=None if fresh is not None else ret.groups,
+                first=dict(enumerate(p for _, p in plan.groups)),
+            )
+        )
         return self.incumbent
 
     # --- helpers -----------------------------------------------------------------------------

@@ -188,7 +188,8 @@ class _Tune:
     def _tune(self) -> None:
         from kdvfs.runtime.registry import open_device
         from kdvfs.tuner.progress import Progress
-        from kdvfs.tuner.session import TuneSession, choose_prior, job_sites, oracle
+        from kdvfs.tuner.run import choose_prior, job_sites, oracle
+        from kdvfs.tuner.session import TuneSession
 
         args = self.args
         noiseless = open_device(args.device, noise=0.0, full_grid=args.full_grid)
@@ -212,7 +213,7 @@ class _Tune:
         self.session = TuneSession(
             self.device,
             self.workload,
-            strategy=args.strategy,
+            strategy=self.policy if self.policy is not None else args.strategy,
             budget=args.budget,
             seed=args.seed,
             prior=prior,
@@ -222,7 +223,6 @@ class _Tune:
             if args.prior == "model"
             else None,
             sites=sites,
-            policy=self.policy,
         )
         self.phase = "training under the tuner"
         with Progress("tuning", unit="s of training") as bar:
@@ -270,6 +270,8 @@ class _Tune:
         print(f"prior: {what}" + (f" ({prior.note})" if prior.note else ""), file=sys.stderr)
 
     def _on_point(self, bar):
+        from kdvfs.tuner.run import point_metrics
+
         args, run_handle = self.args, self.run_handle
         every_s = max(1.0, args.seconds / METRIC_POINTS)
         next_log = [0.0]
@@ -286,13 +288,7 @@ class _Tune:
             stock_known = math.isfinite(p.slowdown)  # nothing to log before the reference
             if run_handle is not None and stock_known and p.end_s >= next_log[0]:
                 next_log[0] = p.end_s + every_s
-                metrics = {
-                    "energy_saving_so_far": p.energy_saving,
-                    "slowdown_so_far": p.slowdown,
-                    "budget_left_s": p.budget_left_s,
-                    "adoptions": p.adoptions,
-                }
-                run_handle.log_metrics(p.step, {k: v for k, v in metrics.items() if math.isfinite(v)})
+                run_handle.log_metrics(p.step, point_metrics(p))
 
         return on_point
 

@@ -18,12 +18,10 @@ from kdvfs.envs.trial_env import TrialDVFSEnv
 from kdvfs.policies.agent import AgentStrategy, train_agent
 from kdvfs.policies.base import SearchSpace
 from kdvfs.runtime.registry import open_device, open_workload
-from kdvfs.runtime.schedule import Schedule
-from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
 from kdvfs.tuner.search import run_search, search_space
-from kdvfs.tuner.step_tuner import StepTuner
+from kdvfs.tuner.session import TuneSession
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 REAL_TABLE = DATA / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
@@ -89,30 +87,24 @@ def test_a_tried_pair_is_masked_in_its_group() -> None:
 
 
 def test_the_reward_is_the_compute_waste_reward_of_the_tuners_judgement_of_the_same_trial() -> None:
-    """The env and a StepTuner measure stock on identically seeded jobs (the same shared
-    reference code, so the same figures); the tuner then judges the env's trial."""
+    """The env is a tuning run: its stock is what `kdvfs tune`'s run measures on an
+    identically seeded job, and its reward is the tuner's judgement of the env's trial."""
     env = make(budget=0.01).unwrapped  # the tuner's own windows, blocks and reference
     env.reset(seed=3)
     top_core, top_mem = max(p.core_mhz for p in env.pairs), max(p.mem_mhz for p in env.pairs)
     pair = min((p for p in env.pairs if p.mem_mhz == top_mem), key=lambda p: abs(p.core_mhz - 0.8 * top_core))
+    incumbent_j = env.tuner.incumbent_energy_j
     _, reward, _, _, info = env.step(env.pairs.index(pair))
 
     device = open_device("sim:rtx3080ti", seed=3)
-    workload = open_workload("gpt3-xl-layer", device)
-    tuner = StepTuner(
-        workload,
-        device.grid.pairs,
-        switch_latency_s=device.switch_latency_s,
-        energy_update_period_s=device.energy_update_period_s,
-        budget=0.01,
-    )
-    job, schedule = SimulatedJob(device, workload), Schedule.stock()
-    while tuner.stock is None:
-        schedule = tuner.on_step_end(job.step(schedule))
-    assert tuner.stock.step_s == env.stock.step_s
-    assert tuner.stock.energy_per_step_j == env.stock.energy_per_step_j
+    session = TuneSession(device, open_workload("gpt3-xl-layer", device), sites=None)
+    while session.tuner.stock is None:
+        session.run_until(session.seconds + 1.0)
+    assert session.tuner.stock.step_s == env.stock.step_s
+    assert session.tuner.stock.energy_per_step_j == env.stock.energy_per_step_j
 
-    judgement = tuner.judge(env.trial.outcome(), env.window_s)
+    assert env.tuner.incumbent_energy_j == incumbent_j  # nothing adopted since: the same judge
+    judgement = env.tuner.judge(env.outcome, env.window_s)
     assert reward == trial_reward(judgement, 0.01)
     assert info["saving"] == judgement.saving and info["adopted"] == judgement.adopted
     assert -1.0 < reward < 1.0, pair  # 0.8 x the top core clock: neither free nor catastrophic

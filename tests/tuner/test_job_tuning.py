@@ -21,6 +21,7 @@ from kdvfs.runtime.types import ClockPair
 from kdvfs.tuner.job_tuning import PLAN_FILE, SUMMARY_FILE
 from kdvfs.tuner.plan import load_plan
 from kdvfs.tuner.plan_store import PlanStore
+from kdvfs.tuner.run import METRICS
 from kdvfs.tuner.step_tuner import Settled
 from tests.runtime import fake_pynvml
 from tests.runtime.test_torch_discovery import tiny_mlp
@@ -112,9 +113,13 @@ def test_a_training_loop_tunes_its_clocks_to_a_stored_plan_with_an_mlflow_run(
     assert_stock_back(fake_card)
     # the MLflow run: step metrics, the plan as an artifact
     client = MlflowClient(sqlite_tracking_uri)
-    run = client.get_run(tuning.run.run_id)
+    run = client.get_run(tuning.mlflow_run.run_id)
     assert run.info.status == "FINISHED" and run.data.params["strategy"] == "ucb"
     assert len(client.get_metric_history(run.info.run_id, "step_time_s")) >= 3
+    # the tuning run's metric names, the ones `kdvfs tune` logs (tests/tuner/test_tune_cli.py)
+    assert (
+        {"slowdown", "energy_saving", "plan_energy_saving", "phase"} <= set(run.data.metrics) <= set(METRICS)
+    )
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"plan.json", "summary.json"}
 
 

@@ -27,7 +27,8 @@ from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.trials import Trial, open_window
 from kdvfs.runtime.types import KdvfsError
-from kdvfs.tuner.step_priors import model_plan
+from kdvfs.tuner.run import Card, Prior, TuningRun
+from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import StepTiming, StepTuner
 from tests.tuner.conftest import free_port
 
@@ -39,18 +40,17 @@ def cards(ranks: int, seed: int = 0):
     return [open_device(SPEC, seed=seed + 1000 * r) for r in range(ranks)]
 
 
-def tuner_for(card, workload, pool=None, *, strategy: str = "botorch", prior=None) -> StepTuner:
-    return StepTuner(
+def tuner_for(card, workload, pool=None, *, strategy="botorch", prior=None) -> StepTuner:
+    run = TuningRun(
+        Card.of(card),
         workload,
-        card.grid.pairs,
-        switch_latency_s=card.switch_latency_s,
-        energy_update_period_s=card.energy_update_period_s,
         budget=BUDGET,
         strategy=strategy,
         seed=7,
-        prior=prior,
+        prior=Prior(prior, "model") if prior is not None else Prior(None, "none"),
         pool=pool,
     )
+    return run.tuner
 
 
 def window_energies(ranks: int, windows: int = 30) -> list[float]:
@@ -143,7 +143,7 @@ def test_a_tuner_on_each_in_process_rank_decides_the_same_schedule_every_step():
 def test_four_pooled_ranks_adopt_the_verified_prior_in_under_half_one_ranks_training():
     noiseless = open_device(SPEC, noise=0.0)
     workload = open_workload("gpt3-xl-layer", noiseless)
-    prior = model_plan(noiseless, workload, BUDGET)
+    prior = model_schedule(noiseless, workload, BUDGET)
     adopted_s = {}
     for ranks in (1, 4):
         devices = cards(ranks, seed=3)
@@ -225,8 +225,7 @@ def _service_rank(
         ranks=ranks,
         rank=rank,
     )
-    tuner = tuner_for(card, workload, ServiceRankPool(policy), strategy="ucb")
-    tuner.policy = policy  # the service's strategy (StepTuner's policy=, set after: the pool needs it)
+    tuner = tuner_for(card, workload, ServiceRankPool(policy), strategy=policy)
     job = SimulatedJob(card, workload)
     schedule, answers = Schedule.stock(), []
     for step in range(steps):

@@ -401,19 +401,16 @@ def simulated_job_tuner(policy_of=None, seconds: float = 60.0):
     training; policy_of(device, workload) makes its policy (None: the tuner's own)."""
     from kdvfs.runtime.registry import open_device, open_workload
     from kdvfs.runtime.steps import SimulatedJob
-    from kdvfs.tuner.step_tuner import StepTuner
+    from kdvfs.tuner.run import Card, TuningRun
 
     device = open_device("sim:rtx3080ti", seed=3)
     workload = open_workload("gpt3-xl-layer", device)
-    tuner = StepTuner(
+    tuner = TuningRun(
+        Card.of(device),
         workload,
-        device.grid.pairs,
-        switch_latency_s=device.switch_latency_s,
-        energy_update_period_s=device.energy_update_period_s,
-        strategy="ucb",
+        strategy="ucb" if policy_of is None else policy_of(device, workload),
         seed=3,
-        policy=None if policy_of is None else policy_of(device, workload),
-    )
+    ).tuner
     job = SimulatedJob(device, workload)
     job.run(tuner, seconds=seconds)
     return tuner, job
