@@ -1,12 +1,12 @@
-"""Priors of the step-driven tuner: where a job can switch, and a plan of its groups before any trial.
+"""Priors of the step-driven tuner: where a job can switch, and a schedule of its groups before any trial.
 
 - `switch_sites`: kernel indices where a job can change clocks: the step's start, each pass,
   and each submodule (the name's prefix before its first '.', as `l07.` of a layer).
 - `Prior`: per-kernel time and energy per step at each pair and at stock (the last column),
   from the simulated card's own model (`model_prior`) or isolated measurements
   (`observed_prior`, tuner/observations.py), pessimistic fill-ins where nothing is known.
-- `model_plan`: the three above for a simulated card, as the experiments and tests use them.
-- `plan_prior`: grouping.py's least-energy grouping within the budget, its group starts
+- `model_schedule`: the three above for a simulated card, as the experiments and tests use them.
+- `prior_schedule`: grouping.py's least-energy grouping within the budget, its group starts
   moved to the nearest switch site: the groups the tuner explores and the schedule it
   verifies first. A prior, not a requirement: trials in training decide what is adopted.
 - `sweep_prior`: a real card's measured table (the JSON of `kdvfs sweep --device nvml:N
@@ -29,7 +29,7 @@ from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.grouping import group_kernels
 from kdvfs.tuner.observations import Observations
 
-#: Share of the budget a prior plan may spend (trials in training add noise to its slowdown,
+#: Share of the budget a prior schedule may spend (trials in training add noise to its slowdown,
 #: and verification adopts it only 3 standard errors inside the budget); a fraction.
 PRIOR_BUDGET_SHARE = 0.5
 
@@ -63,7 +63,7 @@ def model_prior(device, workload: Workload) -> Prior:
     """The simulated (or replayed) card's own noiseless per-kernel model, one evaluation per
     distinct kernel; on a card with a thermal model, at the temperature the stock step runs
     at (leakage moves a kernel's energy by up to 15% between that and a generic temperature,
-    enough to change the plan)."""
+    enough to change the schedule)."""
     pairs = tuple(device.grid.pairs)
     columns = [*pairs, None]
     expected = device.expected
@@ -88,7 +88,7 @@ def model_prior(device, workload: Workload) -> Prior:
 def observed_prior(obs: Observations) -> Prior:
     """Isolated measurements (a sweep, or what exists of one); unmeasured cells are filled in
     pessimistically: the kernel's stock time slowed by the pair's largest clock ratio, its
-    stock energy unchanged, so that the plan does not count on them."""
+    stock energy unchanged, so that the schedule does not count on them."""
     time_m, energy_m = obs.plannable()
     stock_t = obs.ref_time_s
     stock_e = np.where(np.isnan(obs.stock_energy_j), np.nanmean(obs.stock_energy_j), obs.stock_energy_j)
@@ -101,7 +101,7 @@ def observed_prior(obs: Observations) -> Prior:
     return Prior(tuple(obs.pairs), np.column_stack([time_s, stock_t]), np.column_stack([energy_j, stock_e]))
 
 
-def plan_prior(prior: Prior, sites: list[int], switch_latency_s: float, budget: float) -> Schedule:
+def prior_schedule(prior: Prior, sites: list[int], switch_latency_s: float, budget: float) -> Schedule:
     """The least-energy grouping within the budget (grouping.py, switches priced) of the
     prior's segments between switch sites (a segment's kernels summed: a switch lands at the
     first segment starting a latency after it, which is pessimistic by up to a segment). All
@@ -118,11 +118,11 @@ def plan_prior(prior: Prior, sites: list[int], switch_latency_s: float, budget: 
     return Schedule(tuple((sites[g.start], columns[g.pair_index]) for g in grouping.groups))
 
 
-def model_plan(device, workload: Workload, budget: float, sites: list[int] | None = None) -> Schedule:
-    """The prior plan of a simulated card from its own model, within PRIOR_BUDGET_SHARE of the
+def model_schedule(device, workload: Workload, budget: float, sites: list[int] | None = None) -> Schedule:
+    """The prior schedule of a simulated card from its own model, within PRIOR_BUDGET_SHARE of the
     budget, its groups starting at switch sites (default: switch_sites)."""
     sites = switch_sites(workload) if sites is None else sites
-    return plan_prior(
+    return prior_schedule(
         model_prior(device, workload), sites, device.switch_latency_s, PRIOR_BUDGET_SHARE * budget
     )
 

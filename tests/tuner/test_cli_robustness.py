@@ -252,7 +252,7 @@ def _terminate_on_call(monkeypatch, owner, name: str, call: int = 1) -> None:
 @pytest.mark.parametrize(
     "owner, name, phase, plan_kept",
     [
-        (kdvfs.tuner.session, "model_plan", "choosing the prior", False),
+        (kdvfs.tuner.session, "model_schedule", "choosing the prior", False),
         (kdvfs.tuner.step_tuner.StepTuner, "on_step_end", "training under the tuner", True),
         (kdvfs.tuner.session, "run_sweep", "computing the realisable oracle (a noiseless sweep)", True),
     ],

@@ -14,7 +14,14 @@ from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.step_feed import site_workload
 from kdvfs.runtime.types import ClockPair, KdvfsError, Kernel, Workload
 from kdvfs.tuner.observations import Observations
-from kdvfs.tuner.step_priors import Prior, model_plan, observed_prior, plan_prior, sweep_prior, switch_sites
+from kdvfs.tuner.step_priors import (
+    Prior,
+    model_schedule,
+    observed_prior,
+    prior_schedule,
+    sweep_prior,
+    switch_sites,
+)
 
 FAST = ClockPair(1800, 9000)
 SLOW = ClockPair(1200, 9000)
@@ -40,31 +47,31 @@ def test_switch_sites_of_the_whole_step_are_its_passes_and_layers():
     )
 
 
-def test_the_prior_plan_slows_only_the_segment_whose_saving_fits_the_budget():
-    plan = plan_prior(three_segments(0.1), [0, 1, 2], switch_latency_s=0.0, budget=0.01)
-    assert plan.groups[0] == (0, SLOW)  # free of time: taken
-    assert all(pair != SLOW for _, pair in plan.groups[1:])
+def test_the_prior_schedule_slows_only_the_segment_whose_saving_fits_the_budget():
+    schedule = prior_schedule(three_segments(0.1), [0, 1, 2], switch_latency_s=0.0, budget=0.01)
+    assert schedule.groups[0] == (0, SLOW)  # free of time: taken
+    assert all(pair != SLOW for _, pair in schedule.groups[1:])
 
 
-def test_the_prior_plan_keeps_stock_when_the_saving_costs_more_than_the_budget():
-    plan = plan_prior(three_segments(0.15), [0, 1, 2], switch_latency_s=0.0, budget=0.01)
-    assert all(pair != SLOW for _, pair in plan.groups)
+def test_the_prior_schedule_keeps_stock_when_the_saving_costs_more_than_the_budget():
+    schedule = prior_schedule(three_segments(0.15), [0, 1, 2], switch_latency_s=0.0, budget=0.01)
+    assert all(pair != SLOW for _, pair in schedule.groups)
 
 
-def test_a_switch_lands_at_the_next_segment_so_the_plan_requests_it_one_segment_early():
-    plan = plan_prior(three_segments(0.1), [0, 1, 2], switch_latency_s=0.001, budget=0.01)
-    assert plan.groups[-1] == (2, SLOW)  # lands as the next step's first segment starts
-    assert (0, SLOW) not in plan.groups
+def test_a_switch_lands_at_the_next_segment_so_the_schedule_requests_it_one_segment_early():
+    schedule = prior_schedule(three_segments(0.1), [0, 1, 2], switch_latency_s=0.001, budget=0.01)
+    assert schedule.groups[-1] == (2, SLOW)  # lands as the next step's first segment starts
+    assert (0, SLOW) not in schedule.groups
 
 
 def test_a_switch_latency_longer_than_the_step_leaves_one_group():
-    plan = plan_prior(three_segments(0.1), [0, 1, 2], switch_latency_s=1.0, budget=0.01)
-    assert len(plan.groups) == 1
+    schedule = prior_schedule(three_segments(0.1), [0, 1, 2], switch_latency_s=1.0, budget=0.01)
+    assert len(schedule.groups) == 1
 
 
 def test_switch_sites_must_start_at_the_first_kernel():
     with pytest.raises(KdvfsError, match="sites"):
-        plan_prior(three_segments(0.1), [1, 2], switch_latency_s=0.001, budget=0.01)
+        prior_schedule(three_segments(0.1), [1, 2], switch_latency_s=0.001, budget=0.01)
 
 
 def test_unmeasured_cells_are_filled_in_pessimistically_and_never_planned():
@@ -76,15 +83,15 @@ def test_unmeasured_cells_are_filled_in_pessimistically_and_never_planned():
     prior = observed_prior(obs)
     assert prior.time_s[1, 1] == pytest.approx(0.1 * 1800 / 1200)  # b at SLOW: stock time x ratio
     assert prior.energy_j[1, 1] == 10.0
-    plan = plan_prior(prior, [0, 1], switch_latency_s=0.0, budget=0.01)
-    assert plan.groups[0] == (0, SLOW)
-    assert all(pair in (FAST, None) for start, pair in plan.groups if start == 1)
+    schedule = prior_schedule(prior, [0, 1], switch_latency_s=0.0, budget=0.01)
+    assert schedule.groups[0] == (0, SLOW)
+    assert all(pair in (FAST, None) for start, pair in schedule.groups if start == 1)
 
 
-def test_the_model_plan_of_the_3080ti_layer_is_one_pair_for_the_step():
+def test_the_model_schedule_of_the_3080ti_layer_is_one_pair_for_the_step():
     device = open_device("sim:rtx3080ti", noise=0.0)
-    plan = model_plan(device, open_workload("gpt3-xl-layer", device), 0.01)
-    assert isinstance(plan, Schedule) and len(plan.groups) == 1 and plan.groups[0][1] is not None
+    schedule = model_schedule(device, open_workload("gpt3-xl-layer", device), 0.01)
+    assert isinstance(schedule, Schedule) and len(schedule.groups) == 1 and schedule.groups[0][1] is not None
 
 
 H200_SWEEP = Path(__file__).resolve().parents[2] / "data" / "h200" / "sweep_nvml_dryrun.json"

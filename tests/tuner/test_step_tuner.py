@@ -12,7 +12,7 @@ from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
-from kdvfs.tuner.step_priors import model_plan
+from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import Exploring, Retuning, Settled, StepTuner, Verifying, switchable_groups
 
 BUDGET = 0.01
@@ -130,7 +130,7 @@ def settled_with_prior(seed: int):
         switch_latency_s=device.switch_latency_s,
         energy_update_period_s=device.energy_update_period_s,
         seed=seed,
-        prior=model_plan(open_device("sim:rtx3080ti", noise=0.0), workload, BUDGET),
+        prior=model_schedule(open_device("sim:rtx3080ti", noise=0.0), workload, BUDGET),
     )
     job = SimulatedJob(device, workload)
     schedule = Schedule.stock()
