@@ -4,7 +4,7 @@
 
 1. Run the full sweep (every clock pair of every kernel) once per seed: the target.
 2. Run each strategy once per seed on a fresh device with that seed (tuner/search.py): it
-   measures the training reference, then tunes kernel after kernel until the policy has
+   measures the training reference, then tunes kernel after kernel until the strategy has
    converged, and the plan is solved against the step-level budget.
 3. Write the JSON (per strategy, per seed: measurements, exploration seconds, noiseless
    saving and slowdown of the plan, the plan, the convergence curve, tuner CPU time) and a

@@ -1,11 +1,11 @@
-"""The tuning loop of a search strategy: policy x measurements until every kernel converges.
+"""The tuning loop of a search strategy: asks, measurements and tells until every kernel converges.
 
 - run_search: tunes every distinct kernel with one strategy (longest first, at an estimated
   exchange rate; a kernel doing the same work as another shares its cells, as the full sweep
   does: sweep.sources), solves the plan and verifies it; returns a SearchResult. What
   `kdvfs compare` runs.
 - The exchange rate: estimate_exchange_rate_w (the multiplier of the tuned kernels' plan),
-  exchange_rates_around (the rates a policy looks at), task_tol (when a policy stops).
+  exchange_rates_around (the rates a strategy looks at), task_tol (when a strategy stops).
 - Bench: measures cells, pairing a throttled pair with the adjacent stock measurement.
 - verified_plan (with _judge, _pooled): the plan judged by fresh measurements of its cells.
 - task_features, search_space: what a strategy is given of the kernels and the clock grid.
@@ -40,15 +40,15 @@ from kdvfs.tuner.sweep import evaluate, share_with_copies, sources
 
 #: Exchange rate before any kernel is tuned, as a fraction of the step's mean power.
 PRIOR_EXCHANGE_RATE_SHARE = 0.5
-#: Factor below and above the estimated exchange rate that a policy also looks at; no unit.
+#: Factor below and above the estimated exchange rate that a strategy also looks at; no unit.
 EXCHANGE_RATE_SPREAD = 1.5
-#: A task's own slowdown limit, keeping policies off pairs no plan would use; a fraction.
+#: A task's own slowdown limit, keeping strategies off pairs no plan would use; a fraction.
 TASK_SLOWDOWN = 0.15
-#: Smallest relative improvement a policy stops below on a kernel; a fraction.
+#: Smallest relative improvement a strategy stops below on a kernel; a fraction.
 TASK_TOL = 0.002
-#: Improvement, as a fraction of the step's energy, below which a policy stops on a kernel.
+#: Improvement, as a fraction of the step's energy, below which a strategy stops on a kernel.
 STEP_TOL = 1e-4
-#: Largest relative improvement a policy stops below on a kernel; a fraction.
+#: Largest relative improvement a strategy stops below on a kernel; a fraction.
 MAX_TASK_TOL = 0.5
 #: Bias the unverified cells may put on the plan's time, as a fraction of the budget's slack.
 VERIFY_TOLERANCE = 0.05
@@ -166,7 +166,7 @@ def estimate_exchange_rate_w(obs: Observations, budget: float, tuned: np.ndarray
 
 
 def exchange_rates_around(exchange_rate_w: float) -> tuple[float, ...]:
-    """The exchange rates a policy looks at: EXCHANGE_RATE_SPREAD either side of the estimate, or 0."""
+    """The exchange rates a strategy looks at: EXCHANGE_RATE_SPREAD either side of the estimate, or 0."""
     return (
         (0.0,)
         if exchange_rate_w == 0.0
@@ -175,7 +175,7 @@ def exchange_rates_around(exchange_rate_w: float) -> tuple[float, ...]:
 
 
 def task_tol(obs: Observations, k: int) -> float:
-    """The relative improvement below which a policy stops on kernel k: STEP_TOL of the
+    """The relative improvement below which a strategy stops on kernel k: STEP_TOL of the
     step's energy, as a share of the kernel's (TASK_TOL at least, MAX_TASK_TOL at most)."""
     share = obs.stock_energy_j[k] / obs.reference.step_energy_j
     return min(max(TASK_TOL, STEP_TOL / share), MAX_TASK_TOL)
@@ -205,7 +205,7 @@ def run_search(
     asked = np.zeros(len(workload), dtype=int)
 
     def tune(k: int) -> None:
-        """Ask and tell until the policy converges on kernel k or its cap is reached."""
+        """Ask and tell until the strategy converges on kernel k or its cap is reached."""
         nonlocal cpu_s
         launches = workload.kernels[k].launches
         if isinstance(policy, SafeExplorer):
