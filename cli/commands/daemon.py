@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--socket", type=Path, default=Path(DEFAULT_SOCKET), help="default %(default)s")
     parser.add_argument(
-        "--rules", type=Path, help="serve: TOML or JSON rules file (default: root and the socket's group)"
+        "--rules",
+        type=Path,
+        metavar="FILE",
+        help="serve: TOML or JSON rules file (default: root and the socket's group)",
     )
     parser.add_argument("--group", help="serve: the socket's group, a name or gid (default: the daemon's)")
     parser.add_argument(
