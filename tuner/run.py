@@ -29,9 +29,9 @@ import numpy as np
 
 from kdvfs.policies.base import Strategy
 from kdvfs.runtime.device import RunnableDevice
-from kdvfs.runtime.schedule import Schedule, schedule_items
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.ranks import RankPool
+from kdvfs.runtime.schedule import Schedule, schedule_items
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import REFERENCE_MARGIN
 from kdvfs.runtime.types import ClockGrid, KdvfsError, Workload
