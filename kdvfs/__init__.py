@@ -5,8 +5,9 @@ The public names a user needs, importable from `kdvfs` itself (loaded on first u
 
 - training integration: `tune` (a job that tunes its own clocks, `JobTuning`), `KdvfsTrainer`,
   `lightning_callback`, `hf_callback`;
-- the tuner: `StepTuner` (fed each training step, it answers with the clocks), `TuneSession`
-  (it on a simulated or replayed job), and `Tracker` for MLflow;
+- the tuner: `TuningRun` (the one tuning run every caller feeds: it builds the `StepTuner`,
+  which answers each training step with the clocks), `TuneSession` (a simulated or replayed
+  job fed to one), and `Tracker` for MLflow;
 - devices: `SimulatedDevice`, `ReplayDevice`, `NvmlDevice`, `open_device`, `open_workload`;
 - strategies: `make_strategy`, `STRATEGIES`;
 - plans: `Plan`, `load_plan`, `save_plan`, `PlanStore`;
@@ -31,6 +32,7 @@ _PUBLIC: dict[str, str] = {
     "KdvfsTrainer": "kdvfs.runtime.torch_integration",
     "lightning_callback": "kdvfs.runtime.torch_integration",
     "hf_callback": "kdvfs.runtime.torch_integration",
+    "TuningRun": "kdvfs.tuner.run",
     "StepTuner": "kdvfs.tuner.step_tuner",
     "TuneSession": "kdvfs.tuner.session",
     "Tracker": "kdvfs.tuner.tracking",

@@ -15,7 +15,7 @@
 - `ServiceRankPool`: runtime/ranks.py's RankPool through the service: each step's report of
   this data-parallel rank posted to the job's session, every rank's back (PoolLost when the
   service does not answer: the rank tunes alone from then on).
-- `ServicePlanStore`: the two as a plan store for session.choose_prior and `kdvfs tune
+- `ServicePlanStore`: the two as a plan store for run.choose_prior and `kdvfs tune
   --service` (the service first, a local PlanStore behind it); `read_token`: a token file.
 
 Design: docs/service.md.
@@ -363,7 +363,7 @@ def store_plan(client: ServiceClient, plan: Plan, expected_version: int | None =
 
 class ServicePlanStore:
     """The fleet's plans through the service, with a local PlanStore behind it: what
-    session.choose_prior and `kdvfs tune` ask of a plan store (get, newest_for_other_gpu, put).
+    run.choose_prior and `kdvfs tune` ask of a plan store (get, newest_for_other_gpu, put).
 
     Args:
         client: the service.

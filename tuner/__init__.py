@@ -1,4 +1,4 @@
-"""kdvfs.tuner: the orchestration layer: tuning sessions, plans, drift watch and MLflow.
+"""kdvfs.tuner: the orchestration layer: the tuning run, plans, drift watch and MLflow.
 
 The public names below load on first use (a lazy module __getattr__, as kdvfs/__init__ does),
 so that `kdvfs --help` does not import numpy, scipy, torch or MLflow. The command line that
@@ -13,14 +13,24 @@ _PUBLIC: dict[str, str] = {
     # a real training job tunes itself
     "tune": "kdvfs.tuner.job_tuning",
     "JobTuning": "kdvfs.tuner.job_tuning",
-    # the step-driven tuner and a tuning run on a simulated job
+    # one tuning run (every caller feeds one), its tuner and its events
+    "TuningRun": "kdvfs.tuner.run",
+    "Card": "kdvfs.tuner.run",
+    "Point": "kdvfs.tuner.run",
+    "METRICS": "kdvfs.tuner.run",
+    "Prior": "kdvfs.tuner.run",
+    "choose_prior": "kdvfs.tuner.run",
+    "Oracle": "kdvfs.tuner.run",
+    "oracle": "kdvfs.tuner.run",
+    "reached_after": "kdvfs.tuner.run",
     "StepTuner": "kdvfs.tuner.step_tuner",
+    "StepTiming": "kdvfs.tuner.step_tuner",
+    "PhaseEntered": "kdvfs.tuner.step_tuner",
+    "TrialFinished": "kdvfs.tuner.step_tuner",
     "Adoption": "kdvfs.tuner.step_tuner",
     "Alarm": "kdvfs.tuner.step_tuner",
+    # a simulated or replayed training job fed to a tuning run
     "TuneSession": "kdvfs.tuner.session",
-    "Point": "kdvfs.tuner.session",
-    "Prior": "kdvfs.tuner.session",
-    "choose_prior": "kdvfs.tuner.session",
     "schedule_figures": "kdvfs.runtime.schedule",
     # search strategies against the sweep
     "run_search": "kdvfs.tuner.search",

@@ -25,22 +25,7 @@ from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob, StepReport
 from kdvfs.runtime.types import Workload
 from kdvfs.tuner.plan import Plan
-from kdvfs.tuner.run import (  # noqa: F401  (the run's names, importable from here too)
-    NO_PRIOR,
-    Card,
-    Oracle,
-    Point,
-    Prior,
-    PriorSource,
-    Sites,
-    TuningRun,
-    choose_prior,
-    job_sites,
-    oracle,
-    reached_after,
-    reached_after_s,
-    schedule_group_figures,
-)
+from kdvfs.tuner.run import NO_PRIOR, Card, Point, Prior, TuningRun, schedule_group_figures
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import StepTuner
 

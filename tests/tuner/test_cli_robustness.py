@@ -21,8 +21,8 @@ from mlflow import MlflowClient
 import kdvfs.tuner.calibration
 import kdvfs.tuner.compare
 import kdvfs.tuner.peers
+import kdvfs.tuner.run
 import kdvfs.tuner.scenarios
-import kdvfs.tuner.session
 import kdvfs.tuner.step_tuner
 import kdvfs.tuner.sweep
 from kdvfs.cli import main
@@ -252,9 +252,9 @@ def _terminate_on_call(monkeypatch, owner, name: str, call: int = 1) -> None:
 @pytest.mark.parametrize(
     "owner, name, phase, plan_kept",
     [
-        (kdvfs.tuner.session, "model_schedule", "choosing the prior", False),
+        (kdvfs.tuner.run, "model_schedule", "choosing the prior", False),
         (kdvfs.tuner.step_tuner.StepTuner, "on_step_end", "training under the tuner", True),
-        (kdvfs.tuner.session, "run_sweep", "computing the realisable oracle (a noiseless sweep)", True),
+        (kdvfs.tuner.run, "run_sweep", "computing the realisable oracle (a noiseless sweep)", True),
     ],
     ids=["prior", "training", "oracle-sweep"],
 )
