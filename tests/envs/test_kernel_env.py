@@ -60,7 +60,6 @@ def test_check_env_on_a_synthetic_table(toy_csv: Path) -> None:
     check_env(make(f"replay:{toy_csv}", "table").unwrapped, skip_render_check=True)
 
 
-@pytest.mark.skipif(not REAL_TABLE.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 def test_check_env_on_the_recorded_gtx1080ti_table() -> None:
     env = make(f"replay:{REAL_TABLE}", "table")
     check_env(env.unwrapped, skip_render_check=True)

@@ -50,7 +50,6 @@ def test_check_env_passes_on_a_simulated_card() -> None:
     check_env(make(workload=LONG, **QUICK).unwrapped, skip_render_check=True)
 
 
-@pytest.mark.skipif(not REAL_TABLE.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 def test_check_env_passes_on_the_recorded_gtx1080ti_table() -> None:
     env = make(f"replay:{REAL_TABLE}", "table", **QUICK)
     check_env(env.unwrapped, skip_render_check=True)

@@ -12,11 +12,6 @@ from kdvfs.runtime.types import ClockPair, KdvfsError
 DVFS_REAL = Path(__file__).resolve().parents[2] / "data" / "dvfs-real"
 GTX1080TI = DVFS_REAL / "gtx1080ti-dvfs-real-Performance-Power.csv"
 RTX2070S = DVFS_REAL / "gtx2070s-dvfs-real-Performance-Power.csv"
-needs_real_data = pytest.mark.skipif(
-    not GTX1080TI.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)"
-)
-
-
 def write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
     path = tmp_path / name
     path.write_text(text)
@@ -91,7 +86,6 @@ def test_workload_fails_when_a_kernel_lacks_the_highest_pair(tmp_path: Path) -> 
         load_table(path).workload()
 
 
-@needs_real_data
 def test_gtx1080ti_nvdvfs_file() -> None:
     table = load_table(GTX1080TI)
     assert len(table.kernels) == 30
@@ -112,7 +106,6 @@ def test_gtx1080ti_nvdvfs_file() -> None:
     assert workload.kernels[0].ref_time_s == table.cost(workload.kernels[0].name, ClockPair(2000, 5500))[0]
 
 
-@needs_real_data
 def test_rtx2070s_nvdvfs_file_without_counters() -> None:
     table = load_table(RTX2070S)
     assert len(table.kernels) == 20

@@ -142,8 +142,6 @@ def test_botorch_beats_random_at_equal_measurements_on_a_real_table():
         / "dvfs-real"
         / "gtx1080ti-dvfs-real-Performance-Power.csv"
     )
-    if not csv.exists():
-        pytest.skip("data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 
     def saving(strategy, seed):
         device = ReplayDevice(load_table(csv), seed=seed)

@@ -58,7 +58,6 @@ def test_a_tighter_budget_saves_less_and_holds(rtx_sweep):
     assert loose.slowdown <= 0.05 and loose.energy_saving > tight.energy_saving
 
 
-@pytest.mark.skipif(not GTX1080TI.exists(), reason="data/dvfs-real not fetched (data/dvfs-real/SOURCE.md)")
 @pytest.mark.parametrize("noise", [0.0, 0.03])
 def test_replay_sweep_plan_is_within_budget(noise):
     device = open_device(f"replay:{GTX1080TI}", seed=1, noise=noise)
