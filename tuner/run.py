@@ -301,7 +301,7 @@ class TuningRun:
         """The reports' clock at this run's training second 0, s."""
         self.phase_log: list[tuple[float, str]] = [(0.0, type(self.tuner.phase).__name__)]
         """(training s, phase entered), the first phase at 0."""
-        self.plan_log: list[tuple[float, Schedule]] = [(0.0, self.tuner.incumbent)]
+        self.schedule_log: list[tuple[float, Schedule]] = [(0.0, self.tuner.incumbent)]
         """(training s, the tuner's schedule from then on), at each change of it."""
         self.outcomes: list[dict[str, Any]] = []
         """Each finished trial and verification: kind, step, candidate, figures, adopted."""
@@ -330,8 +330,8 @@ class TuningRun:
         schedule = self.tuner.on_step_end(report)
         self._last = report
         now_s = self.training_s(report.end_s)
-        if self.plan_log[-1][1] != self.tuner.incumbent:
-            self.plan_log.append((now_s, self.tuner.incumbent))
+        if self.schedule_log[-1][1] != self.tuner.incumbent:
+            self.schedule_log.append((now_s, self.tuner.incumbent))
         if report.counter_readings:
             value_j = report.counter_readings[-1][1]
             if self._start_j is None:

@@ -175,7 +175,7 @@ def _recovered_s(job: TuneSession, change_s: float, noiseless, workload, target:
         return schedule_figures(noiseless, workload, schedule)[0]
 
     # the schedules from the change on; one before it counts from the change when it was good
-    history = [(max(t, change_s), s) for t, s in job.plan_log if t >= change_s or saving(s) >= target]
+    history = [(max(t, change_s), s) for t, s in job.schedule_log if t >= change_s or saving(s) >= target]
     return reached_after(history, saving, target)
 
 

@@ -6,7 +6,7 @@ scenarios, the peers' kdvfs row, the service's jobs and the experiments train.
   second, the clocks back to stock when it ends (by an exception or Ctrl-C too);
   `restart_on` the job on another card (a new run from a new prior, the same training clock);
   `plan(label)` the adopted schedule as a Plan with the card's noiseless figures.
-- What it went through is the run's (`run.points`, `run.phase_log`, `run.plan_log`,
+- What it went through is the run's (`run.points`, `run.phase_log`, `run.schedule_log`,
   `run.outcomes`); the properties below read them.
 
 The tuner never sees the device: only StepReports. What a figure was measured on (simulated
@@ -106,8 +106,8 @@ class TuneSession:
         return self.run.phase_log
 
     @property
-    def plan_log(self) -> list[tuple[float, Schedule]]:
-        return self.run.plan_log
+    def schedule_log(self) -> list[tuple[float, Schedule]]:
+        return self.run.schedule_log
 
     @property
     def converged_after_s(self) -> float | None:
@@ -180,7 +180,7 @@ class TuneSession:
         self.run = self._new_run(device.now_s(), at_s)
         self.run.points[:0] = before.points
         self.run.phase_log[:] = [*before.phase_log, (at_s, type(self.run.tuner.phase).__name__)]
-        self.run.plan_log[:] = [*before.plan_log, (at_s, self.run.tuner.incumbent)]
+        self.run.schedule_log[:] = [*before.schedule_log, (at_s, self.run.tuner.incumbent)]
         self.run.outcomes[:0] = before.outcomes
         self.run.restart(device.now_s(), at_s)
         self.job = SimulatedJob(device, self.workload, dry_run=self.dry_run)

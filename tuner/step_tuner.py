@@ -177,7 +177,7 @@ class Reference:
         schedule: the stock schedule run (one group a segment).
         window_s: length of one reference window, s.
         min_s: training measured before the reference may end, s.
-        plan_before: after an alarm, the schedule verified first (None: the prior's turn).
+        schedule_before: after an alarm, the schedule verified first (None: the prior's turn).
         explore: after an alarm, the groups to explore again (None: all).
         first: group -> the pair it tries first.
         measured: the windows so far (runtime/trials.py: StockReference).
@@ -186,7 +186,7 @@ class Reference:
     schedule: Schedule
     window_s: float = TRIAL_WINDOW_S
     min_s: float = REFERENCE_S
-    plan_before: Schedule | None = None
+    schedule_before: Schedule | None = None
     explore: tuple[int, ...] | None = None
     first: dict[int, ClockPair | None] = field(default_factory=dict)
     measured: StockReference = field(init=False)
@@ -288,13 +288,13 @@ class Retuning:
         reasons: the streams or conditions that moved.
         groups: the groups to explore again (their own time moved; all when a condition or
             the energy moved).
-        plan: the plan before the alarm.
+        schedule_before: the schedule adopted before the alarm (the plan so far).
     """
 
     since_s: float
     reasons: tuple[str, ...]
     groups: tuple[int, ...]
-    plan: Schedule
+    schedule_before: Schedule
 
 
 Phase = Reference | Exploring | Verifying | Settled | Retuning
@@ -544,7 +544,7 @@ class StepTuner:
         if not ref.measured.add(self._feed):
             return ref.schedule
         search = self._finish_reference(ref, ref.measured.figures())
-        before = ref.plan_before if self.retunes else None
+        before = ref.schedule_before if self.retunes else None
         plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
         if plan is not None and any(p is not None for _, p in plan.groups):
             return self._verify(None, plan, search)
@@ -821,7 +821,7 @@ class StepTuner:
             return self.incumbent
         self.retunes += 1
         fresh = self.replan(report) if self.replan is not None else None
-        plan = fresh if fresh is not None else ret.plan
+        plan = fresh if fresh is not None else ret.schedule_before
         self.segments = [s for s, _ in plan.groups]
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         self._moved = []
@@ -831,7 +831,7 @@ class StepTuner:
                 self.incumbent,
                 t.trial_window_s,
                 t.reference_s,
-                plan_before=plan,
+                schedule_before=plan,
                 explore=None if fresh is not None else ret.groups,
                 first=dict(enumerate(p for _, p in plan.groups)),
             )

@@ -165,7 +165,7 @@ def test_a_power_limit_drop_is_detected_within_5_s_and_the_card_runs_stock(power
     schedule, _ = train(tuner, job, schedule, 5.0, until=lambda t: t.alarms)
     assert tuner.alarms and tuner.alarms[0].reasons == ("power_limit",)
     assert tuner.alarms[0].end_s - change_s <= 5.0
-    assert isinstance(tuner.phase, Retuning) and tuner.phase.plan == plan
+    assert isinstance(tuner.phase, Retuning) and tuner.phase.schedule_before == plan
     assert all(pair is None for _, pair in tuner.on_step_end(job.step(schedule)).groups)
 
 
