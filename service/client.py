@@ -305,11 +305,11 @@ def service_strategy(
 ) -> ServiceStrategy:
     """A ServiceStrategy for a StepTuner of this job, its local strategy made as StepTuner makes its own."""
     from kdvfs.policies.registry import make_strategy
-    from kdvfs.tuner.step_tuner import DEFAULT_STRATEGY, MAX_TRIALS_PER_GROUP, POLICY_TOL
+    from kdvfs.tuner.step_tuner import DEFAULT_STRATEGY, MAX_TRIALS_PER_GROUP, STRATEGY_TOL
 
     strategy = strategy or DEFAULT_STRATEGY
     space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in pairs], dtype=float))
-    local = make_strategy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, tol=POLICY_TOL)
+    local = make_strategy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, tol=STRATEGY_TOL)
     session = SessionRequest(
         job=job,
         gpu_name=gpu_name,
@@ -320,7 +320,7 @@ def service_strategy(
         ranks=ranks,
         parallel=parallel,
         strategy=strategy,
-        policy_options={"tol": POLICY_TOL},
+        policy_options={"tol": STRATEGY_TOL},
     )
     return ServiceStrategy(client, session, local, rank)
 

@@ -75,7 +75,7 @@ MAX_TRIALS_PER_GROUP = 20
 DEFAULT_STRATEGY = "botorch"
 #: The strategy's stopping tolerance (relative expected improvement); BoTorch's own 0.002 stops
 #: after 5 noisy trials on the 3080 Ti layer, short of the best pair; a fraction.
-POLICY_TOL = 1e-4
+STRATEGY_TOL = 1e-4
 #: Length of one drift-watch window once Settled; s.
 WATCH_WINDOW_S = 1.0
 #: Watch windows within which an output stream's alarm must recur to be acted on (a window
@@ -414,13 +414,13 @@ class StepTuner:
         self.budget = budget
         self.account = StepAccount(budget)
         space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in self.pairs], dtype=float))
-        self.policy: Strategy = (
+        self.strategy: Strategy = (
             make_strategy(
                 strategy,
                 space,
                 seed=seed,
                 max_per_task=self.timing.max_trials_per_group,
-                **({"tol": POLICY_TOL} | (strategy_options or {})),
+                **({"tol": STRATEGY_TOL} | (strategy_options or {})),
             )
             if isinstance(strategy, str)
             else strategy
@@ -608,7 +608,7 @@ class StepTuner:
             if ex.config is None and ex.first is not None:
                 ex.config, ex.first = ex.first, None
             if ex.config is None:
-                ex.config = self.policy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
+                ex.config = self.strategy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
                 if ex.config is None:
                     return self._verify_best(ex)
                 if ex.config == ASK_LATER:  # the strategy's answer comes from outside, later
@@ -648,7 +648,7 @@ class StepTuner:
                 self.account.steps, self._now_s, "trial", ex.group, ex.trial.candidate, outcome, None
             )
         )
-        self.policy.tell(ex.task, ex.config, group_s, energy_j)
+        self.strategy.tell(ex.task, ex.config, group_s, energy_j)
         ex.config = None
 
     def _maybe_abandon(self, trial: Trial) -> None:
@@ -670,7 +670,7 @@ class StepTuner:
             trial.abandoned = True
 
     def _verify_best(self, ex: Exploring) -> Schedule:
-        best = self.policy.best(ex.task)
+        best = self.strategy.best(ex.task)
         current = self.incumbent.groups[ex.group][1]
         if best is None or self.pairs[best] == current:
             return self._start_group(ex.search, ex.search.after(ex.group))

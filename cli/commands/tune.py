@@ -133,7 +133,7 @@ class _Tune:
         self.status = "FINISHED"
         self.phase = "opening the MLflow run"
         self.session = self.store = self.run_handle = self.oracle = None
-        self.policy = None  # the service's strategy (--service)
+        self.service_strategy = None  # the service's strategy (--service)
         self.plan_stored: str | None = None
 
     def run(self) -> int:
@@ -213,7 +213,7 @@ class _Tune:
         self.session = TuneSession(
             self.device,
             self.workload,
-            strategy=self.policy if self.policy is not None else args.strategy,
+            strategy=self.service_strategy if self.service_strategy is not None else args.strategy,
             budget=args.budget,
             seed=args.seed,
             prior=prior,
@@ -229,8 +229,8 @@ class _Tune:
             try:
                 self.session.run_until(args.seconds, self._on_point(bar))
             finally:
-                if self.policy is not None:
-                    self.policy.end()  # what waits in the outbox goes now, if the service answers
+                if self.service_strategy is not None:
+                    self.service_strategy.end()  # what waits in the outbox goes now, if the service answers
         if not args.no_sweep:
             self.phase = "computing the realisable oracle (a noiseless sweep)"
             self.oracle = oracle(noiseless, self.workload, args.budget)
@@ -245,7 +245,7 @@ class _Tune:
         token = read_token(args.token_file) if args.token_file is not None else None
         client = ServiceClient(args.service, token)
         self.store = ServicePlanStore(client, self.store)
-        self.policy = service_strategy(
+        self.service_strategy = service_strategy(
             client,
             job=args.job or f"tune-{uuid.uuid4().hex[:12]}",
             gpu_name=self.device.name,
@@ -300,14 +300,14 @@ class _Tune:
             return None
         report = tune_report(self.session, self.oracle, self.args.strategy)
         report.doc["partial"] = self.status != "FINISHED"
-        if self.policy is not None:
+        if self.service_strategy is not None:
             report.doc["service"] = {
                 "url": self.args.service,
-                "job": self.policy.session.job,
-                "session_id": self.policy.session_id,
-                "answers": dict(self.policy.answers),
-                "tells_waiting": len(self.policy.outbox),
-                "refused": self.policy.refused,
+                "job": self.service_strategy.session.job,
+                "session_id": self.service_strategy.session_id,
+                "answers": dict(self.service_strategy.answers),
+                "tells_waiting": len(self.service_strategy.outbox),
+                "refused": self.service_strategy.refused,
             }
         if report.doc["partial"]:
             report.doc["interrupted_while"] = self.phase

@@ -259,11 +259,11 @@ def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(t
     service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
     try:
         out = run_service_ranks(service.url, 3, 400)
-        session = ServiceClient(service.url).call("GET", f"/v1/sessions/{out[0][1].policy.session_id}")
+        session = ServiceClient(service.url).call("GET", f"/v1/sessions/{out[0][1].strategy.session_id}")
     finally:
         service.stop()
     # the ranks tell one pooled figure alike: the fleet's model holds it once, not 3 times
-    told = [out[r][1].policy.told for r in range(3)]
+    told = [out[r][1].strategy.told for r in range(3)]
     assert told[0] == told[1] == told[2] >= 1 and session["observations"] == told[0]
     answers = [out[r][0] for r in range(3)]
     assert answers[0] == answers[1] == answers[2]
