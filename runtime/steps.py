@@ -11,7 +11,9 @@
   for ranks that wait for one another); `run()` is the training loop (clocks back to
   stock when it ends, by an exception too); `change_workload` swaps the step's kernels mid-run
   (a drift scenario). It decides nothing. `dry_run` records the clock
-  requests and applies none, as a real card in dry run does (the null test).
+  requests and applies none, as a real card in dry run does (the null test). `job_noise`
+  (runtime/job_noise.py) adds a recorded job's host-side waits: the card idles after each
+  step's kernels for the step's sampled wait.
 
 The counter is read after every step, as a poller would, and an update is reported only when
 its value changed, at the simulated time of the change. Design: docs/design-step-tuner.md.
@@ -26,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kdvfs.runtime.job_noise import JobNoise, JobNoiseSampler
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.schedule import Schedule, StepRunner
 from kdvfs.runtime.types import KdvfsError, Workload
@@ -86,12 +89,28 @@ class SimulatedJob:
         workload: the kernels of one training step, in order.
         dry_run: record the clock requests (`requests`) but never apply them: every step runs
             at stock clocks.
+        job_noise: a recorded job's waits (runtime/job_noise.py): after each step's kernels
+            the card idles for the step's sampled wait, at the step's end because a recorded
+            step runs from one step start to the next, so the GPU's wait for the host (a late
+            batch, a checkpoint) closes the step it follows; None: the steps are the kernels
+            alone.
+        job_noise_seed: seeds the job noise's draws.
     """
 
-    def __init__(self, device: ModelDevice, workload: Workload, *, dry_run: bool = False) -> None:
+    def __init__(
+        self,
+        device: ModelDevice,
+        workload: Workload,
+        *,
+        dry_run: bool = False,
+        job_noise: JobNoise | None = None,
+        job_noise_seed: int = 0,
+    ) -> None:
         self.device = device
         self.workload = workload
         self.dry_run = dry_run
+        self.job_noise = job_noise
+        self._job_noise = JobNoiseSampler(job_noise, job_noise_seed) if job_noise is not None else None
         self.runner = StepRunner(device, workload)
         self.requests: list[tuple[int, Schedule]] = []
         """(step index, schedule) of every change of the requested schedule, applied or not."""
@@ -119,7 +138,10 @@ class SimulatedJob:
 
     def end_step(self, ran: RanKernels, wait_s: float = 0.0) -> StepReport:
         """The step's report, after the card idled wait_s (a data-parallel rank waiting at the
-        step's gradient all-reduce for the slowest rank; the wait is the last group's, s)."""
+        step's gradient all-reduce for the slowest rank; the wait is the last group's, s) and
+        the job noise's wait for this step, if any (the last group's too)."""
+        if self._job_noise is not None:
+            wait_s += self._job_noise.wait_s(self.steps, ran.step_s)
         if wait_s > 0.0:
             self.device.idle(wait_s)
         groups = _group_times(ran.schedule, ran.kernel_times_s, ran.step_s)
