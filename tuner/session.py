@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kdvfs.policies.base import Strategy
+from kdvfs.runtime.job_noise import JobNoise
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob, StepReport
@@ -48,6 +49,8 @@ class TuneSession:
             limit the card then reports; None: the tuner verifies the plan before instead.
         sites: kernel indices where the job can switch clocks (job_sites); None: the step
             and each pass.
+        job_noise: a recorded job's waits added to each step (runtime/job_noise.py; seeded
+            by `seed`); None: the steps are the kernels alone.
     """
 
     device: ModelDevice
@@ -59,11 +62,17 @@ class TuneSession:
     dry_run: bool = False
     model: ModelDevice | None = None
     sites: list[int] | None = None
+    job_noise: JobNoise | None = None
 
     def __post_init__(self) -> None:
         self.run = self._new_run(self.device.now_s(), 0.0)
-        self.job = SimulatedJob(self.device, self.workload, dry_run=self.dry_run)
+        self.job = self._new_job(self.device)
         self.schedule = self.run.tuner.incumbent
+
+    def _new_job(self, device: ModelDevice) -> SimulatedJob:
+        return SimulatedJob(
+            device, self.workload, dry_run=self.dry_run, job_noise=self.job_noise, job_noise_seed=self.seed
+        )
 
     def _new_run(self, start_s: float, at_s: float) -> TuningRun:
         run = TuningRun(
@@ -183,5 +192,5 @@ class TuneSession:
         self.run.schedule_log[:] = [*before.schedule_log, (at_s, self.run.tuner.incumbent)]
         self.run.outcomes[:0] = before.outcomes
         self.run.restart(device.now_s(), at_s)
-        self.job = SimulatedJob(device, self.workload, dry_run=self.dry_run)
+        self.job = self._new_job(device)
         self.schedule = self.run.tuner.incumbent
