@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the job switches clocks: the step, passes and submodules (modules), every kernel "
         "(kernels), or kernels on a card that switches within 1 ms, else modules (auto, the default)",
     )
+    parser.add_argument(
+        "--job-noise",
+        metavar="NAME|FILE",
+        default=None,
+        help="add a recorded training job's waits to every step: vision, hf or sync (H200 recordings, "
+        "runtime/job_noise.py) or a JSON file of a fitted job noise (default: none, the kernels alone)",
+    )
     parser.add_argument("--plan-out", type=Path, help="write the final plan here")
     parser.add_argument(
         "--plan-store",
@@ -126,10 +133,14 @@ class _Tune:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from kdvfs.cli.commands._common import open_from_args
+        from kdvfs.runtime.job_noise import job_noise
 
         self.args = args
+        self.job_noise = job_noise(args.job_noise) if args.job_noise is not None else None
         self.device, self.workload = open_from_args(args)
         self.label = SOURCE_LABEL[self.device.source]
+        # the steps' label: the noiseless figures (prior, oracle, plan) carry no job noise
+        self.steps_label = self.label + (f", job noise: {self.job_noise.name}" if self.job_noise else "")
         self.status = "FINISHED"
         self.phase = "opening the MLflow run"
         self.session = self.store = self.run_handle = self.oracle = None
@@ -144,7 +155,7 @@ class _Tune:
                 f"tuning {self.workload.name} on {self.device.name} ({args.device}) with {args.strategy}, "
                 f"budget {pct(args.budget)}, {args.seconds:g} s of training"
                 + (", dry run (no clock applied)" if args.dry_run else "")
-                + f" [{self.label}]",
+                + f" [{self.steps_label}]",
                 file=sys.stderr,
             )
             self._tune()
@@ -181,6 +192,7 @@ class _Tune:
             "dry_run": args.dry_run,
             "prior": args.prior,
             "sites": args.sites,
+            "job_noise": self.job_noise.name if self.job_noise is not None else "none",
         }
         tracker = Tracker(args.mlflow_uri, experiment="kdvfs-tune")
         self.run_handle = tracker.start_run(f"tune-{args.strategy}", params | identity, tags=identity)
@@ -223,6 +235,7 @@ class _Tune:
             if args.prior == "model"
             else None,
             sites=sites,
+            job_noise=self.job_noise,
         )
         self.phase = "training under the tuner"
         with Progress("tuning", unit="s of training") as bar:
@@ -300,6 +313,9 @@ class _Tune:
             return None
         report = tune_report(self.session, self.oracle, self.args.strategy)
         report.doc["partial"] = self.status != "FINISHED"
+        report.doc["job_noise"] = self.job_noise.name if self.job_noise is not None else "none"
+        if self.job_noise is not None:
+            report.doc["job_noise_fit"] = self.job_noise.to_dict()
         if self.service_strategy is not None:
             report.doc["service"] = {
                 "url": self.args.service,
@@ -320,6 +336,8 @@ class _Tune:
         plan = report.plan(args.strategy) if report is not None else None
         if report is not None:
             report.print(self.label)
+            if self.job_noise is not None:
+                print(f"  every step carried the job noise {self.job_noise.name!r} [{self.steps_label}]")
         outputs = []
         session = self.session
         stored = (
