@@ -1,0 +1,194 @@
+"""Job noise: a simulated job carrying a recorded job's waits reproduces the recording's step-time
+statistics; the sampler is deterministic under its seed; the waits idle the card; the shipped
+parameters are the recordings' fits; `kdvfs tune --job-noise` names the noise it used.
+
+The tolerance is 15% of the recorded figure, for the per-step CV and for the CV of 1-s means
+(averaged over window phases: the `sync` job's single-phase figure moves from 0.60 to 1.85 with
+where the windows fall). The simulated workload is one streaming kernel whose own step is the
+recording's GPU floor, so that its median step lands on the recording's median; a streaming
+kernel keeps its time when the card idles between steps (a compute kernel at the H200's power
+cap runs faster after each idle gap, which would add the simulated card's own variation).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kdvfs.cli import main
+from kdvfs.runtime.job_noise import (
+    JobNoise,
+    JobNoiseSampler,
+    cv,
+    fit_job_noise,
+    job_noise,
+    job_noise_names,
+    window_1s_cv_phase_mean,
+)
+from kdvfs.runtime.registry import open_device
+from kdvfs.runtime.schedule import Schedule
+from kdvfs.runtime.steps import SimulatedJob
+from kdvfs.runtime.tables import REPO_DATA_DIR
+from kdvfs.runtime.types import KdvfsError, Kernel, Workload
+
+JOBS_DIR = REPO_DATA_DIR / "h200" / "jobs"
+RECORDED_S = 300.0  # s: each recording's length after its warm-up
+TOLERANCE_REL = 0.15
+
+
+def streaming_workload(device, step_s: float) -> Workload:
+    """One memory-bound kernel whose step on the device takes step_s (to 0.1%)."""
+    kernel = Kernel("stream", flops=1e9, bytes_moved=1e11, kind="elementwise")
+    for _ in range(4):
+        time_s, _ = device.expected(kernel, None)
+        kernel = Kernel(
+            "stream",
+            flops=kernel.flops * step_s / time_s,
+            bytes_moved=kernel.bytes_moved * step_s / time_s,
+            kind="elementwise",
+        )
+    assert device.expected(kernel, None)[0] == pytest.approx(step_s, rel=1e-3)
+    return Workload("stream", (kernel,))
+
+
+@functools.cache
+def simulated_steps(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(start_s, step_s) of each step of a recording's length of simulated training under the
+    recording's noise, on the simulated H200."""
+    noise = job_noise(name)
+    device = open_device("sim:h200", seed=0)
+    job = SimulatedJob(
+        device, streaming_workload(device, noise.floor_step_s), job_noise=noise, job_noise_seed=0
+    )
+    starts, times = [], []
+    while device.now_s() < RECORDED_S:
+        report = job.step(Schedule.stock())
+        starts.append(report.end_s - report.step_time_s)
+        times.append(report.step_time_s)
+    return np.asarray(starts), np.asarray(times)
+
+
+@pytest.mark.parametrize("name", ["vision", "hf", "sync"])
+def test_a_simulated_job_with_a_recorded_noise_has_the_recordings_per_step_cv_and_median(name):
+    noise = job_noise(name)
+    _, times = simulated_steps(name)
+    assert np.median(times) == pytest.approx(noise.median_step_s, rel=0.05)
+    assert cv(times) == pytest.approx(noise.recorded_per_step_cv, rel=TOLERANCE_REL)
+
+
+@pytest.mark.parametrize("name", ["vision", "hf", "sync"])
+def test_a_simulated_job_with_a_recorded_noise_has_the_recordings_cv_of_1s_means(name):
+    noise = job_noise(name)
+    starts, times = simulated_steps(name)
+    assert window_1s_cv_phase_mean(starts, times) == pytest.approx(
+        noise.recorded_window_1s_cv_phase_mean, rel=TOLERANCE_REL
+    )
+
+
+def test_the_sync_noise_is_the_noisiest_per_step_and_per_second():
+    fits = {name: job_noise(name) for name in job_noise_names()}
+    assert set(fits) == {"vision", "hf", "sync"}
+    assert max(fits, key=lambda n: fits[n].recorded_per_step_cv) == "sync"
+    assert max(fits, key=lambda n: fits[n].recorded_window_1s_cv_phase_mean) == "sync"
+
+
+def test_the_sampler_is_deterministic_under_its_seed():
+    noise = job_noise("vision")
+
+    def waits(seed: int) -> list[float]:
+        sampler = JobNoiseSampler(noise, seed)
+        return [sampler.wait_s(step, 0.03) for step in range(2000)]
+
+    assert waits(3) == waits(3)
+    assert waits(3) != waits(4)
+    assert min(waits(3)) >= 0.0
+
+
+def test_a_simulated_job_is_deterministic_under_its_seeds():
+    def reports(seed: int):
+        device = open_device("sim:h200", seed=1)
+        job = SimulatedJob(
+            device, streaming_workload(device, 0.03), job_noise=job_noise("hf"), job_noise_seed=seed
+        )
+        return [job.step(Schedule.stock()) for _ in range(200)]
+
+    assert reports(0) == reports(0)
+    assert reports(0) != reports(1)
+
+
+def test_periodic_syncs_wait_at_the_step_before_each_multiple_of_their_period():
+    noise = job_noise("sync")
+    assert noise.period_steps == (200, 500)
+    sampler = JobNoiseSampler(noise, 0)
+    waits = {step: sampler.wait_s(step, noise.floor_step_s) for step in range(1000)}
+    eval_s, ckpt_s = noise.period_wait_s
+    assert waits[199] >= eval_s and waits[499] >= ckpt_s and waits[999] >= eval_s + ckpt_s
+    plain = [w for step, w in waits.items() if (step + 1) % 200 and (step + 1) % 500]
+    assert max(plain) < 0.2 * noise.floor_step_s
+
+
+def test_a_steps_wait_idles_the_card_at_its_idle_power_after_the_kernels():
+    noise = job_noise("sync")
+    plain_device, noisy_device = open_device("sim:h200", seed=2), open_device("sim:h200", seed=2)
+    workload = streaming_workload(plain_device, noise.floor_step_s)
+    plain, noisy = SimulatedJob(plain_device, workload), SimulatedJob(noisy_device, workload, job_noise=noise)
+    reports = [noisy.step(Schedule.stock()) for _ in range(500)]
+    for _ in range(500):
+        plain.step(Schedule.stock())
+    for report in reports:
+        assert sum(report.group_times_s) == pytest.approx(report.step_time_s)
+    assert reports[499].step_time_s > noise.period_wait_s[1]
+    idle_device = open_device("sim:h200", seed=2)
+    idle_device.idle(2.0)
+    idle_w = idle_device.true_energy_j() / 2.0
+    extra_s = noisy_device.now_s() - plain_device.now_s()
+    extra_j = noisy_device.true_energy_j() - plain_device.true_energy_j()
+    assert extra_s > 2.0
+    assert extra_j / extra_s == pytest.approx(idle_w, rel=0.25)
+
+
+def test_the_shipped_parameters_are_the_recordings_fits():
+    for name in ("hf", "sync"):
+        fitted = fit_job_noise(JOBS_DIR / f"{name}_steps.csv.gz", JOBS_DIR / f"{name}_nvml.csv.gz")
+        shipped = job_noise(name)
+        assert fitted.period_steps == shipped.period_steps
+        assert fitted.wait_rel_quantiles == pytest.approx(shipped.wait_rel_quantiles)
+        assert fitted.wait_ar1_per_step == pytest.approx(shipped.wait_ar1_per_step, abs=1e-3)
+        assert fitted.period_wait_s == pytest.approx(shipped.period_wait_s)
+        assert fitted.recorded_per_step_cv == pytest.approx(shipped.recorded_per_step_cv)
+
+
+def test_a_job_noise_file_is_read_and_a_bad_name_or_record_is_one_error(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(job_noise("hf").to_dict() | {"name": "mine"}))
+    assert job_noise(path).name == "mine"
+    with pytest.raises(KdvfsError, match="neither a known name"):
+        job_noise("no-such-noise")
+    (tmp_path / "bad.json").write_text(json.dumps({"name": "bad"}))
+    with pytest.raises(KdvfsError, match="not a job-noise record"):
+        job_noise(tmp_path / "bad.json")
+    quantiles = list(job_noise("hf").wait_rel_quantiles)
+    with pytest.raises(KdvfsError, match="non-decreasing"):
+        JobNoise("x", 0.06, 0.06, tuple(reversed(quantiles)), 0.5)
+    with pytest.raises(KdvfsError, match=r"\[0, 1\)"):
+        JobNoise("x", 0.06, 0.06, tuple(quantiles), 1.0)
+
+
+def test_tune_with_job_noise_names_it_in_the_json_and_the_label(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    args = ["tune", "--device", "sim:h200", "--strategy", "ucb", "--no-sweep", "--no-mlflow"]
+    assert main([*args, "--seconds", "3", "--job-noise", "sync", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["job_noise"] == "sync" and doc["job_noise_fit"]["period_steps"] == [200, 500]
+    captured = capsys.readouterr()
+    assert "[simulated, job noise: sync]" in captured.err and "[simulated, job noise: sync]" in captured.out
+    assert main([*args, "--seconds", "3", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["job_noise"] == "none"
+    assert "job noise" not in capsys.readouterr().out
+    assert main([*args, "--seconds", "3", "--job-noise", "no-such-noise"]) == 2
+    assert "no-such-noise" in capsys.readouterr().err
+    assert not math.isnan(doc["job_noise_fit"]["wait_power_w"])
