@@ -26,4 +26,6 @@ def test_h200_inputs_smoke_run_reads_only(tmp_path):
     assert doc["source"] == "measured" and doc["clock_calls_made"] == 0
     assert doc["power_limit_w_seen"] == [700.0] and doc["steady"]["alarms_at_s"] == []
     readings = json.loads((tmp_path / "readings.json").read_text())
-    assert len(readings) >= 10 and all(r[2] == 700.0 for r in readings)
+    # polled in both phases (each starts with a read: at least one each however busy the host;
+    # 0.1 s apart on a quiet one), the step phase after the 1.5 s of steady load
+    assert len(readings) >= 2 and readings[-1][0] >= 1.5 and all(r[2] == 700.0 for r in readings)
