@@ -608,7 +608,9 @@ class StepTuner:
             if ex.config is None and ex.first is not None:
                 ex.config, ex.first = ex.first, None
             if ex.config is None:
-                ex.config = self.strategy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
+                ex.config = (
+                    self.strategy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
+                )
                 if ex.config is None:
                     return self._verify_best(ex)
                 if ex.config == ASK_LATER:  # the strategy's answer comes from outside, later

@@ -12,6 +12,8 @@ from kdvfs.runtime.types import ClockPair, KdvfsError
 DVFS_REAL = Path(__file__).resolve().parents[2] / "data" / "dvfs-real"
 GTX1080TI = DVFS_REAL / "gtx1080ti-dvfs-real-Performance-Power.csv"
 RTX2070S = DVFS_REAL / "gtx2070s-dvfs-real-Performance-Power.csv"
+
+
 def write(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
     path = tmp_path / name
     path.write_text(text)

@@ -269,7 +269,7 @@ def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(t
     assert answers[0] == answers[1] == answers[2]
     assert len(set(answers[0])) >= 3  # trials ran
     assert all(out[r][1].pool_lost is None for r in range(3))
-    assert out[0][1].policy.answers["service"] >= 1
+    assert out[0][1].strategy.answers["service"] >= 1
 
 
 def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_path):
