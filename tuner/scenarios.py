@@ -168,14 +168,22 @@ def _stable_alarms(job: TuneSession, seconds: float) -> int:
     return len(job.tuner.alarms)
 
 
-def _recovered_s(job: TuneSession, change_s: float, noiseless, workload, target: float) -> float | None:
-    """From when the plan was worth >= target to the end, in training seconds (None: not so at the end)."""
+def _recovered_s(
+    job: TuneSession, change_s: float, noiseless, workload, target: float, *, restart: bool
+) -> float | None:
+    """From when the plan was worth >= target to the end, in training seconds (None: not so at
+    the end). A schedule run before the change counts from the change when it was good there;
+    after a restart on another card, only the new card's schedules count (the old card's
+    pairs are not in the new card's grid)."""
 
     def saving(schedule) -> float:
         return schedule_figures(noiseless, workload, schedule)[0]
 
-    # the schedules from the change on; one before it counts from the change when it was good
-    history = [(max(t, change_s), s) for t, s in job.schedule_log if t >= change_s or saving(s) >= target]
+    history = [
+        (max(t, change_s), s)
+        for t, s in job.schedule_log
+        if t >= change_s or (not restart and saving(s) >= target)
+    ]
     return reached_after(history, saving, target)
 
 
@@ -199,7 +207,9 @@ def _document(
     settled = left[0] - at if left else (0.0 if alarms and alarms[0].held else None)
     if restart:
         settled = 0.0
-    recovered = _recovered_s(job, at, noiseless, job.workload, RECOVERED_SHARE * best.energy_saving)
+    recovered = _recovered_s(
+        job, at, noiseless, job.workload, RECOVERED_SHARE * best.energy_saving, restart=restart
+    )
     final_saving, final_slowdown = schedule_figures(noiseless, job.workload, job.tuner.incumbent)
     after = [p for p in job.points if p.end_s > at and p.slowdown == p.slowdown]
     tau_s = getattr(getattr(noiseless, "preset", None), "tau_s", None)

@@ -66,6 +66,8 @@ class TuneSession:
 
     def __post_init__(self) -> None:
         self.run = self._new_run(self.device.now_s(), 0.0)
+        self.card_since = 0
+        """Where this card's schedules begin in the run's schedule_log (after restart_on: the new card's)."""
         self.job = self._new_job(self.device)
         self.schedule = self.run.tuner.incumbent
 
@@ -190,6 +192,7 @@ class TuneSession:
         self.run.points[:0] = before.points
         self.run.phase_log[:] = [*before.phase_log, (at_s, type(self.run.tuner.phase).__name__)]
         self.run.schedule_log[:] = [*before.schedule_log, (at_s, self.run.tuner.incumbent)]
+        self.card_since = len(before.schedule_log)  # this card's first schedule in schedule_log
         self.run.outcomes[:0] = before.outcomes
         self.run.restart(device.now_s(), at_s)
         self.job = self._new_job(device)
