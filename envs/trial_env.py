@@ -143,7 +143,7 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
 
     `info` holds the trial's judgement (`saving`, `saving_se`, `slowdown`, `energy_ratio`,
     each None where the trial could not measure it; `adopted`: whether the judgement would
-    adopt it), `abandoned` (the tuner stopped B to keep the budget), `group`, `pair`, `running_saving` (the
+    adopt it), `abandoned` (the tuner stopped B to keep the budget), `group`, `pair`, `plan_energy_saving` (the
     incumbent's measured saving against stock), `run_slowdown` (the whole run's against stock
     so far, exploration included), `device_s` (training seconds this call ran), `source`
     ("simulated" or "replayed"). `env.incumbent` is the schedule adopted so far, `env.tuner`
@@ -299,7 +299,7 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
             "energy_ratio": _measured(judgement.energy_ratio),
             "adopted": judgement.adopted,
             "abandoned": finished.outcome.abandoned,
-            "running_saving": self.run.tuner.running_saving(),
+            "plan_energy_saving": self.run.tuner.plan_energy_saving(),
             "run_slowdown": self.run.tuner.account.slowdown(),
             "device_s": self.job.seconds - start_s,
             "source": self.device.source,

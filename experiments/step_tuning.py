@@ -105,7 +105,7 @@ def run_seed(args: Args, seed: int, prior: Prior, sites: list[int], oracle_savin
         },
         "measured_whole_run": {"energy_saving": round(measured_saving, 4), "steps": session.job.steps},
         "largest_cumulative_slowdown": round(worst[0], 4),
-        "tuner_running_saving": round(tuner.running_saving(), 4),
+        "tuner_plan_energy_saving": round(tuner.plan_energy_saving(), 4),
         "adopted": len(tuner.adoptions),
         "phases": tuner.phases,
         "clock_requests": len(session.job.requests),
@@ -177,7 +177,7 @@ def main() -> None:
                     for k in (
                         "seed",
                         "adopted",
-                        "tuner_running_saving",
+                        "tuner_plan_energy_saving",
                         "measured_whole_run",
                         "largest_cumulative_slowdown",
                     )
@@ -185,7 +185,7 @@ def main() -> None:
                 for r in nulls
             ],
             "adopted_any": any(r["adopted"] for r in nulls),
-            "largest_abs_running_saving": max(abs(r["tuner_running_saving"]) for r in nulls),
+            "largest_abs_plan_energy_saving": max(abs(r["tuner_plan_energy_saving"]) for r in nulls),
         },
     }
     print(json.dumps(doc, indent=2))

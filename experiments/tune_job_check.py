@@ -75,8 +75,8 @@ def null_figures(summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "adopted": summary["adopted"],
         "adoptions_beyond_bound": [a for a in summary["adoptions"] if a["saving"] > 3.0 * a["saving_se"]],
-        "running_saving": summary["running_saving"],
-        "within_0_3_pct_of_zero": abs(summary["running_saving"]) <= 0.003,
+        "plan_energy_saving": summary["plan_energy_saving"],
+        "within_0_3_pct_of_zero": abs(summary["plan_energy_saving"]) <= 0.003,
         "trials": len(trials),
         "abandoned": sum(1 for o in summary["outcomes"] if o["abandoned"]),
         "trial_energy_diff_mean": statistics.fmean(diffs) if diffs else None,

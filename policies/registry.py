@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from kdvfs.policies._common import BaseStrategy
@@ -35,3 +36,10 @@ def make_strategy(name: str, space: SearchSpace, *, seed: int, **opts: Any) -> B
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}") from None
     return cls(space, seed, **opts)
+
+
+def takes_option(name: str, option: str) -> bool:
+    """Whether the strategy `name`'s constructor takes `option` (e.g. tol: the random search
+    and the sweep have no stopping tolerance). False for an unknown name."""
+    cls = STRATEGIES.get(name)
+    return cls is not None and option in inspect.signature(cls.__init__).parameters

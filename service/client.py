@@ -304,12 +304,13 @@ def service_strategy(
     parallel: str = "data",
 ) -> ServiceStrategy:
     """A ServiceStrategy for a StepTuner of this job, its local strategy made as StepTuner makes its own."""
-    from kdvfs.policies.registry import make_strategy
+    from kdvfs.policies.registry import make_strategy, takes_option
     from kdvfs.tuner.step_tuner import DEFAULT_STRATEGY, MAX_TRIALS_PER_GROUP, STRATEGY_TOL
 
     strategy = strategy or DEFAULT_STRATEGY
     space = SearchSpace(np.array([[p.core_mhz, p.mem_mhz] for p in pairs], dtype=float))
-    local = make_strategy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, tol=STRATEGY_TOL)
+    tol = {"tol": STRATEGY_TOL} if takes_option(strategy, "tol") else {}
+    local = make_strategy(strategy, space, seed=seed, max_per_task=MAX_TRIALS_PER_GROUP, **tol)
     session = SessionRequest(
         job=job,
         gpu_name=gpu_name,
@@ -320,7 +321,7 @@ def service_strategy(
         ranks=ranks,
         parallel=parallel,
         strategy=strategy,
-        policy_options={"tol": STRATEGY_TOL},
+        policy_options=tol,
     )
     return ServiceStrategy(client, session, local, rank)
 

@@ -290,7 +290,7 @@ class JobTuning:
             summary["phase"],
             summary["steps"],
             summary["adopted"],
-            100 * summary["running_saving"],
+            100 * summary["plan_energy_saving"],
             100 * (summary["slowdown"] or 0.0),
             100 * self.budget,
             ", dry run: no clock was applied" if self.dry_run else "",

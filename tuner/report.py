@@ -156,7 +156,7 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
         "running": {"energy_saving": saving, "slowdown": slowdown, "groups": len(t.incumbent.groups)},
         "run": summary["run"],
         "max_cumulative_slowdown": summary["max_cumulative_slowdown"],
-        "tuner_claimed_saving": t.running_saving(),
+        "tuner_claimed_saving": t.plan_energy_saving(),
         "converged_after_s": summary["converged_after_s"],
         "reached_95pct_oracle_after_s": reached,
         "realisable_oracle": None

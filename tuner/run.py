@@ -416,7 +416,7 @@ class TuningRun:
             phase=type(t.phase).__name__,
             slowdown=t.account.slowdown() if measured else math.nan,
             energy_saving=saving,
-            plan_energy_saving=t.running_saving(),
+            plan_energy_saving=t.plan_energy_saving(),
             budget_left_s=t.account.slack_s(),
             adoptions=len(t.adoptions),
             step_time_s=math.nan if last is None else last.step_time_s,
@@ -487,7 +487,7 @@ class TuningRun:
             "trial_window_s": t.timing.trial_window_s,
             "step_time_cv_per_root_s": t.time_sd_per_root_s,
             "trials": t.trials,
-            "running_saving": t.running_saving(),
+            "plan_energy_saving": t.plan_energy_saving(),
             "slowdown": t.account.slowdown() if math.isfinite(t.stock_step_s) else None,
             "run": {"energy_saving": _finite(last.energy_saving), "slowdown": _finite(last.slowdown)},
             "max_cumulative_slowdown": max(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kdvfs.policies.base import ASK_LATER, SearchSpace, Strategy, Task
-from kdvfs.policies.registry import make_strategy
+from kdvfs.policies.registry import make_strategy, takes_option
 from kdvfs.runtime.ranks import PoolLost, RankPool
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
@@ -420,7 +420,10 @@ class StepTuner:
                 space,
                 seed=seed,
                 max_per_task=self.timing.max_trials_per_group,
-                **({"tol": STRATEGY_TOL} | (strategy_options or {})),
+                **(
+                    ({"tol": STRATEGY_TOL} if takes_option(strategy, "tol") else {})
+                    | (strategy_options or {})
+                ),
             )
             if isinstance(strategy, str)
             else strategy
@@ -528,7 +531,7 @@ class StepTuner:
     def stock_step_s(self) -> float:
         return self.account.stock_step_s
 
-    def running_saving(self) -> float:
+    def plan_energy_saving(self) -> float:
         """The incumbent's saving against stock, as measured (a fraction of stock's step energy)."""
         return 1.0 - self.incumbent_energy_j / self.stock_energy_j if self.adoptions else 0.0
 

@@ -98,7 +98,7 @@ def test_a_training_loop_tunes_its_clocks_to_a_stored_plan_with_an_mlflow_run(
     summary = tuning.summary()
     # it measured stock, tried candidates in training, and adopted one that draws less power
     assert summary["phases"][:2] == ["Reference", "Exploring"] and summary["phase"] == "Settled"
-    assert summary["adopted"] >= 1 and summary["running_saving"] > 0.05, json.dumps(summary)
+    assert summary["adopted"] >= 1 and summary["plan_energy_saving"] > 0.05, json.dumps(summary)
     assert all(o["kind"] in ("trial", "verify") for o in summary["outcomes"])
     assert any(o["adopted"] for o in summary["outcomes"] if o["kind"] == "verify")
     plan = load_plan(tmp_path / "run" / PLAN_FILE)
@@ -106,7 +106,7 @@ def test_a_training_loop_tunes_its_clocks_to_a_stored_plan_with_an_mlflow_run(
     assert pair is not None and card_power_mw((pair.core_mhz,) * 2, (pair.mem_mhz,) * 2) < card_power_mw(
         None, None
     )
-    assert plan.energy_saving == pytest.approx(summary["running_saving"])
+    assert plan.energy_saving == pytest.approx(summary["plan_energy_saving"])
     stored = PlanStore(tmp_path / "store").get(device.name, device.grid, tuning.workload.signature)
     assert stored is not None and stored.groups == plan.groups
     assert json.loads((tmp_path / "run" / SUMMARY_FILE).read_text())["adopted"] == summary["adopted"]
@@ -147,7 +147,7 @@ def test_in_dry_run_no_clock_reaches_the_card_and_nothing_is_adopted(fake_card, 
     assert fake_card.calls == []  # the requests stayed in the dry-run device's records
     assert any(name == "nvmlDeviceSetGpuLockedClocks" for _, name, _ in device.calls)
     summary = tuning.summary()
-    assert summary["adopted"] == 0 and summary["running_saving"] == 0.0
+    assert summary["adopted"] == 0 and summary["plan_energy_saving"] == 0.0
     assert len(summary["outcomes"]) >= 2 and summary["stock_energy_per_step_j"] > 0
     assert not PlanStore(tmp_path / "store").entries()  # a dry run stores no plan
 

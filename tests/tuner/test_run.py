@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+from kdvfs.policies.registry import STRATEGIES
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.tuner.run import (
@@ -93,3 +96,12 @@ def test_reached_and_stayed_is_the_time_from_which_every_later_schedule_saves_th
     assert reached_after(history, savings.get, 0.05) == 3.0  # b fell below: counted from c
     assert reached_after(history[:1], savings.get, 0.05) == 1.0
     assert reached_after(history[:2], savings.get, 0.05) is None
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_by_name_builds_a_run_and_answers_steps(name: str) -> None:
+    device = open_device("sim:rtx3080ti", seed=0)
+    workload = open_workload("gpt3-xl-layer", device)
+    run = TuningRun(Card.of(device), workload, strategy=name, timing=QUICK, start_s=device.now_s())
+    SimulatedJob(device, workload).run(run, seconds=4.0)
+    assert run.tuner.stock is not None and run.strategy == name

@@ -82,7 +82,7 @@ def test_null_test_in_dry_run_adopts_nothing_and_saves_nothing():
     tuner, _recording, _, measured_saving = tuned(4, dry_run=True)
     assert "Verifying" in tuner.phases or "Settled" in tuner.phases
     assert tuner.adoptions == []
-    assert tuner.running_saving() == 0.0
+    assert tuner.plan_energy_saving() == 0.0
     assert abs(measured_saving) <= 0.003
 
 
