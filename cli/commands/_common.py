@@ -59,6 +59,16 @@ def add_budget(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_mlflow(parser: argparse.ArgumentParser) -> None:
+    """--mlflow-uri URI and --no-mlflow, the same for every command that logs a run."""
+    parser.add_argument(
+        "--mlflow-uri",
+        default=None,
+        help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)",
+    )
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+
+
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write machine-readable results here")
 

@@ -13,6 +13,7 @@ from kdvfs.cli.commands._common import (
     Phases,
     add_budget,
     add_json,
+    add_mlflow,
     check_file_output,
     deferred_interrupts,
     noise_scale,
@@ -58,12 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", type=Path, default=None, metavar="PNG", help="also save the peers' plot here"
     )
-    parser.add_argument(
-        "--mlflow-uri",
-        default=None,
-        help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)",
-    )
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_mlflow(parser)
     add_json(parser)
 
 

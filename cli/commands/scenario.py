@@ -13,6 +13,7 @@ from kdvfs.cli.commands._common import (
     Phases,
     add_budget,
     add_json,
+    add_mlflow,
     check_dir_output,
     check_file_output,
     deferred_interrupts,
@@ -67,12 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="gpu-swap: another job of the fleet has tuned the new card and left its plan in the store",
     )
-    parser.add_argument(
-        "--mlflow-uri",
-        default=None,
-        help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)",
-    )
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_mlflow(parser)
     add_json(parser)
 
 

@@ -20,6 +20,7 @@ from kdvfs.cli.commands._common import (
     add_budget,
     add_device_workload,
     add_json,
+    add_mlflow,
     check_dir_output,
     check_file_output,
     positive_float,
@@ -94,12 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the job's name in the service (default: tune- and a random suffix)",
     )
-    parser.add_argument(
-        "--mlflow-uri",
-        default=None,
-        help="tracking URI (default: MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db)",
-    )
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_mlflow(parser)
     parser.add_argument(
         "--no-sweep",
         action="store_true",
