@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -559,10 +559,6 @@ class Oracle:
     slowdown: float
     ideal_energy_saving: float
     ideal_slowdown: float
-    groups: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.groups = len(self.schedule.groups)
 
 
 def oracle(noiseless: ModelDevice, workload: Workload, budget: float) -> Oracle:
