@@ -410,8 +410,21 @@ class RunHandle:
         return self._header["run_id"]
 
     @property
+    def written(self) -> bool:
+        """Whether everything logged so far is in the store or in the spool file (False when
+        the store did not take it and the spool could not be written either)."""
+        if not self._pending:
+            return self.run_id is not None or self.spool_path.exists()
+        return self.spool_path.exists() and self._on_disk == len(self._pending) and not self._disk_stale
+
+    @property
     def url_or_path(self) -> str:
-        """Where a user finds this run: the UI URL, the local store and how to view it, or the spool."""
+        """Where a user finds this run: the UI URL, the local store and how to view it, the
+        spool, or that neither the store nor the spool took it."""
+        if not self.written:
+            return f"neither the store at {self.tracker.uri} nor the spool at {self.spool_path} took it" + (
+                f" ({self._last_error})" if self._last_error else ""
+            )
         if self.run_id is None:
             return f"not uploaded yet: spooled at {self.spool_path}"
         uri = self.tracker.uri

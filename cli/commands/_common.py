@@ -2,8 +2,9 @@
 
 - argparse types (positive_int, noise_scale, ...) and the shared options (add_device_workload,
   add_budget, add_json);
-- outputs: check_file_output / check_dir_output before any work, write_json (atomic),
-  write_all (every output whatever the others do), deferred_interrupts;
+- outputs: check_outputs (each writable, no two the same, none an input) before any work,
+  write_json (atomic), write_all (every output whatever the others do; a closed stdout pipe
+  is not a failed output), deferred_interrupts;
 - Phases: how a command is interrupted (one line, JSON marked partial, KILLED, exit 130).
 
 Wording shared with the library (pct, slowdown_text, plan_json, SOURCE_LABEL) and run_identity
@@ -168,7 +169,7 @@ def write_json(path: Path | None, payload: dict[str, Any]) -> None:
     from kdvfs.runtime.types import KdvfsError
 
     text = json.dumps(payload, indent=2, default=str) + "\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name[:TEMP_NAME_KEEP]}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
@@ -179,12 +180,102 @@ def write_json(path: Path | None, payload: dict[str, Any]) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
+#: How much longer than an output's name the name of the temporary file written beside it may
+#: be (tuner.plan.save_plan: "." + name + "." + 8 random characters + ".tmp").
+TEMP_NAME_EXTRA = 24
+#: write_json keeps this many characters of the name in its temporary file's name.
+TEMP_NAME_KEEP = 100
+#: Kernel interfaces, not folders: a file "created" there is refused only when written.
+_PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
+
+
+def check_outputs(
+    args: argparse.Namespace,
+    files: dict[str, Path | None],
+    dirs: dict[str, Path | None] | None = None,
+) -> None:
+    """Before any work: every output can be written where it will be written, no two outputs
+    are the same file, none is one of the command's inputs, and no file output lies inside a
+    directory output. `files` and `dirs` map each option (e.g. "--json") to its path.
+
+    Raises:
+        KdvfsError: one line naming the option (and, for a clash, both options).
+    """
+    from kdvfs.runtime.types import KdvfsError
+
+    dirs = dirs or {}
+    for option, path in files.items():
+        check_file_output(path, option)
+    for option, path in dirs.items():
+        check_dir_output(path, option)
+    outputs = [(option, path) for option, path in [*files.items(), *dirs.items()] if path is not None]
+    for i, (option, path) in enumerate(outputs):
+        for other_option, other in outputs[i + 1 :]:
+            if same_file(path, other):
+                raise KdvfsError(
+                    f"{option} and {other_option} are the same file ({path}): one would overwrite the other"
+                )
+    for option, path in outputs:
+        for input_option, source in input_paths(args):
+            if same_file(path, source):
+                raise KdvfsError(
+                    f"{option} {path} is the input of {input_option}: writing it would destroy the input"
+                )
+    for dir_option, folder in dirs.items():
+        if folder is None:
+            continue
+        for option, path in files.items():
+            if path is not None and folder.resolve() in path.resolve().parents:
+                raise KdvfsError(
+                    f"{option} {path} lies inside {dir_option} {folder}: the command writes there itself"
+                )
+
+
+def input_paths(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """The files a command reads, each with its option: replay:CSV, trace:CSV, ops:FILE,
+    --against, --token-file, a --job-noise file, a plan argument, a --db sqlite file."""
+    found: list[tuple[str, Path]] = []
+    for option, attr in (("--device", "device"), ("--workload", "workload")):
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            for prefix in ("replay:", "trace:", "ops:"):
+                if value.startswith(prefix) and value[len(prefix) :]:
+                    found.append((option, Path(value[len(prefix) :])))
+    for option, attr in (
+        ("--against", "against"),
+        ("--token-file", "token_file"),
+        ("--job-noise", "job_noise"),
+        ("PLAN", "plan"),
+        ("A", "first"),
+        ("B", "second"),
+    ):
+        value = getattr(args, attr, None)
+        if isinstance(value, (str, Path)) and str(value):
+            found.append((option, Path(value)))
+    db = getattr(args, "db", None)
+    if isinstance(db, str) and db.startswith("sqlite:///") and db[len("sqlite:///") :]:
+        found.append(("--db", Path(db[len("sqlite:///") :])))
+    return found
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether paths `a` and `b` name one file (resolved, or the same inode where both exist)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
 def check_file_output(path: Path | None, option: str) -> None:
     """KdvfsError unless `path` can be written (checked before any work, so nothing is lost)."""
     if path is None:
         return
     from kdvfs.runtime.types import KdvfsError
 
+    _check_not_pseudo(path, option)
+    _check_name_lengths(path, option)
     if path.is_dir():
         raise KdvfsError(f"{option} {path}: is a directory, not a file")
     if path.exists() and not os.access(path, os.W_OK):
@@ -198,38 +289,119 @@ def check_dir_output(path: Path | None, option: str) -> None:
         return
     from kdvfs.runtime.types import KdvfsError
 
+    _check_not_pseudo(path, option)
+    _check_name_lengths(path, option)
     if path.exists():
         if not path.is_dir():
             raise KdvfsError(f"{option} {path}: not a directory")
         if not os.access(path, os.W_OK | os.X_OK):
             raise KdvfsError(f"{option} {path}: not writable (permission denied)")
+        _check_creatable_in(path, option, path / "x.json")
         return
     _check_creatable_in(path.parent, option, path)
 
 
-def _check_creatable_in(folder: Path, option: str, path: Path) -> None:
-    """The nearest existing ancestor of `folder` must be a directory this user writes in."""
+def _check_not_pseudo(path: Path, option: str) -> None:
     from kdvfs.runtime.types import KdvfsError
 
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise KdvfsError(f"{option} {path}: cannot resolve the path ({exc})") from None
+    for pseudo in _PSEUDO_FILESYSTEMS:
+        if resolved == pseudo or pseudo in resolved.parents:
+            raise KdvfsError(f"{option} {path}: {pseudo} is a kernel interface, not a place for files")
+
+
+def _existing_ancestor(folder: Path) -> Path:
+    """`folder` itself or its nearest ancestor that exists."""
     ancestor = folder.absolute()
-    while not ancestor.exists() and ancestor != ancestor.parent:
+    while ancestor != ancestor.parent:
+        try:
+            if ancestor.exists():
+                break
+        except OSError:  # a name too long to look up
+            pass
         ancestor = ancestor.parent
+    return ancestor
+
+
+def _check_name_lengths(path: Path, option: str) -> None:
+    """Every name of `path` within the filesystem's limit, with room for the temporary file
+    written beside it (checked first: a longer name fails every other look-up)."""
+    from kdvfs.runtime.types import KdvfsError
+
+    ancestor = _existing_ancestor(path.parent)
+    try:
+        name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for name in path.absolute().relative_to(ancestor).parts:
+        size = len(os.fsencode(name))
+        if size + TEMP_NAME_EXTRA > name_max:
+            raise KdvfsError(
+                f"{option}: the name {name[:40]}... is {size} bytes; this filesystem allows {name_max}, "
+                f"less {TEMP_NAME_EXTRA} for the temporary file written beside it"
+            )
+
+
+def _check_creatable_in(folder: Path, option: str, path: Path) -> None:
+    """The nearest existing ancestor of `folder` must be a directory this user creates files
+    in (a temporary file is created there and removed), and every name still to be created
+    must fit the filesystem's limit, with room for the temporary file written beside it."""
+    import tempfile
+
+    from kdvfs.runtime.types import KdvfsError
+
+    ancestor = _existing_ancestor(folder)
     if not ancestor.is_dir():
         raise KdvfsError(f"{option} {path}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise KdvfsError(f"{option} {path}: cannot create files in {ancestor} (permission denied)")
+    try:
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".kdvfs-", suffix=".tmp")
+    except OSError as exc:
+        raise KdvfsError(
+            f"{option} {path}: cannot create files in {ancestor} ({exc.strerror or exc})"
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+
+
+def stdout_closed() -> None:
+    """The reader of stdout left (`kdvfs tune | head -1`): what is still printed goes nowhere,
+    and nothing else (an output being written) is taken to have failed."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+@contextlib.contextmanager
+def printing() -> Iterator[None]:
+    """Print in the block; a closed stdout pipe ends the block, not the command."""
+    try:
+        yield
+    except BrokenPipeError:
+        stdout_closed()
 
 
 def write_all(outputs: list[tuple[str, Callable[[], None]]]) -> int:
     """Run each output step whatever the others do; a failure is one stderr line. Returns
-    how many failed. Ctrl-C/SIGTERM meanwhile does not stop them."""
+    how many failed. Ctrl-C/SIGTERM meanwhile does not stop them. A closed stdout pipe met by
+    a step's printed line is not the step failing: the step writes first, then prints."""
     from kdvfs.runtime.types import KdvfsError
 
     failed = 0
     with deferred_interrupts():
         for label, write in outputs:
             try:
-                write()
+                with printing():
+                    write()
             except (KdvfsError, OSError) as exc:
                 failed += 1
                 print(f"kdvfs: {label} not written: {exc}", file=sys.stderr)

@@ -9,7 +9,7 @@ from pathlib import Path
 from kdvfs.cli.commands._common import (
     Phases,
     add_json,
-    check_file_output,
+    check_outputs,
     deferred_interrupts,
     write_all,
     write_json,
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from kdvfs.runtime.types import KdvfsError
     from kdvfs.tuner.calibration import calibration_rows
 
-    check_file_output(args.json, "--json")
+    check_outputs(args, {"--json": args.json})
     device = open_device(args.device, noise=0.0)
     if not isinstance(device, SimulatedDevice):
         raise KdvfsError(

@@ -11,7 +11,7 @@ from kdvfs.cli.commands._common import (
     add_budget,
     add_json,
     add_mlflow,
-    check_file_output,
+    check_outputs,
     deferred_interrupts,
     noise_scale,
     positive_float,
@@ -85,7 +85,7 @@ def _strategies(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_file_output(args.json, "--json")
+    check_outputs(args, {"--json": args.json})
     from kdvfs.tuner.compare import Comparison
     from kdvfs.tuner.progress import Progress
 

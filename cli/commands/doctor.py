@@ -31,10 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.cli.commands._common import check_file_output, write_json
+    from kdvfs.cli.commands._common import check_outputs, write_json
     from kdvfs.runtime.nvml_device import NvmlUnavailable
 
-    check_file_output(args.json, "--json")
+    check_outputs(args, {"--json": args.json})
     try:
         reports = [gpu_report(i) for i in _indices(args.index)]
     except NvmlUnavailable as exc:

@@ -14,7 +14,7 @@ from kdvfs.cli.commands._common import (
     add_budget,
     add_json,
     add_mlflow,
-    check_file_output,
+    check_outputs,
     deferred_interrupts,
     noise_scale,
     nonnegative_int,
@@ -68,8 +68,7 @@ def _names(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_file_output(args.json, "--json")
-    check_file_output(args.plot, "--plot")
+    check_outputs(args, {"--json": args.json, "--plot": args.plot})
     from kdvfs.runtime.registry import open_device, open_workload
     from kdvfs.tuner.peers import check_peers, run_peers
 

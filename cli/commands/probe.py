@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from kdvfs.cli.commands._common import Phases, check_dir_output, positive_float, write_all
+from kdvfs.cli.commands._common import Phases, check_outputs, positive_float, write_all
 from kdvfs.runtime.types import KdvfsError
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0:
         raise KdvfsError(f"--seconds must be > 0, got {args.seconds}")
-    check_dir_output(args.out, "--out")
+    check_outputs(args, {}, {"--out": args.out})
     names = SIZE_LADDER if args.ladder else [n.strip() for n in args.kernels.split(",") if n.strip()]
     kernels = [parse_probe_kernel(name) for name in names]
     why_not = _cuda_missing(args.index)

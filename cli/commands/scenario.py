@@ -14,8 +14,7 @@ from kdvfs.cli.commands._common import (
     add_budget,
     add_json,
     add_mlflow,
-    check_dir_output,
-    check_file_output,
+    check_outputs,
     deferred_interrupts,
     nonnegative_int,
     positive_float,
@@ -73,8 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_file_output(args.json, "--json")
-    check_dir_output(args.plan_store, "--plan-store")
+    check_outputs(args, {"--json": args.json}, {"--plan-store": args.plan_store})
     from kdvfs.policies.registry import STRATEGIES
     from kdvfs.runtime.types import KdvfsError
     from kdvfs.tuner.scenarios import run_scenario

@@ -83,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
     if not is_loopback(args.host) and args.token_file is None:
         raise KdvfsError(f"refusing to bind {args.host} (not loopback) without --token-file")
+    from kdvfs.cli.commands._common import check_outputs
+
+    check_outputs(args, {"--port-file": args.port_file})
     from kdvfs.extras import require_extra
 
     require_extra("service", ["fastapi", "uvicorn", "sqlalchemy"], "the tuning service")

@@ -16,7 +16,7 @@ from kdvfs.cli.commands._common import (
     add_budget,
     add_device_workload,
     add_json,
-    check_file_output,
+    check_outputs,
     deferred_interrupts,
     nonnegative_float,
     open_from_args,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from kdvfs.tuner.progress import Progress
     from kdvfs.tuner.sweep import measure_every_pair, spread_pairs, sweep_reference
 
-    check_file_output(args.json, "--json")
+    check_outputs(args, {"--json": args.json})
     device, workload = _open(args)
     pairs = None if args.pairs is None else spread_pairs(device.grid.pairs, args.pairs)
     phases, obs = Phases("sweep"), None

@@ -21,9 +21,9 @@ from kdvfs.cli.commands._common import (
     add_device_workload,
     add_json,
     add_mlflow,
-    check_dir_output,
-    check_file_output,
+    check_outputs,
     positive_float,
+    printing,
     write_all,
     write_json,
 )
@@ -110,9 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.strategy not in STRATEGIES:
         raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {', '.join(STRATEGIES)})")
-    check_file_output(args.json, "--json")
-    check_file_output(args.plan_out, "--plan-out")
-    check_dir_output(args.plan_store, "--plan-store")
+    check_outputs(args, {"--json": args.json, "--plan-out": args.plan_out}, {"--plan-store": args.plan_store})
     if args.service is None and (args.token_file is not None or args.job is not None):
         raise KdvfsError("--token-file and --job need --service URL")
     if args.service is not None and not args.service.startswith(("http://", "https://")):
@@ -331,9 +329,10 @@ class _Tune:
         doc = report.doc if report is not None else {"partial": True, "interrupted_while": self.phase}
         plan = report.plan(args.strategy) if report is not None else None
         if report is not None:
-            report.print(self.label)
-            if self.job_noise is not None:
-                print(f"  every step carried the job noise {self.job_noise.name!r} [{self.steps_label}]")
+            with printing():  # a closed stdout pipe loses the printed report, not the outputs
+                report.print(self.label)
+                if self.job_noise is not None:
+                    print(f"  every step carried the job noise {self.job_noise.name!r} [{self.steps_label}]")
         outputs = []
         session = self.session
         stored = (
@@ -384,5 +383,9 @@ class _Tune:
                 run_handle.log_figure(fig, name)
         run_handle.log_dict(doc, "tune.json")
         run_handle.end(self.status)
-        print(f"  MLflow: {run_handle.url_or_path}")
+        if not run_handle.written:
+            from kdvfs.runtime.types import KdvfsError
+
+            raise KdvfsError(run_handle.url_or_path)
         doc["mlflow"] = run_handle.url_or_path
+        print(f"  MLflow: {run_handle.url_or_path}")
