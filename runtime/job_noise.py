@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kdvfs.runtime.types import KdvfsError
+from kdvfs.runtime.types import KdvfsError, check_file_size
 
 WAIT_QUANTILE_LEVELS: tuple[float, ...] = (
     0.0,
@@ -67,6 +67,8 @@ PERIOD_HIT_SHARE = 0.8
 
 BUILTIN_JSON = "job_noise.json"
 """The fitted parameters of the recordings that ship with kdvfs (in kdvfs.runtime)."""
+MAX_JOB_NOISE_BYTES = 64 << 20
+"""Largest job noise file read (a fitted job's parameters are a few KiB); bytes."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ def job_noise(name_or_path: str | Path) -> JobNoise:
         raise KdvfsError(
             f"job noise {str(name_or_path)!r}: neither a known name ({', '.join(sorted(builtin))}) nor a file"
         )
+    check_file_size(path, MAX_JOB_NOISE_BYTES, "job noise file")
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:

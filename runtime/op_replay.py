@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # public in use; no other hook sees list inputs
 
 from kdvfs.runtime.torch_discovery import is_outermost_compute_op
-from kdvfs.runtime.types import KdvfsError
+from kdvfs.runtime.types import KdvfsError, check_file_size
 
 TORCH_DTYPES = {
     "float": torch.float32,
@@ -206,6 +206,8 @@ def _pass_of(event) -> str:
 
 OPS_FORMAT = "kdvfs-recorded-ops/1"
 """The `format` of a recording file (save_ops)."""
+MAX_OPS_BYTES = 256 << 20
+"""Largest recording load_ops reads (a training step's ops are a few MiB); bytes."""
 
 
 def save_ops(ops: Sequence[RecordedOp], path: Path, *, device: str, about: str = "") -> None:
@@ -222,6 +224,7 @@ def save_ops(ops: Sequence[RecordedOp], path: Path, *, device: str, about: str =
 def load_ops(path: Path) -> tuple[list[RecordedOp], str]:
     """A recording written by save_ops: its ops and the torch device type they ran on
     (KdvfsError naming the problem for a file that is not one)."""
+    check_file_size(path, MAX_OPS_BYTES, "recording of ops")
     try:
         doc = json.loads(path.read_text())
     except OSError as exc:

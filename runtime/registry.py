@@ -14,12 +14,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from kdvfs.runtime.device import Device
-from kdvfs.runtime.types import KdvfsError, Workload
+from kdvfs.runtime.types import KdvfsError, Workload, finite_number
+
+MAX_NOISE_SCALE = 20.0
+"""Largest measurement-noise scale a device opens with (x the device's own noise): beyond it
+no measurement means anything (the CLI's --noise has the same limit)."""
 
 
 def open_device(spec: str, *, seed: int = 0, noise: float | None = None, full_grid: bool = False) -> Device:
-    """noise: measurement-noise scale (None: the device's default: the preset's noise on a
-    simulated card, none on a recorded table, whose cells are already single noisy samples)."""
+    """A device by name.
+
+    Args:
+        spec: sim:PRESET, replay:CSV or nvml:INDEX.
+        seed: seeds the device's measurement noise.
+        noise: measurement-noise scale, a finite number from 0 (noiseless) to MAX_NOISE_SCALE
+            (None: the device's default: the preset's noise on a simulated card, none on a
+            recorded table, whose cells are already single noisy samples).
+        full_grid: a simulated card offers every supported clock pair, not the preset's grid.
+
+    Raises:
+        KdvfsError: an unknown device, a bad argument, or a noise scale out of range.
+    """
+    if noise is not None:
+        noise = finite_number("noise", noise, 0.0, MAX_NOISE_SCALE)
     kind, _, arg = spec.partition(":")
     if kind == "sim":
         from kdvfs.runtime.simulator import SimulatedDevice
@@ -36,10 +53,19 @@ def open_device(spec: str, *, seed: int = 0, noise: float | None = None, full_gr
     if kind == "nvml":
         from kdvfs.runtime.nvml_device import NvmlDevice
 
-        if not (arg or "0").isdigit():
-            raise KdvfsError(f"device {spec!r}: the GPU index must be a whole number, as nvml:0")
-        return NvmlDevice(int(arg or 0), dry_run=True)
+        return NvmlDevice(nvml_index(spec), dry_run=True)
     raise KdvfsError(f"unknown device {spec!r}: use sim:PRESET, replay:CSV or nvml:INDEX")
+
+
+def nvml_index(spec: str) -> int:
+    """The GPU index of a real card's spec, nvml:INDEX (nvml alone: 0), or a one-line
+    KdvfsError that says the index must be a whole number."""
+    kind, _, arg = spec.partition(":")
+    if kind != "nvml":
+        raise KdvfsError(f"device {spec!r} is not a real GPU: use nvml:INDEX")
+    if not (arg or "0").isascii() or not (arg or "0").isdigit():
+        raise KdvfsError(f"device {spec!r}: the GPU index must be a whole number, as nvml:0")
+    return int(arg or 0)
 
 
 def open_workload(spec: str, device: Device | None = None) -> Workload:
@@ -111,18 +137,17 @@ def open_op_replay(device_spec: str, workload_spec: str):
     from kdvfs.runtime.op_device import OpReplayDevice
     from kdvfs.runtime.op_replay import load_ops
 
-    kind, _, arg = device_spec.partition(":")
+    kind = device_spec.partition(":")[0]
     if kind != "nvml":
         raise KdvfsError(
             f"workload {workload_spec!r}: recorded ops run on a real GPU, --device nvml:INDEX, not {device_spec!r}"
         )
-    if not (arg or "0").isdigit():
-        raise KdvfsError(f"device {device_spec!r}: the GPU index must be a whole number, as nvml:0")
+    index = nvml_index(device_spec)
     path = Path(workload_spec.partition(":")[2])
     if not path.name:
         raise KdvfsError("ops workload needs a file: ops:PATH.json")
     ops, torch_device = load_ops(path)
-    card = NvmlDevice(int(arg or 0), dry_run=True)
+    card = NvmlDevice(index, dry_run=True)
     try:
         device = OpReplayDevice(card, ops, torch_device=torch_device, name=path.stem)
     except BaseException:

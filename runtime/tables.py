@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 
-from kdvfs.runtime.types import PASSES, ClockGrid, ClockPair, KdvfsError, Kernel, Workload
+from kdvfs.runtime.types import PASSES, ClockGrid, ClockPair, KdvfsError, Kernel, Workload, check_file_size
 
 CANONICAL_COLUMNS = ("kernel", "core_mhz", "mem_mhz", "time_s")
 """Required columns of the canonical layout (with energy_j or power_w)."""
@@ -34,6 +34,9 @@ MAX_POWER_W = 3000.0
 """Highest plausible average power of one GPU; W."""
 MAX_CLOCK_MHZ = 100_000
 """Highest plausible clock value (memory clocks are given in effective MHz); MHz."""
+MAX_CSV_BYTES = 1 << 30
+"""Largest CSV file read_csv reads (a table of every kernel of a large model at every clock
+pair is tens of MiB); bytes."""
 REPO_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 """The source checkout's data/ folder (recorded probes, traces and tables), found from the
 package; an installed wheel does not carry it."""
@@ -52,10 +55,13 @@ class CsvRow:
 
 def read_csv(path: str | Path) -> tuple[tuple[str, ...], list[CsvRow]]:
     """Header and rows of a CSV file. Unnamed columns are dropped; a repeated column name gets
-    a `.1`, `.2` suffix (as pandas does), so that no column silently overwrites another."""
+    a `.1`, `.2` suffix (as pandas does), so that no column silently overwrites another. A
+    UTF-8 byte-order mark (as spreadsheets save a CSV) is skipped; a file larger than
+    MAX_CSV_BYTES is refused before it is read."""
     path = Path(path)
+    check_file_size(path, MAX_CSV_BYTES, "CSV table")
     try:
-        with path.open(newline="") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             raw_header = next(reader, None)
             if raw_header is None:

@@ -7,7 +7,11 @@ means the same thing in runtime/, envs/, policies/ and tuner/.
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 Source = Literal["simulated", "replayed", "measured"]
@@ -22,12 +26,107 @@ class KdvfsError(ValueError):
     """Bad input a user can fix: the message is one line naming the problem."""
 
 
+def check_file_size(path: str | Path, limit_bytes: int, what: str) -> None:
+    """Refuse a file larger than `limit_bytes` before reading it (a file read whole costs about
+    twice its size in memory once parsed), in one line naming the file, its size and the limit.
+
+    Args:
+        path: the file about to be read.
+        limit_bytes: the largest size accepted; bytes.
+        what: what the file should be, as the message names it (e.g. "plan").
+
+    Raises:
+        KdvfsError: the file is larger than the limit. A file that cannot be examined passes
+            (its reader reports why it cannot read it).
+    """
+    try:
+        size_bytes = os.stat(path).st_size
+    except (OSError, ValueError):
+        return
+    if size_bytes > limit_bytes:
+        raise KdvfsError(
+            f"{path}: {_size_text(size_bytes)} is too large for a {what} (the limit is {_size_text(limit_bytes)})"
+        )
+
+
+def _shown(value: object) -> str:
+    """A value as a one-line error message shows it: its repr, cut at 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _size_text(size_bytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:.1f} {unit}"
+    return f"{size_bytes} bytes"
+
+
+def finite_number(
+    name: str,
+    value: object,
+    low: float,
+    high: float = math.inf,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> float:
+    """`value` as a float, or a one-line KdvfsError naming `name`, the value and the range.
+
+    Args:
+        name: the parameter, as the message names it (e.g. "switch_latency_s").
+        value: what was given: a real number (not a bool) within the range.
+        low: the smallest value allowed (excluded where open_low).
+        high: the largest value allowed (included unless open_high); inf: none.
+        open_low: whether `low` itself is refused (a value must be > low).
+        open_high: whether `high` itself is refused (a value must be < high).
+
+    Raises:
+        KdvfsError: not a real number, not finite, or outside the range.
+    """
+    bound = (f"> {low:g}" if open_low else f">= {low:g}") + (
+        f" and {'<' if open_high else '<='} {high:g}" if high < math.inf else ""
+    )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise KdvfsError(f"{name} must be a finite number {bound}, got {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    outside = number < low or number > high or (open_low and number == low) or (open_high and number == high)
+    if not math.isfinite(number) or outside:
+        raise KdvfsError(f"{name} must be a finite number {bound}, got {number:g}")
+    return number
+
+
 @dataclass(frozen=True, order=True)
 class ClockPair:
-    """A locked (core, memory) clock pair in MHz."""
+    """A locked (core, memory) clock pair in MHz.
+
+    Args:
+        core_mhz: the core (graphics) clock, a whole number of MHz > 0 (numpy integers are
+            taken as ints).
+        mem_mhz: the memory clock, a whole number of MHz > 0.
+
+    Raises:
+        KdvfsError: a clock that is not a positive whole number (a bool, a float, a string).
+    """
 
     core_mhz: int
     mem_mhz: int
+
+    def __post_init__(self) -> None:
+        for name in ("core_mhz", "mem_mhz"):
+            value = getattr(self, name)
+            if type(value) is not int:  # the common case costs one comparison
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise KdvfsError(
+                        f"clock pair: {name} must be a whole number of MHz > 0, got {_shown(value)}"
+                    )
+                value = int(value)
+                object.__setattr__(self, name, value)
+            if value <= 0:
+                raise KdvfsError(f"clock pair: {name} must be a whole number of MHz > 0, got {value}")
 
     def as_list(self) -> list[int]:
         return [self.core_mhz, self.mem_mhz]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from kdvfs.runtime.schedule import Schedule
-from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source, Workload
+from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Source, Workload, check_file_size
 
 #: The "schema" field every plan file carries.
 SCHEMA = "kdvfs-plan"
@@ -28,6 +28,8 @@ SCHEMA = "kdvfs-plan"
 SCHEMA_VERSION = 1
 #: Most per-kernel clock changes diff_plans lists one by one (the rest are counted).
 DIFF_KERNEL_LINES = 10
+#: Largest plan file load_plan reads (a plan of a 100,000-kernel step is a few MiB); bytes.
+MAX_PLAN_BYTES = 64 << 20
 
 GroupSpan = tuple[int, int, ClockPair, float, float]
 """(start, end, pair, expected_time_s, expected_energy_j): kernels [start, end) of a workload."""
@@ -223,6 +225,7 @@ def _umask() -> int:
 def load_plan(path: Path) -> Plan:
     """Read and validate a plan file; any problem is a KdvfsError naming the file and field."""
     path = Path(path)
+    check_file_size(path, MAX_PLAN_BYTES, "plan")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -381,9 +384,14 @@ class _Reader:
             )
         return float(value)
 
-    def array(self, value: Any, path: str) -> list[Any]:
-        if not isinstance(value, list) or not value:
+    def array(
+        self, value: Any, path: str, empty: str = "expected a non-empty array, found an empty one"
+    ) -> list[Any]:
+        """A non-empty JSON array; `empty`: the problem an empty one is."""
+        if not isinstance(value, list):
             raise self.fail(path, f"expected a non-empty array, found {_kind(value)}")
+        if not value:
+            raise self.fail(path, empty)
         return value
 
     def names(self, value: Any, path: str) -> tuple[str, ...]:
@@ -440,7 +448,8 @@ class _Reader:
         workload = self.obj(doc["workload"], "workload", {"name", "signature", "kernels"})
         kernels = self.names(workload["kernels"], "workload.kernels")
         groups = tuple(
-            self.group(g, f"groups[{i}]", grid) for i, g in enumerate(self.array(doc["groups"], "groups"))
+            self.group(g, f"groups[{i}]", grid)
+            for i, g in enumerate(self.array(doc["groups"], "groups", "a plan needs at least one group"))
         )
         self.coverage(groups, kernels)
         expected = self.obj(

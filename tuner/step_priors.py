@@ -25,13 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from kdvfs.runtime.schedule import Schedule
-from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, check_file_size
 from kdvfs.tuner.grouping import group_kernels
 from kdvfs.tuner.observations import Observations
 
 #: Share of the budget a prior schedule may spend (trials in training add noise to its slowdown,
 #: and verification adopts it only 3 standard errors inside the budget); a fraction.
 PRIOR_BUDGET_SHARE = 0.5
+#: Largest sweep JSON sweep_prior reads (a real card's sweep is well under 1 MiB); bytes.
+MAX_SWEEP_BYTES = 64 << 20
 
 
 def switch_sites(workload: Workload) -> list[int]:
@@ -132,6 +134,7 @@ def sweep_prior(path: Path, workload: Workload) -> Schedule | None:
     segments: each segment at the pair the sweep planned for its pass (stock for a pass the
     sweep did not plan), consecutive equal pairs merged; None when the plan is all stock
     (nothing to verify). KdvfsError naming the problem for a file that is not such a sweep."""
+    check_file_size(path, MAX_SWEEP_BYTES, "sweep")
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as exc:

@@ -22,6 +22,7 @@ Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,7 +52,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     pooled_report,
     switchable_groups,
 )
-from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
 
 #: Length of one verification window; s.
@@ -91,6 +92,12 @@ RETUNE_MIN_S = 5.0
 MIN_POOLED_WINDOW_S = 0.5
 #: Fewest A-B-B-A blocks of a pooled trial or verification (the adoption needs two); blocks.
 MIN_POOLED_BLOCKS = 2
+#: Largest slowdown budget a tuner takes (a test or smoke check on a loaded CPU keeps the guard
+#: out of the way with 1.0 or more; anything beyond is a typing error); a fraction (100: 10,000%).
+MAX_BUDGET = 100.0
+#: Longest a measuring length, a clock-switch latency or an energy-update period may be (a
+#: larger one is a unit or typing error); s.
+MAX_TIMING_S = 1e7
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,10 @@ class StepTiming:
         verify_max_blocks: most blocks of a verification extended while its time is undecided.
         max_trials_per_group: most trials of one group before its best is verified.
         watch_window_s: length of one drift-watch window once Settled, s.
+
+    Raises:
+        KdvfsError: a length that is not finite, > 0 and at most MAX_TIMING_S, or a count that
+            is not a whole number >= 1 (verify_max_blocks at least verify_blocks).
     """
 
     reference_s: float = REFERENCE_S
@@ -117,6 +128,19 @@ class StepTiming:
     verify_max_blocks: int = VERIFY_MAX_BLOCKS
     max_trials_per_group: int = MAX_TRIALS_PER_GROUP
     watch_window_s: float = WATCH_WINDOW_S
+
+    def __post_init__(self) -> None:
+        for name in ("reference_s", "trial_window_s", "verify_window_s", "watch_window_s"):
+            finite_number(f"StepTiming.{name}", getattr(self, name), 0.0, MAX_TIMING_S, open_low=True)
+        for name in ("trial_blocks", "verify_blocks", "verify_max_blocks", "max_trials_per_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise KdvfsError(f"StepTiming.{name} must be a whole number >= 1, got {value!r}")
+        if self.verify_max_blocks < self.verify_blocks:
+            raise KdvfsError(
+                f"StepTiming.verify_max_blocks must be >= verify_blocks ({self.verify_blocks}), "
+                f"got {self.verify_max_blocks}"
+            )
 
     @classmethod
     def for_ranks(cls, ranks: int) -> StepTiming:
@@ -358,9 +382,10 @@ class StepTuner:
     Args:
         workload: the kernels of one step (for where the job can switch: its passes).
         pairs: the card's supported clock pairs (the search grid), in its order.
-        switch_latency_s: the card's clock-switch latency, s.
-        energy_update_period_s: how often the card's energy counter advances, s.
-        budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
+        switch_latency_s: the card's clock-switch latency, s (finite, >= 0).
+        energy_update_period_s: how often the card's energy counter advances, s (finite, > 0).
+        budget: the largest cumulative slowdown against stock, a fraction from 0 to
+            MAX_BUDGET (0.01: 1%).
         strategy: the search strategy: a name (kdvfs.policies.registry), made here with `seed`
             and `strategy_options`, or the strategy itself (e.g. the service's,
             service/client.py).
@@ -379,6 +404,10 @@ class StepTuner:
         pool: the job's data-parallel ranks (runtime/ranks.py), each running this tuner with
             the same arguments: every step's report is gathered from all of them and every
             rank decides on the same pooled figures; None: this rank alone.
+
+    Raises:
+        KdvfsError: a budget, latency or period that is not finite or out of its range (one
+            line naming the parameter, its value and the range).
     """
 
     def __init__(
@@ -399,8 +428,11 @@ class StepTuner:
         pool: RankPool | None = None,
         proven_prior: bool = False,
     ) -> None:
-        if not budget >= 0.0:
-            raise KdvfsError(f"budget must be >= 0, got {budget}")
+        budget = finite_number("budget", budget, 0.0, MAX_BUDGET)
+        switch_latency_s = finite_number("switch_latency_s", switch_latency_s, 0.0, MAX_TIMING_S)
+        energy_update_period_s = finite_number(
+            "energy_update_period_s", energy_update_period_s, 0.0, MAX_TIMING_S, open_low=True
+        )
         self.pool = pool
         self.pool_lost: str | None = None  # why the pool was lost (None: it was not)
         self._left_pool = False

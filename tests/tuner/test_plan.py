@@ -165,7 +165,7 @@ REJECTIONS = [
         "groups[2].kernels[1]: 'k4' is beyond the workload's 4 kernels",
     ),
     (_set(["groups", 2, "kernels"], []), "groups[2].kernels: expected a non-empty array"),
-    (_set(["groups"], []), "groups: expected a non-empty array"),
+    (_set(["groups"], []), "groups: a plan needs at least one group"),
     (
         _set(["workload", "kernels"], ["k0", "k1", "k2", "k3", "k4"]),
         "groups: cover 4 of the workload's 5 kernels (missing from 'k4')",
