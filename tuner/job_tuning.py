@@ -48,7 +48,7 @@ from kdvfs.runtime.step_feed import COUNTER_POLL_S, site_workload
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, workload_sites
 from kdvfs.runtime.torch_integration import KdvfsTrainer
-from kdvfs.runtime.types import Workload
+from kdvfs.runtime.types import KdvfsError, Workload
 from kdvfs.tuner.plan import Plan, save_plan
 from kdvfs.tuner.plan_store import PlanStore
 from kdvfs.tuner.run import Card, Point, TuningRun, choose_prior, point_metrics, schedule_pairs
@@ -150,6 +150,13 @@ class JobTuning:
         run_name: str = "kdvfs.tune",
         pool: RankPool | None = None,
     ) -> None:
+        source = getattr(device, "source", None)
+        if source in ("simulated", "replayed"):
+            raise KdvfsError(
+                f"kdvfs.tune: device {getattr(device, 'name', source)!r} is {source} and runs no real "
+                "kernels, so a training loop on it measures nothing: give a real card (an NVML index or "
+                "NvmlDevice), or tune simulated training with `kdvfs tune --device sim:PRESET`"
+            )
         self._owns_device = not hasattr(device, "set_clocks")
         self.device: Device = NvmlDevice(device or 0, dry_run=dry_run) if self._owns_device else device
         self.dry_run = dry_run
