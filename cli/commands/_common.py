@@ -113,6 +113,25 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+MAX_DURATION_S = 1e7  # s (about 116 days): the longest duration an option takes
+
+
+def duration_s(text: str) -> float:
+    """argparse type: a duration in seconds, a finite number > 0 and at most MAX_DURATION_S."""
+    return _at_most_max_duration(positive_float(text))
+
+
+def nonnegative_duration_s(text: str) -> float:
+    """argparse type: a duration in seconds, a finite number >= 0 and at most MAX_DURATION_S."""
+    return _at_most_max_duration(nonnegative_float(text))
+
+
+def _at_most_max_duration(value: float) -> float:
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DURATION_S:g} s, got {value:g} s")
+    return value
+
+
 MAX_NOISE_SCALE = 20.0  # x the device's own measurement noise: beyond it no measurement means anything
 
 

@@ -13,8 +13,8 @@ from kdvfs.cli.commands._common import (
     add_mlflow,
     check_outputs,
     deferred_interrupts,
+    duration_s,
     noise_scale,
-    positive_float,
     positive_int,
     write_all,
     write_json,
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window-s",
-        type=positive_float,
+        type=duration_s,
         default=1.0,
         help="seconds of repeats per measurement (default %(default)s)",
     )

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from kdvfs.cli.commands._common import Phases, check_outputs, positive_float, write_all
+from kdvfs.cli.commands._common import Phases, check_outputs, duration_s, write_all
 from kdvfs.runtime.types import KdvfsError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--out", metavar="DIR", type=Path, required=True, help=f"write DIR/{PROBE_FILE}")
     parser.add_argument(
-        "--seconds", metavar="S", type=positive_float, default=2.0, help="run each kernel >= S s (default 2)"
+        "--seconds", metavar="S", type=duration_s, default=2.0, help="run each kernel >= S s (default 2)"
     )
     parser.add_argument("--index", metavar="N", type=int, default=0, help="CUDA device index (default 0)")
     parser.add_argument(

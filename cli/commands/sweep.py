@@ -18,9 +18,9 @@ from kdvfs.cli.commands._common import (
     add_json,
     check_outputs,
     deferred_interrupts,
-    nonnegative_float,
+    duration_s,
+    nonnegative_duration_s,
     open_from_args,
-    positive_float,
     positive_int,
     write_all,
     write_json,
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json(parser)
     parser.add_argument(
         "--window-s",
-        type=positive_float,
+        type=duration_s,
         default=1.0,
         help="seconds of repeats per measurement (default %(default)s)",
     )
@@ -48,13 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--warmup-s",
-        type=nonnegative_float,
+        type=nonnegative_duration_s,
         default=120.0,
         help="seconds of stock steps before the reference is measured (default %(default)s)",
     )
     parser.add_argument(
         "--reference-s",
-        type=positive_float,
+        type=duration_s,
         default=20.0,
         help="seconds of stock steps the reference is measured over (default %(default)s)",
     )
@@ -85,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _open(args: argparse.Namespace):
     """(device, workload): a simulated or replayed card, or a real one running recorded ops."""
-    from kdvfs.runtime.registry import open_op_replay
+    from kdvfs.runtime.registry import nvml_index, open_op_replay
 
     if args.workload.startswith("ops:"):
         return open_op_replay(args.device, args.workload)
-    if args.device.startswith("nvml"):
+    if args.device.partition(":")[0] == "nvml":
+        nvml_index(args.device)  # a bad index is named first
         raise KdvfsError(
             f"device {args.device!r}: a real GPU sweeps the recorded ops of a training step, "
             "--workload ops:FILE (python -m kdvfs.experiments.record_step_ops writes one)"

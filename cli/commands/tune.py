@@ -22,7 +22,7 @@ from kdvfs.cli.commands._common import (
     add_json,
     add_mlflow,
     check_outputs,
-    positive_float,
+    duration_s,
     printing,
     write_all,
     write_json,
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_budget(parser)
     parser.add_argument(
         "--seconds",
-        type=positive_float,
+        type=duration_s,
         default=600.0,
         help="seconds of (simulated) training to run (default %(default)s)",
     )
