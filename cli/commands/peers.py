@@ -103,15 +103,20 @@ def run(args: argparse.Namespace) -> int:
             doc.update(steps=args.steps, seed=args.seed, source="simulated", peers={})
         phases.mark(doc)
         fig = None if doc["partial"] else _print_peers(args, doc)
+        failed = 0
         if not args.no_mlflow:
-            doc["mlflow"] = _log_peers(
-                args.mlflow_uri, doc, fig, run_identity(device, workload), phases.run_status
-            )
-            print(f"  MLflow: {doc['mlflow']}")
+
+            def log_run() -> None:
+                doc["mlflow"] = _log_peers(
+                    args.mlflow_uri, doc, fig, run_identity(device, workload), phases.run_status
+                )
+                print(f"  MLflow: {doc['mlflow']}")
+
+            failed = write_all([("MLflow run", log_run)])
     outputs = [("JSON", lambda: write_json(args.json, doc))]
     if fig is not None and args.plot is not None:
         outputs.insert(0, ("plot", lambda: _save_plot(fig, args.plot)))
-    return phases.exit_status(write_all(outputs))
+    return phases.exit_status(failed + write_all(outputs))
 
 
 def _save_plot(fig, path: Path) -> None:
@@ -158,4 +163,8 @@ def _log_peers(uri: str | None, doc: dict[str, Any], fig, identity: dict[str, st
         run.log_figure(fig, "peers.png")
     run.log_dict(doc, "peers.json")
     run.end(status)
+    if not run.written:
+        from kdvfs.runtime.types import KdvfsError
+
+        raise KdvfsError(run.url_or_path)
     return run.url_or_path

@@ -16,8 +16,8 @@ from kdvfs.cli.commands._common import (
     add_mlflow,
     check_outputs,
     deferred_interrupts,
-    duration_s,
     nonnegative_int,
+    positive_float,
     write_all,
     write_json,
 )
@@ -43,14 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--at-s",
-        type=duration_s,
+        type=positive_float,
         default=None,
         metavar="S",
         help="apply the change after S seconds of training (default: once settled with the drift watch ready)",
     )
     parser.add_argument(
         "--after-s",
-        type=duration_s,
+        type=positive_float,
         default=300.0,
         metavar="S",
         help="seconds of training after the change (default %(default)s)",
@@ -105,10 +105,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_scenario(args, doc)
         phases.mark(doc)
+        failed = 0
         if not args.no_mlflow:
-            doc["mlflow"] = _log_scenario(args, doc, run_identity(device, workload), phases.run_status)
-            print(f"  MLflow: {doc['mlflow']}")
-    return phases.exit_status(write_all([("JSON", lambda: write_json(args.json, doc))]))
+
+            def log_run() -> None:
+                doc["mlflow"] = _log_scenario(args, doc, run_identity(device, workload), phases.run_status)
+                print(f"  MLflow: {doc['mlflow']}")
+
+            failed = write_all([("MLflow run", log_run)])
+    return phases.exit_status(failed + write_all([("JSON", lambda: write_json(args.json, doc))]))
 
 
 def _identity_of(args: argparse.Namespace):
@@ -186,4 +191,8 @@ def _log_scenario(args: argparse.Namespace, doc: dict, identity: dict[str, str],
         )
     run.log_dict(doc, "scenario.json")
     run.end(status)
+    if not run.written:
+        from kdvfs.runtime.types import KdvfsError
+
+        raise KdvfsError(run.url_or_path)
     return run.url_or_path

@@ -265,3 +265,20 @@ def test_a_tune_in_a_read_only_folder_does_not_claim_a_spool(tmp_path, monkeypat
         (tmp_path / "ro").chmod(0o755)
     assert "spooled at" not in out + err
     assert code == 2 and "MLflow run not written" in err, err
+
+
+@pytest.mark.parametrize(
+    "command", [["peers", "envpipe-sm-stepdown", "--steps", "200"], ["scenario", "power-cap"]]
+)
+def test_a_peers_or_scenario_run_neither_stored_nor_spooled_is_said_not_written(
+    tmp_path, monkeypatch, command
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "kdvfs-spool").write_text("")  # the spool folder cannot be made
+    code, out, err = run_cli(
+        *command, "--mlflow-uri", f"sqlite:///{tmp_path / 'a-file' / 'm.db'}", "--json", "r.json"
+    )
+    assert "spooled at" not in out + err
+    assert code == 2 and "MLflow run not written" in err, err
+    assert json.loads((tmp_path / "r.json").read_text())["partial"] is False
