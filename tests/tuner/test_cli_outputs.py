@@ -282,3 +282,30 @@ def test_a_peers_or_scenario_run_neither_stored_nor_spooled_is_said_not_written(
     assert "spooled at" not in out + err
     assert code == 2 and "MLflow run not written" in err, err
     assert json.loads((tmp_path / "r.json").read_text())["partial"] is False
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--json"],
+        ["compare", "--json"],
+        ["calibrate", "--against", "probe.csv", "--json"],
+        ["peers", "envpipe-sm-stepdown", "--plot"],
+        ["scenario", "power-cap", "--plan-store"],
+        ["doctor", "--json"],
+        ["probe", "--out"],
+        ["serve", "--port-file"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_every_command_refuses_an_output_under_proc_before_any_work(argv):
+    code, out, err = run_cli(*argv, "/proc/kdvfs-out")
+    assert_refused_before_any_work(code, out, err, argv[-1], "/proc")
+
+
+def test_a_service_port_file_over_its_token_file_is_refused_and_the_tokens_kept(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t0 fleet job\n")
+    code, out, err = run_cli("serve", "--token-file", str(tokens), "--port-file", str(tokens))
+    assert_refused_before_any_work(code, out, err, "--port-file", "--token-file")
+    assert tokens.read_text() == "t0 fleet job\n"
