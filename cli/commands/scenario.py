@@ -16,8 +16,8 @@ from kdvfs.cli.commands._common import (
     add_mlflow,
     check_outputs,
     deferred_interrupts,
+    duration_s,
     nonnegative_int,
-    positive_float,
     write_all,
     write_json,
 )
@@ -43,14 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--at-s",
-        type=positive_float,
+        type=duration_s,
         default=None,
         metavar="S",
         help="apply the change after S seconds of training (default: once settled with the drift watch ready)",
     )
     parser.add_argument(
         "--after-s",
-        type=positive_float,
+        type=duration_s,
         default=300.0,
         metavar="S",
         help="seconds of training after the change (default %(default)s)",
