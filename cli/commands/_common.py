@@ -208,6 +208,15 @@ TEMP_NAME_KEEP = 100
 _PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
 
 
+def check_strategy(name: str) -> None:
+    """A search strategy's name the registry knows; else one line naming the known ones."""
+    from kdvfs.policies.registry import STRATEGIES
+    from kdvfs.runtime.types import KdvfsError
+
+    if name not in STRATEGIES:
+        raise KdvfsError(f"unknown strategy {name!r} (known: {', '.join(STRATEGIES)})")
+
+
 def check_outputs(
     args: argparse.Namespace,
     files: dict[str, Path | None],

@@ -15,6 +15,7 @@ from kdvfs.cli.commands._common import (
     add_json,
     add_mlflow,
     check_outputs,
+    check_strategy,
     deferred_interrupts,
     duration_s,
     nonnegative_int,
@@ -73,12 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args, {"--json": args.json}, {"--plan-store": args.plan_store})
-    from kdvfs.policies.registry import STRATEGIES
-    from kdvfs.runtime.types import KdvfsError
     from kdvfs.tuner.scenarios import run_scenario
 
-    if args.strategy not in STRATEGIES:
-        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {','.join(STRATEGIES)})")
+    check_strategy(args.strategy)
     phases, doc = Phases("scenario"), None
     with phases.interruptible():
         phases.enter(f"running scenario {args.scenario}")

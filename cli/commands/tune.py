@@ -22,6 +22,7 @@ from kdvfs.cli.commands._common import (
     add_json,
     add_mlflow,
     check_outputs,
+    check_strategy,
     duration_s,
     printing,
     write_all,
@@ -105,11 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kdvfs.policies.registry import STRATEGIES
     from kdvfs.runtime.types import KdvfsError
 
-    if args.strategy not in STRATEGIES:
-        raise KdvfsError(f"unknown strategy {args.strategy!r} (known: {', '.join(STRATEGIES)})")
+    check_strategy(args.strategy)
     check_outputs(args, {"--json": args.json, "--plan-out": args.plan_out}, {"--plan-store": args.plan_store})
     if args.service is None and (args.token_file is not None or args.job is not None):
         raise KdvfsError("--token-file and --job need --service URL")
