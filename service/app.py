@@ -4,14 +4,17 @@
 - `load_tokens`: the token file: one `TOKEN FLEET JOB` per line (# comments); a token reads and
   writes only its fleet's sessions, models and plans.
 - `create_app(config) -> FastAPI`: routes under /v1 (OpenAPI at /openapi.json, docs at /docs),
-  /health; the auth and rate-limit dependency (`Scope`); a body-size limit (`BodyLimit`);
+  /health; the auth and rate-limit dependency (`Scope`); `Gate`, ahead of every route: the
+  token before any byte of the body is read (401), then the body-size limit (413, chunked too);
   error handlers that answer one line and never the internals (a database error is 503
   "storage unavailable", anything unexpected 500 "internal error", both logged here).
 - `SessionLog`: one MLflow run per session, written by one background thread (a slow or
   absent store never delays a reply).
 
 Routes: POST /v1/sessions; GET /v1/sessions/{id}; POST /v1/sessions/{id}/ask|tell|best|end;
-POST /v1/sessions/{id}/pool (data-parallel ranks' step reports, gathered in memory: `StepPools`);
+POST /v1/sessions/{id}/pool (data-parallel ranks' step reports, gathered in memory: `StepPools`;
+a pool that cannot complete answers 200 with status "incomplete"); every measurement that no
+GPU can produce is refused 422 by schema.py before it reaches a model or the store;
 GET /v1/plans/{key}[/versions/{v}]; PUT /v1/plans/{key}. Design: docs/service.md.
 """
 
@@ -74,7 +77,7 @@ OPEN_FLEET = "local"
 MAX_DETAIL_CHARS = 300
 #: Longest a rank's pooled step waits for the other ranks' (they run in lockstep); s.
 POOL_WAIT_S = 0.5
-#: Most steps being gathered at once, over all sessions (beyond: 503); steps.
+#: Most steps being gathered at once, over all sessions (beyond: 429); steps.
 MAX_OPEN_POOLS = 10_000
 
 _log = logging.getLogger("kdvfs.service")
@@ -83,15 +86,39 @@ _log = logging.getLogger("kdvfs.service")
 class StepPools:
     """Data-parallel ranks' step reports, gathered in memory per (session, step): each rank
     posts its report and waits (POOL_WAIT_S at most) until every rank's is in; a step is
-    forgotten once every rank has it. One event loop: no lock."""
+    forgotten once every rank has it. A pool that cannot complete in time answers the ranks
+    that did not report (`missing`), not an error: the ranks then tune alone. One event loop:
+    no lock."""
 
     def __init__(self) -> None:
         self.open: dict[tuple[str, int], tuple[dict[int, Any], set[int], asyncio.Event]] = {}
+        self.counters: dict[tuple[str, int], float] = {}  # (session, rank) -> its last counter reading, J
 
-    async def gather(self, session_id: str, ranks: int, rank: int, report: Any) -> list[Any]:
+    def check_counter(self, session_id: str, rank: int, report: Any) -> None:
+        """422 when the rank's energy counter reads below what it read in an earlier report of
+        the session: a counter never runs backwards."""
+        if not report.counter_readings:
+            return
+        last_j = self.counters.get((session_id, rank))
+        first_j = report.counter_readings[0][1]
+        if last_j is not None and first_j < last_j:
+            raise HTTPException(
+                422,
+                f"report.counter_readings: the energy counter ran backwards ({last_j:g} -> {first_j:g} J)",
+            )
+        if len(self.counters) >= MAX_OPEN_POOLS and (session_id, rank) not in self.counters:
+            self.counters.pop(next(iter(self.counters)))
+        self.counters[(session_id, rank)] = report.counter_readings[-1][1]
+
+    async def gather(
+        self, session_id: str, ranks: int, rank: int, report: Any
+    ) -> tuple[list[Any], list[int]]:
+        """Every rank's report of the step in rank order and no missing rank; or, when the
+        others did not report within POOL_WAIT_S, no reports and the ranks missing."""
+        self.check_counter(session_id, rank, report)
         key = (session_id, report.step)
         if key not in self.open and len(self.open) >= MAX_OPEN_POOLS:
-            raise HTTPException(503, "pool: too many steps being gathered", {"Retry-After": "1"})
+            raise HTTPException(429, "pool: too many steps being gathered", {"Retry-After": "1"})
         reports, fetched, complete = self.open.setdefault(key, ({}, set(), asyncio.Event()))
         reports[rank] = report
         if len(reports) >= ranks:
@@ -99,16 +126,15 @@ class StepPools:
         try:
             await asyncio.wait_for(complete.wait(), POOL_WAIT_S)
         except TimeoutError:
+            missing = [r for r in range(ranks) if r not in reports]
             reports.pop(rank, None)
             if not reports:
                 self.open.pop(key, None)
-            raise HTTPException(
-                504, f"pool: {len(reports) + 1} of {ranks} ranks reported step {report.step}"
-            ) from None
+            return [], missing
         fetched.add(rank)
         if len(fetched) >= ranks:
             self.open.pop(key, None)
-        return [reports[r] for r in range(ranks)]
+        return [reports[r] for r in range(ranks)], []
 
 
 @dataclass(frozen=True)
@@ -211,49 +237,73 @@ class Scope:
     job: str
 
 
-# --- body size ---------------------------------------------------------------------------------
-class BodyLimit:
-    """ASGI middleware: a body over `limit` bytes (declared or streamed) is answered 413."""
+# --- the gate: token, then body size ------------------------------------------------------------
+class Gate:
+    """ASGI middleware ahead of every route: the bearer token is checked first (401 before any
+    byte of the body is read), then the body is read whole up to `limit` bytes (413 past it,
+    whether declared by Content-Length or streamed in chunks) and handed to the app.
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+    Args:
+        app: the ASGI app behind it.
+        limit: the largest body, bytes.
+        tokens: the service's token digests (ServiceConfig.tokens); None: no tokens.
+    """
+
+    def __init__(self, app: Any, limit: int, tokens: dict[str, TokenScope] | None) -> None:
+        self.app, self.limit, self.tokens = app, limit, tokens
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        if self.tokens is not None and scope["path"].startswith("/v1/"):
+            kind, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if kind.lower() != "bearer" or _digest(token.strip()) not in self.tokens:
+                await _reply(
+                    send, 401, "a valid bearer token is required", [(b"www-authenticate", b"Bearer")]
+                )
+                return
+        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await _too_large(send, self.limit)
+            await _reply(send, 413, f"request body over {self.limit} bytes")
             return
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
+        chunks: list[bytes] = []
+        seen, more = 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await _reply(send, 413, f"request body over {self.limit} bytes")
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await _too_large(send, self.limit)
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
-class _TooLarge(Exception):
-    pass
-
-
-async def _too_large(send: Any, limit: int) -> None:
-    body = ErrorReply(detail=f"request body over {limit} bytes").model_dump_json().encode()
+async def _reply(send: Any, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    body = ErrorReply(detail=detail).model_dump_json().encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -366,7 +416,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     )
     app.state.db, app.state.bank, app.state.tracking = db, bank, tracking
     app.state.config, app.state.limiter = config, limiter
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(Gate, limit=config.max_body_bytes, tokens=config.tokens)
     if config.preload:
         threading.Thread(target=_preload, name="kdvfs-preload", daemon=True).start()
 
@@ -512,10 +562,13 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/pool", response_model=PoolReply, tags=["ask and tell"])
     async def pool(session_id: SessionId, body: PoolRequest, caller: Caller) -> PoolReply:
         """This data-parallel rank's step report in, every rank's report of the step out
-        (runtime/ranks.py: RankPool), once all are in (504 after POOL_WAIT_S without them)."""
+        (runtime/ranks.py: RankPool), once all are in; after POOL_WAIT_S without them,
+        status "incomplete" and the ranks missing (200: the pool is not an error)."""
         row = await own_session_async(caller, session_id)
         _check_rank(row, body.rank)
-        reports = await pools.gather(session_id, row["spec"]["ranks"], body.rank, body.report)
+        reports, missing = await pools.gather(session_id, row["spec"]["ranks"], body.rank, body.report)
+        if missing:
+            return PoolReply(status="incomplete", reports=[], missing=missing)
         return PoolReply(reports=reports)
 
     @app.post("/v1/sessions/{session_id}/best", response_model=BestReply, tags=["ask and tell"])

@@ -441,6 +441,11 @@ class ServiceRankPool:
         except (ServiceDown, ServiceRefused) as exc:
             self.policy.pooled = False  # the rank tunes alone from here: its figures are its own
             raise PoolLost(f"tuning service {self.policy.client.url}: {exc}") from None
+        if reply.status != "complete":
+            self.policy.pooled = False
+            raise PoolLost(
+                f"tuning service {self.policy.client.url}: ranks {reply.missing} did not report step {report.step}"
+            )
         return [_step_report(r) for r in reply.reports]
 
 

@@ -17,10 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MAX_NAME_CHARS = 200  # longest GPU, workload, job or task name, characters
 MAX_KEY_CHARS = 120  # longest task key or plan key, characters
 MAX_GRID_PAIRS = 4096  # most clock pairs a session's grid may list
-MAX_CLOCK_MHZ = 100_000  # highest clock a request may name, MHz
-MAX_RANKS = 4096  # most ranks a session may declare
+MAX_RANKS = 4096  # most ranks a session may declare (the pool gathers their reports in memory)
 MAX_RANK = MAX_RANKS - 1  # highest rank index
-MAX_FIGURE = 1e9  # largest time (s) or energy (J) a request may carry
 MAX_BUDGET = 1.0  # largest slowdown budget a session may name, a fraction
 MAX_TASK_BUDGET = 1e4  # largest budget of one task (a short group may take a step's whole slack), a fraction
 MAX_PLAN_CHARS = 2_000_000  # longest plan document, characters of its JSON
@@ -31,17 +29,47 @@ WITHOUT_OPTIONS = ("sweep", "random")  # strategies that take neither tol nor ma
 ID_PATTERN = r"^[0-9a-f]{32}$"  # a session id or tell id: 32 hex digits
 NAME_PATTERN = r"^[\w .:@/+=()-]{1,200}$"  # names: letters, digits, spaces and . : @ / + = ( ) - _
 
+# What a measurement can physically be. The fleet's models pool every job's observations, so a
+# figure no GPU can produce (a buggy or hostile job's) is refused (422) before it is stored.
+MAX_CORE_MHZ = 5_000  # highest SM clock a grid may name, MHz (GPUs top out near 3,000)
+MAX_MEM_MHZ = 30_000  # highest memory clock a grid may name, MHz (NVML's GDDR7 figure is ~14,000)
+MIN_TIME_S = 1e-7  # shortest time a step, group or launch may take, s (a kernel launch is ~2e-6)
+MAX_TIME_S = 86_400.0  # longest time a step, group or launch may take, s (one day)
+MIN_POWER_W = 0.1  # lowest mean power of a measurement (energy / time), W (an idle card: ~10 W)
+MAX_POWER_W = 10_000.0  # highest mean power of a measurement, W (the largest card: ~1,200 W)
+MAX_ENERGY_J = MAX_POWER_W * MAX_TIME_S  # largest energy of one measurement, J
+MAX_COUNTER_J = 1e13  # largest energy-counter reading, J (10 kW for 30 years)
+MAX_HOST_S = 1e10  # largest host-clock reading (end_s, a counter reading's time), s (epoch: ~1.8e9)
+MIN_TEMPERATURE_C = -60.0  # coldest card temperature a report may carry, C
+MAX_TEMPERATURE_C = 150.0  # hottest, C (cards shut down near 100)
+GROUP_SLACK = 1e-3  # a group may take at most its step's time times (1 + GROUP_SLACK) + MIN_TIME_S
+
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN)]
 TaskKey = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS, pattern=NAME_PATTERN)]
 Hex32 = Annotated[str, Field(pattern=ID_PATTERN)]
-ClockMhz = Annotated[int, Field(ge=1, le=MAX_CLOCK_MHZ)]
-Rank = Annotated[int, Field(ge=0, le=MAX_RANK)]
-Positive = Annotated[float, Field(gt=0.0, le=MAX_FIGURE, allow_inf_nan=False)]
+# integers are JSON integers: 1427.0 ranks or a config of 2.0 is refused (strict)
+CoreMhz = Annotated[int, Field(strict=True, ge=1, le=MAX_CORE_MHZ)]
+MemMhz = Annotated[int, Field(strict=True, ge=1, le=MAX_MEM_MHZ)]
+Rank = Annotated[int, Field(strict=True, ge=0, le=MAX_RANK)]
+TimeS = Annotated[float, Field(ge=MIN_TIME_S, le=MAX_TIME_S, allow_inf_nan=False)]
+GroupTimeS = Annotated[float, Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)]
+EnergyJ = Annotated[float, Field(gt=0.0, le=MAX_ENERGY_J, allow_inf_nan=False)]
+HostS = Annotated[float, Field(ge=0.0, le=MAX_HOST_S, allow_inf_nan=False)]
+CounterJ = Annotated[float, Field(ge=0.0, le=MAX_COUNTER_J, allow_inf_nan=False)]
+TemperatureC = Annotated[float, Field(ge=MIN_TEMPERATURE_C, le=MAX_TEMPERATURE_C, allow_inf_nan=False)]
+PowerW = Annotated[float, Field(gt=0.0, le=MAX_POWER_W, allow_inf_nan=False)]
 Budget = Annotated[float, Field(ge=0.0, le=MAX_BUDGET, allow_inf_nan=False)]
 TaskBudget = Annotated[float, Field(ge=0.0, le=MAX_TASK_BUDGET, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
-Finite = Annotated[float, Field(ge=-MAX_FIGURE, le=MAX_FIGURE, allow_inf_nan=False)]
-NonNegative = Annotated[float, Field(ge=0.0, le=MAX_FIGURE, allow_inf_nan=False)]
+
+
+def _check_power(time_s: float, energy_j: float, what: str) -> None:
+    """A measurement's mean power must be one a GPU can draw (MIN_POWER_W to MAX_POWER_W)."""
+    power_w = energy_j / time_s
+    if not MIN_POWER_W <= power_w <= MAX_POWER_W:
+        raise ValueError(
+            f"{what}: mean power {power_w:.3g} W is outside {MIN_POWER_W:g} to {MAX_POWER_W:g} W"
+        )
 
 
 class _Body(BaseModel):
@@ -57,11 +85,11 @@ class SessionRequest(_Body):
 
     job: Name
     gpu_name: Name
-    grid: Annotated[list[tuple[ClockMhz, ClockMhz]], Field(min_length=1, max_length=MAX_GRID_PAIRS)]
+    grid: Annotated[list[tuple[CoreMhz, MemMhz]], Field(min_length=1, max_length=MAX_GRID_PAIRS)]
     workload_name: Name
     workload_signature: Name
     budget: Budget
-    ranks: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
+    ranks: Annotated[int, Field(strict=True, ge=1, le=MAX_RANKS)] = 1
     parallel: Literal["data", "tensor"] = "data"
     strategy: Literal["sweep", "random", "egreedy", "ucb", "thompson", "botorch", "crosskernel"] = "botorch"
     policy_options: dict[Literal["tol", "margin"], Fraction] = {}
@@ -101,9 +129,14 @@ class TaskSpec(_Body):
     """A policies.base.Task: the group tuned, its reference time and energy, its budget."""
 
     key: TaskKey
-    ref_time_s: Positive
-    ref_energy_j: Positive
+    ref_time_s: TimeS
+    ref_energy_j: EnergyJ
     budget: TaskBudget
+
+    @model_validator(mode="after")
+    def _physical(self) -> TaskSpec:
+        _check_power(self.ref_time_s, self.ref_energy_j, "task reference")
+        return self
 
 
 class AskRequest(_Body):
@@ -124,10 +157,15 @@ class TellRequest(_Body):
     tell_id: Hex32
     rank: Rank = 0
     task: TaskSpec
-    config: Annotated[int, Field(ge=0, lt=MAX_GRID_PAIRS)]
-    time_s: Positive
-    energy_j: Positive
+    config: Annotated[int, Field(strict=True, ge=0, lt=MAX_GRID_PAIRS)]
+    time_s: TimeS
+    energy_j: EnergyJ
     pooled: bool = False  # the figure is the rank's data-parallel pool's, told alike by every rank
+
+    @model_validator(mode="after")
+    def _physical(self) -> TellRequest:
+        _check_power(self.time_s, self.energy_j, "measurement")
+        return self
 
 
 class TellReply(_Body):
@@ -148,7 +186,7 @@ class PlanPut(_Body):
     whose expected_version is not the newest is refused (409)."""
 
     plan: Annotated[dict[str, Any], Field(max_length=32)]
-    expected_version: Annotated[int, Field(ge=0)] | None = None
+    expected_version: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)] | None = None
 
 
 class PlanReply(_Body):
@@ -181,16 +219,36 @@ def plan_key(gpu_name: str, grid, signature: str) -> str:
 
 class RankStep(_Body):
     """One data-parallel rank's report of one step (runtime/steps.py: StepReport), pooled
-    through the service (POST /v1/sessions/{id}/pool). None: the card did not say (NaN)."""
+    through the service (POST /v1/sessions/{id}/pool). None: the card did not say (NaN).
+    Refused (422) unless physically possible: no group longer than its step, counter
+    readings in time order that never run backwards."""
 
-    step: Annotated[int, Field(ge=0, le=MAX_STEP)]
-    end_s: Finite
-    step_time_s: Positive
-    group_times_s: Annotated[list[NonNegative], Field(max_length=MAX_POOLED_GROUPS)]
-    counter_readings: Annotated[list[tuple[Finite, Finite]], Field(max_length=MAX_POOLED_READINGS)]
-    temperature_c: Finite | None = None
+    step: Annotated[int, Field(strict=True, ge=0, le=MAX_STEP)]
+    end_s: HostS
+    step_time_s: TimeS
+    group_times_s: Annotated[list[GroupTimeS], Field(max_length=MAX_POOLED_GROUPS)]
+    counter_readings: Annotated[list[tuple[HostS, CounterJ]], Field(max_length=MAX_POOLED_READINGS)]
+    temperature_c: TemperatureC | None = None
     throttle_reasons: Annotated[list[Name], Field(max_length=64)] = []
-    power_limit_w: NonNegative | None = None
+    power_limit_w: PowerW | None = None
+
+    @model_validator(mode="after")
+    def _physical(self) -> RankStep:
+        longest_s = self.step_time_s * (1.0 + GROUP_SLACK) + MIN_TIME_S
+        for i, group_s in enumerate(self.group_times_s):
+            if group_s > longest_s:
+                raise ValueError(
+                    f"group_times_s.{i}: {group_s:g} s is longer than the step's {self.step_time_s:g} s"
+                )
+        for i in range(1, len(self.counter_readings)):
+            (t0, e0), (t1, e1) = self.counter_readings[i - 1], self.counter_readings[i]
+            if t1 < t0:
+                raise ValueError(f"counter_readings.{i}: its time {t1:g} s is before the previous reading's")
+            if e1 < e0:
+                raise ValueError(
+                    f"counter_readings.{i}: the energy counter ran backwards ({e0:g} -> {e1:g} J)"
+                )
+        return self
 
 
 class PoolRequest(_Body):
@@ -201,4 +259,10 @@ class PoolRequest(_Body):
 
 
 class PoolReply(_Body):
-    reports: list[RankStep]  # every rank's report of the step, in rank order
+    """complete: every rank's report of the step, in rank order. Not complete (a rank did
+    not report within the pool's wait): status "incomplete", the ranks that did not report in
+    `missing`, and no reports (the ranks then tune alone: runtime/ranks.py's PoolLost)."""
+
+    status: Literal["complete", "incomplete"] = "complete"
+    reports: list[RankStep]
+    missing: list[int] = []
