@@ -85,7 +85,10 @@ class SessionRequest(_Body):
 
     job: Name
     gpu_name: Name
-    grid: Annotated[list[tuple[CoreMhz, MemMhz]], Field(min_length=1, max_length=MAX_GRID_PAIRS)]
+    grid: Annotated[
+        list[tuple[CoreMhz, MemMhz]],
+        Field(min_length=1, max_length=MAX_GRID_PAIRS, json_schema_extra={"uniqueItems": True}),
+    ]
     workload_name: Name
     workload_signature: Name
     budget: Budget
