@@ -168,18 +168,45 @@ class JobNoiseSampler:
         self._z = float(self._rng.standard_normal())  # the AR(1) starts in its stationary law
         self._levels = np.asarray(WAIT_QUANTILE_LEVELS)
         self._quantiles = np.asarray(noise.wait_rel_quantiles)
+        self._block: list[float] = []  # the next steps' relative waits, drawn a block at a time
+        self._next = 0
 
     def wait_s(self, step: int, step_s: float) -> float:
         """The host-side wait of step `step` (from 0) whose GPU work takes step_s s: the GPU idles
-        this long after the step's kernels, before the next step's start."""
-        phi = self.noise.wait_ar1_per_step
-        self._z = phi * self._z + math.sqrt(1.0 - phi * phi) * float(self._rng.standard_normal())
-        u = 0.5 * (1.0 + math.erf(self._z / math.sqrt(2.0)))
-        wait = float(np.interp(u, self._levels, self._quantiles)) * step_s
+        this long after the step's kernels, before the next step's start. Each call is the next
+        step's: the draws come in order, SAMPLER_BLOCK at a time (the same waits as one by one)."""
+        rel, fixed_s = self.wait_parts(step)
+        return rel * step_s + fixed_s
+
+    def wait_parts(self, step: int) -> tuple[float, float]:
+        """Step `step`'s wait as (share of its GPU work, periodic syncs' s): its wait is
+        rel x step_s + fixed_s (wait_s; a call draws the step's wait as wait_s does)."""
+        if self._next >= len(self._block):
+            self._draw_block()
+        rel = self._block[self._next]
+        self._next += 1
+        fixed_s = 0.0
         for period, period_s in zip(self.noise.period_steps, self.noise.period_wait_s):
             if (step + 1) % period == 0:
-                wait += period_s
-        return wait
+                fixed_s += period_s
+        return rel, fixed_s
+
+    def _draw_block(self) -> None:
+        """The relative waits of the next SAMPLER_BLOCK steps: the AR(1) run on, each value read
+        through the quantiles."""
+        phi = self.noise.wait_ar1_per_step
+        gain = math.sqrt(1.0 - phi * phi)
+        z, us = self._z, []
+        for eps in self._rng.standard_normal(SAMPLER_BLOCK).tolist():
+            z = phi * z + gain * eps
+            us.append(0.5 * (1.0 + math.erf(z / math.sqrt(2.0))))
+        self._z = z
+        self._block = np.interp(us, self._levels, self._quantiles).tolist()
+        self._next = 0
+
+
+SAMPLER_BLOCK = 1024
+"""Steps whose waits a JobNoiseSampler draws at once (count)."""
 
 
 # --- the shipped recordings --------------------------------------------------------------------

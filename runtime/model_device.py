@@ -5,6 +5,12 @@
 `noise_period_s` of device time, and reports energy the way NVML does: a cumulative counter
 that advances only every `energy_update_period_s`. Subclasses supply the physics:
 `_launch_cost(kernel, pair_or_None)`.
+
+A whole step can also run at once (`step_noise`, `step_cost`, `advance_step`): its kernels'
+noiseless costs under a StepPattern (runtime/schedule.py), cached by the job per
+`step_cost_key`, scaled by the noise of the epoch the step starts in; the counter, the clocks
+and the state (temperature, cap controller: `_after_step`) then move as the launches would have
+moved them. `StepCost` holds a step's costs.
 Why noise is correlated over time: docs/design-runtime.md.
 """
 
@@ -12,6 +18,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +27,39 @@ from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Kernel, Source
 
 STATE_STEP_S = 0.05
 """Longest stretch of launches costed at one state (temperature, noise) before it is updated."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Noiseless costs of one step's kernels under a pattern, run back to back.
+
+    Attributes:
+        times_s: each kernel's time, launches included, s (in the workload's order).
+        energies_j: each kernel's energy, J.
+        cum_time_s: 0 then the running sum of times_s, s (one longer than times_s).
+        cum_energy_j: 0 then the running sum of energies_j, J.
+        time_s: the kernels' time, s.
+        energy_j: the kernels' energy, J.
+        last_power_w: the last kernel's power, W.
+        state: what the device needs to leave its state as the launches would (a simulated
+            card: the last launch's operating point and the cap controller's steady control).
+    """
+
+    times_s: np.ndarray
+    energies_j: np.ndarray
+    cum_time_s: np.ndarray
+    cum_energy_j: np.ndarray
+    time_s: float
+    energy_j: float
+    last_power_w: float
+    state: Any = None
+
+    @classmethod
+    def of(cls, times_s: Sequence[float], energies_j: Sequence[float], state: Any = None) -> StepCost:
+        t, e = np.asarray(times_s, dtype=float), np.asarray(energies_j, dtype=float)
+        cum_t, cum_e = np.concatenate(([0.0], np.cumsum(t))), np.concatenate(([0.0], np.cumsum(e)))
+        last_w = float(e[-1] / t[-1]) if len(t) and t[-1] > 0.0 else 0.0
+        return cls(t, e, cum_t, cum_e, float(cum_t[-1]), float(cum_e[-1]), last_w, state)
 
 
 class ModelDevice:
@@ -94,6 +135,10 @@ class ModelDevice:
     def clocks_in_effect(self) -> ClockPair | None:
         return self._clocks
 
+    def pending_switch(self) -> tuple[float, ClockPair | None] | None:
+        """The switch in flight, as (s until it lands, pair), or None."""
+        return None if self._pending is None else (self._pending[0] - self._now_s, self._pending[1])
+
     def true_energy_j(self) -> float:
         """The energy actually spent (not observable on a real card; for evaluation only)."""
         return self._true_energy_j
@@ -161,6 +206,80 @@ class ModelDevice:
             energy_j += e * launches
         return time_s, energy_j
 
+    # --- a whole step at once -----------------------------------------------------------
+    def step_cost_key(self, idle_s: float = 0.0) -> Any:
+        """What a step's noiseless costs depend on besides its pattern (a simulated card: its
+        temperature to 0.5 C, its power cap and, under a windowed cap, the idle time after the
+        kernels as its windows see it); costs are cached by it."""
+        return None
+
+    def step_cost(
+        self, items: Sequence[tuple[Kernel, ClockPair | None, int]], idle_s: float = 0.0
+    ) -> StepCost:
+        """Noiseless costs of one step's items (kernel, pair in effect, launches) run back to
+        back now, idle_s idle after them (the wait's own cost is not in it)."""
+        costs = [self._launch_cost(k, pair) for k, pair, _ in items]
+        return StepCost.of(
+            [t * n for (t, _), (_, _, n) in zip(costs, items)],
+            [e * n for (_, e), (_, _, n) in zip(costs, items)],
+        )
+
+    def launch_time_s(self, kernel: Kernel, pair: ClockPair | None) -> float:
+        """Noiseless time of one launch at the clocks now (the card's state left as it is), s."""
+        return self._launch_cost(kernel, pair)[0]
+
+    def step_noise(self) -> tuple[float, float]:
+        """The (time, energy) noise factors a step starting now runs under: the epoch's draw."""
+        return self._noise_now()
+
+    def advance_step(self, pattern: Any, cost: StepCost, noise: tuple[float, float], wait_s: float) -> None:
+        """One step's kernels at once (a StepPattern and its StepCost, times x noise[0], energy
+        x noise[1]), then wait_s idle: the clocks end as the pattern leaves them (a switch still
+        in flight lands in the wait if it is due), the counter catches up at its last tick (the
+        energy up to it read off the kernels' running sums), the state moves (_after_step)."""
+        time_f, energy_f = noise
+        start_s = self._now_s
+        kernels_s, kernels_j = cost.time_s * time_f, cost.energy_j * energy_f
+        self.switches += pattern.switches
+        self._clocks = pattern.end_clocks
+        kernels_end_s = start_s + kernels_s
+        self._pending = None
+        if pattern.end_pending is not None:
+            self._pending = (kernels_end_s + pattern.end_pending[0], pattern.end_pending[1])
+        idle_j, idle_w, idle_parts = 0.0, 0.0, []
+        if wait_s > 0.0:
+            first_s = wait_s
+            if self._pending is not None and self._pending[0] - kernels_end_s < wait_s:
+                first_s = max(0.0, self._pending[0] - kernels_end_s)
+            idle_w = self._idle_power_w()
+            idle_parts.append((first_s, idle_w))
+            if first_s < wait_s:
+                self._now_s = self._pending[0]
+                self._apply_due_switch()
+                idle_w = self._idle_power_w()
+                idle_parts.append((wait_s - first_s, idle_w))
+            idle_j = sum(d * w for d, w in idle_parts)
+        end_s = kernels_end_s + wait_s
+        end_tick = math.floor(end_s / self.energy_update_period_s)
+        if end_tick > self._last_tick:
+            offset_s = end_tick * self.energy_update_period_s - start_s
+            if offset_s <= kernels_s:
+                at_j = float(np.interp(offset_s / time_f, cost.cum_time_s, cost.cum_energy_j)) * energy_f
+            else:
+                at_j, left_s = kernels_j, offset_s - kernels_s
+                for d, w in idle_parts:
+                    at_j += min(d, left_s) * w
+                    left_s -= d
+                    if left_s <= 0.0:
+                        break
+            self._reported_energy_j = self._true_energy_j + at_j
+            self._last_tick = end_tick
+        self._true_energy_j += kernels_j + idle_j
+        self._now_s = end_s
+        self._last_power_w = idle_w if wait_s > 0.0 else cost.last_power_w * energy_f / time_f
+        duration_s = kernels_s + wait_s
+        self._after_step(duration_s, (kernels_j + idle_j) / duration_s if duration_s > 0 else 0.0, cost)
+
     # --- for subclasses -----------------------------------------------------------------
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         """Noiseless (time_s, energy_j) of one launch; None = stock clocks."""
@@ -171,6 +290,11 @@ class ModelDevice:
 
     def _on_advance(self, duration_s: float, power_w: float) -> None:
         """Hook: state that evolves with time and power (temperature)."""
+
+    def _after_step(self, duration_s: float, power_w: float, cost: StepCost) -> None:
+        """Hook: state that evolves with time and power after a step run at once (advance_step):
+        duration_s at a mean of power_w."""
+        self._on_advance(duration_s, power_w)
 
     def _steady_correction(self, start_s: float) -> tuple[float, float]:
         """Hook: what one repeat of the stretch since start_s runs differently from the stretch
@@ -198,6 +322,11 @@ class ModelDevice:
 
     def _noisy_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         time_s, energy_j = self._launch_cost(kernel, pair)
+        time_f, energy_f = self._noise_now()
+        return time_s * time_f, energy_j * energy_f
+
+    def _noise_now(self) -> tuple[float, float]:
+        """The noise factors of the epoch now, drawn when a new epoch begins."""
         epoch = math.floor(self._now_s / self.noise_period_s)
         if epoch != self._noise_epoch:
             self._noise_epoch = epoch
@@ -206,7 +335,7 @@ class ModelDevice:
                 max(0.5, 1.0 + self.time_noise * z_time),
                 max(0.5, 1.0 + self.energy_noise * z_energy),
             )
-        return time_s * self._noise[0], energy_j * self._noise[1]
+        return self._noise
 
     def _advance(self, duration_s: float, power_w: float) -> None:
         """Advance time at constant power; the reported counter catches up at each tick."""

@@ -5,7 +5,10 @@
   requesting a group's clocks at its first kernel only when they differ from the last
   request, so a switch lands switch_latency_s later, as tuner/grouping.py models it;
 - `schedule_figures`: a schedule's noiseless (energy saving, slowdown) against stock, as the
-  card runs it (`schedule_items`: each kernel with the pair in effect when it starts).
+  card runs it (`schedule_items`: each kernel with the pair in effect when it starts);
+- `StepPattern` / `StepRunner.pattern`: the pairs one step's kernels run at from a given
+  switch state (clocks in effect, a switch in flight), for a stretch of steps simulated at
+  once (SimulatedJob.step_until_update); its noiseless costs (ModelDevice.step_cost) cached.
 
 On a real GPU the training loop runs the kernels instead (torch_integration.py); why the
 switch latency shapes schedules: docs/design-runtime.md.
@@ -13,7 +16,7 @@ switch latency shapes schedules: docs/design-runtime.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,6 +47,35 @@ class Schedule:
         return out
 
 
+PENDING_QUANTA = 64
+"""A switch in flight at a step's start is placed to 1/PENDING_QUANTA of the switch latency
+when the step's pattern is looked up (count): patterns are cached by it."""
+
+
+@dataclass
+class StepPattern:
+    """The clocks each kernel of one step runs at, from a switch state at the step's start.
+
+    Attributes:
+        items: (kernel, pair in effect as it starts, launches) of each kernel, in order.
+        groups: each schedule group's first kernel (the schedule's starts).
+        end_clocks: the clocks in effect as the step's kernels end (None: stock).
+        end_pending: the switch still in flight then, as (s until it lands, pair), or None.
+        requested: the last pair requested in the step (StepRunner's record of it).
+        switches: clock changes that landed during the step's kernels (count).
+        costs: the step's noiseless costs under the conditions they were costed at
+            (ModelDevice.step_cost_key -> StepCost), filled as the stretch runs.
+    """
+
+    items: tuple[tuple[Kernel, ClockPair | None, int], ...]
+    groups: tuple[int, ...]
+    end_clocks: ClockPair | None
+    end_pending: tuple[float, ClockPair | None] | None
+    requested: ClockPair | None
+    switches: int
+    costs: dict = field(default_factory=dict)
+
+
 class StepRunner:
     """Runs training steps of a workload on a ModelDevice under a schedule.
 
@@ -56,6 +88,7 @@ class StepRunner:
         self.device = device
         self.workload = workload
         self._requested: ClockPair | str | None = "unset"
+        self._patterns: dict[tuple, StepPattern] = {}
 
     def run(self, schedule: Schedule, steps: int) -> tuple[np.ndarray, float]:
         """(each kernel's time in the last step run kernel by kernel, launches included, as
@@ -93,6 +126,66 @@ class StepRunner:
         self.device.repeat_since(t_it, e_it, steps - done)
         return times, self.device.now_s() - t0
 
+    def pattern(self, schedule: Schedule, time_f: float = 1.0) -> StepPattern:
+        """The pattern of the next step under the schedule, from the device's switch state now
+        (clocks in effect, the switch in flight placed to 1/PENDING_QUANTA of the latency) and
+        the last request made; the runner then records the step's last request as made. A
+        request lands switch_latency_s after its group's first kernel starts, at a kernel's
+        start (as schedule_items), the kernels timed by the device's noiseless figures now
+        (launch_time_s; patterns cached by the conditions, step_cost_key) times the step's
+        time noise factor time_f (to TIME_F_QUANTUM): a switch that lands near a kernel's start
+        lands before or after it as the noise has the kernels run."""
+        device = self.device
+        clocks, pending = device.clocks_in_effect(), device.pending_switch()
+        latency_s = device.switch_latency_s
+        if pending is not None:
+            quantum_s = latency_s / PENDING_QUANTA
+            pending = (max(0.0, round(pending[0] / quantum_s)) * quantum_s, pending[1])
+        time_f = round(time_f / TIME_F_QUANTUM) * TIME_F_QUANTUM
+        key = (schedule, clocks, pending, self._requested, device.step_cost_key(), time_f)
+        pattern = self._patterns.get(key)
+        if pattern is None:
+            if len(self._patterns) >= PATTERN_CACHE:
+                self._patterns.clear()
+            pattern = self._new_pattern(schedule, clocks, pending, latency_s, time_f)
+            self._patterns[key] = pattern
+        self._requested = pattern.requested
+        return pattern
+
+    def _new_pattern(
+        self,
+        schedule: Schedule,
+        clocks: ClockPair | None,
+        pending: tuple[float, ClockPair | None] | None,
+        latency_s: float,
+        time_f: float,
+    ) -> StepPattern:
+        starts = dict(schedule.groups)
+        requested = self._requested
+        clock_s, switches, items = 0.0, 0, []
+        for k, kernel in enumerate(self.workload.kernels):
+            if pending is not None and clock_s >= pending[0] - 1e-15:
+                switches += pending[1] != clocks
+                clocks, pending = pending[1], None
+            if k in starts and starts[k] != requested:
+                requested = starts[k]
+                if latency_s <= 0.0:
+                    switches += requested != clocks
+                    clocks, pending = requested, None
+                else:
+                    pending = (clock_s + latency_s, requested)
+            items.append((kernel, clocks, kernel.launches))
+            clock_s += self.device.launch_time_s(kernel, clocks) * kernel.launches * time_f
+        end_pending = None if pending is None else (pending[0] - clock_s, pending[1])
+        return StepPattern(
+            tuple(items),
+            tuple(starts),
+            clocks,
+            end_pending,
+            requested,
+            switches,  # type: ignore[arg-type]
+        )
+
     def _request(self, pair: ClockPair | None) -> None:
         if pair is None:
             self.device.reset_clocks()
@@ -103,6 +196,12 @@ class StepRunner:
     def forget_requests(self) -> None:
         """Someone else set the clocks (an isolated measurement): request again next time."""
         self._requested = "unset"
+
+
+TIME_F_QUANTUM = 1e-3
+"""Resolution of the time noise factor a step's pattern is computed at (dimensionless)."""
+PATTERN_CACHE = 4096
+"""Step patterns a runner keeps before it forgets them all (count)."""
 
 
 def schedule_figures(device: ModelDevice, workload: Workload, schedule: Schedule) -> tuple[float, float]:

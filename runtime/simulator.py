@@ -13,7 +13,9 @@
   the cap held per window), timed launches with a first-order thermal state and a controller
   whose level is carried from window to window (`_close_window`), operator changes (`set_ambient_c`,
   `set_power_cap_w`) and the sensors NVML would give (temperature, power limit, SM clock,
-  throttle reasons).
+  throttle reasons); a whole step at once (`step_cost`: each kernel under the control that holds
+  its window at the cap, as a settled controller does; `_after_step`: the temperature moves
+  and the controller is left settled there).
 The constants and their sources: presets.py. The model's equations and reasoning:
 docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy; its fidelity:
 docs/benchmarks.md ("The simulator's calibration").
@@ -26,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kdvfs.runtime.model_device import STATE_STEP_S, ModelDevice
+from kdvfs.runtime.model_device import STATE_STEP_S, ModelDevice, StepCost
 from kdvfs.runtime.presets import Preset, get_preset
 from kdvfs.runtime.types import ClockGrid, ClockPair, Kernel
 
@@ -311,6 +313,9 @@ def idle_power_w(p: Preset, core_mhz: float, mem_mhz: float, temp_c: float) -> f
     return static + core + p.mem_w * (mem_mhz / p.max_mem_mhz) * p.mem_base_rel
 
 
+IDLE_QUANTA = 20
+"""A step's idle time is placed to 1/IDLE_QUANTA of the power window when its costs are looked
+up (count): costs are cached by it."""
 THERMAL_BISECTION_STEPS = 12
 """Bisection steps for the steady temperature (count): the bracket shrinks to ~0.03 C."""
 
@@ -481,15 +486,103 @@ class SimulatedDevice(ModelDevice):
             energy_j += sum(op.energy_j * n for op, (_, _, n) in zip(ops, entries, strict=True))
         return time_s, energy_j
 
-    def _window_control(self, entries: Sequence[WindowEntry], temp_c: float) -> CapControl:
-        """window_control of a noiseless window (cached)."""
-        key = (tuple(entries), temp_c)
+    def step_cost_key(self, idle_s: float = 0.0) -> tuple[float, float, float]:
+        """(temperature to 0.5 C, power cap W, the idle after the kernels that a window sees,
+        to 1/IDLE_QUANTA of the window, s): what a step's noiseless costs depend on."""
+        return round(self._temp_c * 2.0) / 2.0, self.power_cap_w, self._idle_bucket_s(idle_s)
+
+    def _idle_bucket_s(self, idle_s: float) -> float:
+        window_s = self.preset.power_window_s
+        if window_s <= 0.0 or idle_s <= 0.0:
+            return 0.0
+        quantum_s = window_s / IDLE_QUANTA
+        return round(min(idle_s, window_s) / quantum_s) * quantum_s
+
+    def launch_time_s(self, kernel: Kernel, pair: ClockPair | None) -> float:
+        """Noiseless time of one launch now: under the cap controller's control now (per launch
+        when the preset has no window), at the temperature now (0.5 C)."""
+        if self.preset.power_window_s <= 0.0:
+            return self.point(kernel, pair, self._temp_c).time_s
+        return self._controlled(kernel, pair, round(self._temp_c * 2.0) / 2.0, self._control).time_s
+
+    def step_cost(
+        self, items: Sequence[tuple[Kernel, ClockPair | None, int]], idle_s: float = 0.0
+    ) -> StepCost:
+        """Each item's noiseless cost at the temperature now (0.5 C), the cap held over windows
+        of power_window_s from the step's start as in _figures (a settled controller), idle_s
+        (to its bucket, step_cost_key) idle after the kernels at the last kernel's clocks in the
+        windows that hold it (a controller lets more through a window that idles); state:
+        (the last launch's operating point, the control of the step's last window of launches)."""
+        temp_c = round(self._temp_c * 2.0) / 2.0
+        items = list(items)
+        if self.preset.power_window_s <= 0.0:
+            ops = [self.point(k, pair, temp_c) for k, pair, _ in items]
+            return StepCost.of(
+                [op.time_s * n for op, (_, _, n) in zip(ops, items)],
+                [op.energy_j * n for op, (_, _, n) in zip(ops, items)],
+                (ops[-1], UNCAPPED),
+            )
+        idle_s = self._idle_bucket_s(idle_s)
+        pair = items[-1][1]
+        p = self.preset
+        idle_w = idle_power_w(
+            p,
+            float(min(p.core_levels_mhz)) if pair is None else float(pair.core_mhz),
+            p.max_mem_mhz if pair is None else pair.mem_mhz,
+            temp_c,
+        )
+        times_s, energies_j = [0.0] * len(items), [0.0] * len(items)
+        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        control, last = None, None
+        for window in windows([*free_s, idle_s] if idle_s > 0.0 else free_s, p.power_window_s):
+            entries = [
+                (items[i][0], items[i][1], items[i][2] * share) for i, share in window if i < len(items)
+            ]
+            idle_in_s = sum(idle_s * share for i, share in window if i == len(items))
+            if not entries:
+                continue
+            if len(entries) == 1 and idle_in_s == 0.0:
+                control = None
+                ops = [self.point(entries[0][0], entries[0][1], temp_c)]
+            else:
+                control = self._window_control(entries, temp_c, (round(idle_in_s, 6), round(idle_w, 1)))
+                ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
+            for (i, _), op, (_, _, n) in zip(window, ops, entries):
+                times_s[i] += op.time_s * n
+                energies_j[i] += op.energy_j * n
+                last = op
+        if control is None:  # the last window held one kernel alone: its own capped point
+            control = self._window_control([(items[-1][0], items[-1][1], 1.0)], temp_c)
+        return StepCost.of(times_s, energies_j, (last, control))
+
+    def _after_step(self, duration_s: float, power_w: float, cost: StepCost) -> None:
+        """A step run at once: the temperature moves over it at its mean power; the last launch's
+        point is the step's last; the cap controller is left settled at the control of the
+        step's last window, watching a fresh window."""
+        p = self.preset
+        steady_c = self.ambient_c + p.r_th_c_per_w * power_w
+        self._temp_c = steady_c + (self._temp_c - steady_c) * math.exp(-duration_s / p.tau_s)
+        last, control = cost.state
+        self._last_point = last
+        if p.power_window_s > 0.0:
+            if self._control != control:
+                self._level = control_level(p, control)
+                self._control = control
+            self._window, self._window_s, self._idle_s, self._idle_j = {}, 0.0, 0.0, 0.0
+            self._launched, self._settled_on = None, None
+            self._stretches.clear()
+
+    def _window_control(
+        self, entries: Sequence[WindowEntry], temp_c: float, fixed: tuple[float, float] = (0.0, 0.0)
+    ) -> CapControl:
+        """window_control of a noiseless window (cached), `fixed` its idle (s, W)."""
+        key = (tuple(entries), temp_c, fixed)
         control = self._controls.get(key)
         if control is None:
             if len(self._controls) >= CONTROL_CACHE:
                 self._controls.clear()
             control = window_control(
-                self.preset, entries, temp_c, self.power_cap_w, point=self._point_at(temp_c)
+                self.preset, entries, temp_c, self.power_cap_w, fixed, point=self._point_at(temp_c)
             )
             self._controls[key] = control
         return control
@@ -537,6 +630,8 @@ class SimulatedDevice(ModelDevice):
         controller (_steady_correction), and the controller ends there: at the control of the
         stretch's last window in the noiseless figures, so the next stretch run launch by launch
         starts where the repeats left it, whatever its phase was in the one repeated."""
+        if times <= 0 or self._now_s <= start_s:
+            return 0.0
         items = self._items_since(start_s)
         self._fast_forward = True
         try:

@@ -1,9 +1,10 @@
 """Training steps as the training loop reports them, and a simulated job that produces them.
 
-- `StepReport`: what one step told the controller: its time and each group's time (CUDA
-  events on a real card), the energy-counter updates observed since the last report (each as
-  the host time of the update and the counter's joules), temperature, throttle reasons and
-  the enforced power limit. It crosses from runtime/ to tuner/.
+- `StepReport`: what one step (or `steps` consecutive steps under one schedule) told the
+  controller: its time and each group's time (CUDA events on a real card; means per step),
+  the energy-counter updates observed since the last report (each as the host time of the
+  update and the counter's joules), temperature, throttle reasons and the enforced power
+  limit. It crosses from runtime/ to tuner/.
 - `StepController`: the Protocol of whoever answers a report with the next steps' Schedule
   (tuner/step_tuner.py's StepTuner).
 - `SimulatedJob`: steps of a Workload on a ModelDevice through StepRunner under the
@@ -13,7 +14,10 @@
   (a drift scenario). It decides nothing. `dry_run` records the clock
   requests and applies none, as a real card in dry run does (the null test). `job_noise`
   (runtime/job_noise.py) adds a recorded job's host-side waits: the card idles after each
-  step's kernels for the step's sampled wait.
+  step's kernels for the step's sampled wait. `step_until_update` runs a stretch of steps at
+  once (each step's noiseless costs cached per pattern, its noise, wait and counter reading
+  drawn as step by step) and reports them in one StepReport that ends at the step where the
+  next counter update is observed (at most MAX_REPORT_S of training).
 
 The counter is read after every step, as a poller would, and an update is reported only when
 its value changed, at the simulated time of the change. Design: docs/design-step-tuner.md.
@@ -21,6 +25,7 @@ its value changed, at the simulated time of the change. Design: docs/design-step
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,18 +41,21 @@ from kdvfs.runtime.types import KdvfsError, Workload
 
 @dataclass(frozen=True)
 class StepReport:
-    """One training step as the loop measured it.
+    """One training step as the loop measured it, or `steps` consecutive steps under one
+    schedule (a stretch simulated at once, SimulatedJob.step_until_update).
 
     Attributes:
-        step: the step's index, from 0.
-        end_s: host time at the step's end, s.
-        step_time_s: the step's time, s.
-        group_times_s: each group's time under the schedule the step ran, s (in its order).
+        step: the (last covered) step's index, from 0.
+        end_s: host time at the (last) step's end, s.
+        step_time_s: the step's time (the mean step time of the steps covered), s.
+        group_times_s: each group's time under the schedule the step ran (the mean per step),
+            s (in its order).
         counter_readings: energy-counter updates observed since the last report, as
             (host time of the update in s, counter in J), oldest first.
-        temperature_c: the card's temperature at the step's end, C.
-        throttle_reasons: the card's throttle reasons at the step's end.
+        temperature_c: the card's temperature at the (last) step's end, C.
+        throttle_reasons: the card's throttle reasons at the (last) step's end.
         power_limit_w: the enforced power limit, W.
+        steps: consecutive steps the report stands for (count, >= 1).
     """
 
     step: int
@@ -58,6 +66,7 @@ class StepReport:
     temperature_c: float
     throttle_reasons: frozenset[str]
     power_limit_w: float
+    steps: int = 1
 
 
 class StepController(Protocol):
@@ -79,6 +88,11 @@ class RanKernels:
     schedule: Schedule
     kernel_times_s: np.ndarray
     step_s: float
+
+
+MAX_REPORT_S = 0.25
+"""Longest stretch of training one report of step_until_update covers when no counter update
+ends it sooner, s (a step longer than this is reported alone)."""
 
 
 class SimulatedJob:
@@ -158,6 +172,69 @@ class SimulatedJob:
         self.steps += 1
         return report
 
+    def step_until_update(self, schedule: Schedule) -> StepReport:
+        """Run steps under the schedule (stock in dry run) until the step after which the
+        energy counter shows an update, or until the next step would take the stretch past
+        MAX_REPORT_S, and report them as one StepReport of `steps` steps (step times and group
+        times their means, the counter update observed, the sensors at the end). Each step runs
+        at once (ModelDevice.advance_step): the pairs its kernels run at from the switch state
+        it starts in (StepRunner.pattern), their noiseless costs at the card's conditions then
+        (cached), the noise of the epoch it starts in, the job noise's wait. A device that cannot
+        run a step at once runs one step, kernel by kernel (step)."""
+        device = self.device
+        if not isinstance(device, ModelDevice):
+            return self.step(schedule)
+        if schedule != self._schedule or not self.requests:
+            self.requests.append((self.steps, schedule))
+            self._schedule = schedule
+        applied = Schedule.stock() if self.dry_run else schedule
+        sampler, runner = self._job_noise, self.runner
+        steps, total_s, wait_sum_s, groups_sum_s = 0, 0.0, 0.0, 0.0
+        while True:
+            noise = device.step_noise()
+            pattern = runner.pattern(applied, noise[0])
+            rel, fixed_s = sampler.wait_parts(self.steps) if sampler is not None else (0.0, 0.0)
+            cost, group_s = self._step_cost(pattern, 0.0)
+            if rel > 0.0 or fixed_s > 0.0:  # a wait: the costs as the windows see it
+                cost, group_s = self._step_cost(pattern, rel * cost.time_s * noise[0] + fixed_s)
+            step_s = cost.time_s * noise[0]
+            wait_s = rel * step_s + fixed_s
+            device.advance_step(pattern, cost, noise, wait_s)
+            self.steps += 1
+            steps += 1
+            total_s += step_s + wait_s
+            wait_sum_s += wait_s
+            groups_sum_s = groups_sum_s + group_s * noise[0]
+            if device.energy_j() != self._counter_j or total_s + step_s + wait_s > MAX_REPORT_S:
+                break
+        groups = groups_sum_s / steps
+        groups[-1] += wait_sum_s / steps
+        return StepReport(
+            step=self.steps - 1,
+            end_s=device.now_s(),
+            step_time_s=total_s / steps,
+            group_times_s=tuple(groups.tolist()),
+            counter_readings=self._read_counter(),
+            temperature_c=_sensor(device, "temperature_c", math.nan),
+            throttle_reasons=frozenset(_sensor(device, "throttle_reasons", frozenset())),
+            power_limit_w=_sensor(device, "power_limit_w", math.nan),
+            steps=steps,
+        )
+
+    def _step_cost(self, pattern, idle_s: float) -> tuple:
+        """(StepCost, each group's noiseless time s) of a pattern under the conditions now and
+        idle_s after it, cached in the pattern."""
+        key = self.device.step_cost_key(idle_s)
+        entry = pattern.costs.get(key)
+        if entry is None:
+            cost = self.device.step_cost(pattern.items, idle_s)
+            bounds = [*pattern.groups, len(cost.times_s)]
+            group_s = np.array(
+                [cost.cum_time_s[b] - cost.cum_time_s[a] for a, b in itertools.pairwise(bounds)]
+            )
+            entry = pattern.costs[key] = (cost, group_s)
+        return entry
+
     def change_workload(self, workload: Workload) -> None:
         """The job's steps run these kernels from now on (the schedule requested stays)."""
         self.workload = workload
@@ -170,16 +247,18 @@ class SimulatedJob:
         *,
         seconds: float,
         on_report: Callable[[StepReport], None] | None = None,
+        aggregate: bool = False,
     ) -> None:
-        """Train for `seconds` of device time, each step's report answered by the controller.
-        The clocks go back to stock when it ends, normally or by an exception."""
+        """Train for `seconds` of device time, each step's report answered by the controller
+        (aggregate: each stretch's, step_until_update). The clocks go back to stock when it
+        ends, normally or by an exception."""
         if not seconds > 0.0:
             raise KdvfsError(f"seconds of training must be > 0, got {seconds}")
         end_s = self.device.now_s() + seconds
         schedule = Schedule.stock()
         try:
             while self.device.now_s() < end_s:
-                report = self.step(schedule)
+                report = self.step_until_update(schedule) if aggregate else self.step(schedule)
                 if on_report is not None:
                     on_report(report)
                 schedule = controller.on_step_end(report)

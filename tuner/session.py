@@ -2,7 +2,8 @@
 scenarios, the peers' kdvfs row, the service's jobs and the experiments train.
 
 - `TuneSession`: a SimulatedJob (runtime/steps.py) on a simulated or replayed card, each step's
-  report fed to a TuningRun and its answer run next; `run_until(end_s)` trains to a training
+  report (with `aggregate_steps`, each stretch's up to a counter update:
+  SimulatedJob.step_until_update) fed to a TuningRun and its answer run next; `run_until(end_s)` trains to a training
   second, the clocks back to stock when it ends (by an exception or Ctrl-C too);
   `restart_on` the job on another card (a new run from a new prior, the same training clock);
   `plan(label)` the adopted schedule as a Plan with the card's noiseless figures.
@@ -51,6 +52,10 @@ class TuneSession:
             and each pass.
         job_noise: a recorded job's waits added to each step (runtime/job_noise.py; seeded
             by `seed`); None: the steps are the kernels alone.
+        aggregate_steps: run and report a stretch of steps at once, up to the step after
+            which the energy counter updates (SimulatedJob.step_until_update: the same
+            statistics, far less CPU for long runs); False: one report per step, each step run
+            kernel by kernel.
     """
 
     device: ModelDevice
@@ -63,6 +68,7 @@ class TuneSession:
     model: ModelDevice | None = None
     sites: list[int] | None = None
     job_noise: JobNoise | None = None
+    aggregate_steps: bool = False
 
     def __post_init__(self) -> None:
         self.run = self._new_run(self.device.now_s(), 0.0)
@@ -162,7 +168,11 @@ class TuneSession:
             self.run.subscribe(listener)
         try:
             while self.seconds < end_s:
-                report = self.job.step(self.schedule)
+                report = (
+                    self.job.step_until_update(self.schedule)
+                    if self.aggregate_steps
+                    else self.job.step(self.schedule)
+                )
                 if on_report is not None:
                     on_report(report)
                 self.schedule = self.run.on_step_end(report)
