@@ -8,12 +8,15 @@ run() of the commands that need them.
 main() is the one error path: a usage error or a KdvfsError is one stderr line and exit 2,
 Ctrl-C and SIGTERM are KeyboardInterrupt (the command keeps what it has, exit 130), a closed
 stdout pipe ends quietly, and anything else is one "internal error" line (KDVFS_DEBUG=1
-shows the traceback).
+shows the traceback). Run as the program, a SIGINT or SIGTERM after the command returned
+(its outputs written, MLflow shutting down) is one line and exit 130 or 143: the outputs
+are complete and say what happened (a JSON's partial: false stands).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -73,6 +76,37 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _after_outputs(command: str) -> None:
+    """From the command's return to the process's exit (MLflow's and the interpreter's
+    shutdown), SIGINT and SIGTERM cut nothing: every output is written and says what
+    happened. One line, then exit 130 (SIGINT) or 143 (SIGTERM) at once."""
+
+    def late(signum: int, _frame: object) -> None:
+        name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+        os.write(2, f"kdvfs {command}: {name} after every output was written (they are complete)\n".encode())
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, late)
+    signal.signal(signal.SIGTERM, late)
+
+
+def _exit(code: int) -> None:
+    """Exit now, as the interpreter would (threads joined, atexit run, streams flushed) but
+    without its finalization, which puts the default signal handlers back first: a signal in
+    that window killed the process with no word (exit -15)."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -81,12 +115,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return int(_command_module(args.command).run(args) or 0)
+        code = int(_command_module(args.command).run(args) or 0)
+        if argv is None:  # the program itself (not a caller of main): until it exits
+            _after_outputs(args.command)
+            _exit(code)
+        return code
     except KdvfsError as exc:
         print(f"kdvfs {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"kdvfs {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", None)  # commands/_common.py: InterruptedAfterOutputs
+        if signum is not None:
+            name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+            print(
+                f"kdvfs {args.command}: {name} while the outputs were written: they are complete",
+                file=sys.stderr,
+            )
+            return 128 + signum
+        if getattr(args, "outputs_written", False):  # set by a command once every output is written
+            print(
+                f"kdvfs {args.command}: interrupted after every output was written (they are complete)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"kdvfs {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # the reader of stdout left (`kdvfs plan show PLAN | head`): say nothing more
@@ -102,4 +154,5 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGTERM) is _interrupt:
+            signal.signal(signal.SIGTERM, previous)

@@ -16,7 +16,7 @@
   this data-parallel rank posted to the job's session, every rank's back (PoolLost when the
   service does not answer: the rank tunes alone from then on).
 - `ServicePlanStore`: the two as a plan store for run.choose_prior and `kdvfs tune
-  --service` (the service first, a local PlanStore behind it); `read_token`: a token file.
+  --service` (the service first, a local PlanStore behind it); `read_token`: a token file; `check_service_url`: a --service URL.
 
 Design: docs/service.md.
 """
@@ -398,18 +398,35 @@ class ServicePlanStore:
         return ", ".join(where) or "nowhere (the service did not take it and there is no local store)"
 
 
+def check_service_url(url: str) -> None:
+    """A service URL: http:// or https://, a host, a valid port; else a one-line KdvfsError."""
+    from kdvfs.runtime.types import KdvfsError
+
+    try:
+        parsed = httpx.URL(url)
+        parsed.port  # noqa: B018 (parses the port)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise KdvfsError(f"--service {url!r}: not a valid URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise KdvfsError(f"--service {url!r}: not an http:// or https:// URL with a host")
+
+
 def read_token(path: str | Path) -> str:
     """The token in a token file: the first word of its first line that is not blank or a
     comment (a line of the service's own token file, TOKEN FLEET JOB, reads as its token)."""
     from kdvfs.runtime.types import KdvfsError
 
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise KdvfsError(f"token file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise KdvfsError(f"token file {path}: not a text file (not UTF-8)") from None
     for line in lines:
         words = line.split("#", 1)[0].split()
         if words:
+            if not all(33 <= ord(c) < 127 for c in words[0]):
+                raise KdvfsError(f"token file {path}: the token has characters other than printable ASCII")
             return words[0]
     raise KdvfsError(f"token file {path}: no token in it")
 

@@ -486,9 +486,19 @@ class Phases:
         return 2 if failed_outputs else 0
 
 
+class InterruptedAfterOutputs(KeyboardInterrupt):
+    """A SIGINT or SIGTERM held while the outputs were written, delivered once they are:
+    nothing was cut (cli/__init__.py: one line, exit 128 + the signal's number)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[None]:
-    """Ignore SIGINT/SIGTERM while the block runs (one line says so): outputs are written whole."""
+    """Hold SIGINT/SIGTERM while the block runs (one line says so): outputs are written whole.
+    A signal held is delivered when the block ends: InterruptedAfterOutputs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -505,3 +515,5 @@ def deferred_interrupts() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if caught:
+        raise InterruptedAfterOutputs(caught[0])

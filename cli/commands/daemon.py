@@ -71,7 +71,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from kdvfs.cli.commands._common import check_outputs
     from kdvfs.runtime.daemon_client import DaemonClient
+    from kdvfs.runtime.types import KdvfsError
+
+    out = Path(args.json) if args.json not in (None, "-") else None
+    check_outputs(args, {"--json": out})
 
     with DaemonClient(args.socket) as client:
         status = client.status()
@@ -85,8 +90,11 @@ def _status(args: argparse.Namespace) -> int:
     if args.json == "-":
         print(json.dumps(payload))
         return 0
-    if args.json:
-        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+    if out is not None:
+        try:
+            out.write_text(json.dumps(payload, indent=1) + "\n")
+        except OSError as exc:
+            raise KdvfsError(f"--json {out}: cannot write ({exc.strerror or exc})") from None
     for gpu in status.gpus:
         held = f"leased by pid {gpu.holder_pid} at {gpu.core_mhz}/{gpu.mem_mhz} MHz" if gpu.leased else "free"
         print(f"GPU {gpu.index} ({gpu.uuid}): {held}")

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from kdvfs.extras import require_extra
 
     require_extra("service", ["fastapi", "uvicorn", "sqlalchemy"], "the tuning service")
+    _check_db_url(args.db)
     if args.db.startswith("postgresql"):
         require_extra("postgres", ["psycopg"], "a PostgreSQL database")
     import logging
@@ -153,3 +154,25 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _check_db_url(url: str) -> None:
+    """--db is a SQLAlchemy URL whose database kind SQLAlchemy knows; else one line."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    from kdvfs.runtime.types import KdvfsError
+
+    example = f"e.g. {DEFAULT_DB} or postgresql+psycopg://USER@HOST/DB"
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        raise KdvfsError(f"--db {url!r}: not a database URL ({example})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise KdvfsError(f"--db {url}: an in-memory database keeps nothing; name a file ({example})")
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise KdvfsError(f"--db {url}: unknown database kind {parsed.drivername!r} ({example})") from None
+    except ImportError as exc:
+        raise KdvfsError(f"--db {url}: its driver is not installed ({exc})") from None

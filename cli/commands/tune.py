@@ -7,6 +7,11 @@ any of them restores stock clocks and keeps what was measured and planned (parti
 plan so far, the MLflow run KILLED). With --service URL the strategy runs in `kdvfs serve`
 (service/client.py: ServiceStrategy; the job's own strategy answers while the service does
 not, and its tells wait in an outbox) and the converged plan is stored there.
+The plan store (--plan-store, --service) gets the converged plan; when it gets nothing the
+run says why in one line (and the JSON's plan_not_stored): a dry run, no convergence, or a
+plan that is the stored plan the run started from. An interrupt after every output was
+written cuts nothing: the JSON's partial: false stands, and the exit is 130 (143 for
+SIGTERM) with one line saying the outputs are complete (cli/__init__.py).
 """
 
 from __future__ import annotations
@@ -118,7 +123,20 @@ def run(args: argparse.Namespace) -> int:
         from kdvfs.extras import require_extra
 
         require_extra("service", ["httpx"], "the tuning service's client (--service)")
-    return _Tune(args).run()
+        from kdvfs.service.client import check_service_url, read_token
+
+        check_service_url(args.service)
+        if args.token_file is not None:
+            read_token(args.token_file)  # a token file that cannot be read fails before any work
+    try:
+        tune = _Tune(args)
+    except KeyboardInterrupt:  # opening the card and the workload: nothing measured yet
+        print("kdvfs tune: interrupted while starting: nothing was measured", file=sys.stderr)
+        write_all(
+            [("JSON", lambda: write_json(args.json, {"partial": True, "interrupted_while": "starting"}))]
+        )
+        return 130
+    return tune.run()
 
 
 class _Tune:
@@ -163,6 +181,7 @@ class _Tune:
             self.device.reset_clocks()
         report = self._report()
         failed = self._write_outputs(report)
+        self.args.outputs_written = True  # an interrupt from here cuts nothing (cli/__init__.py)
         if self.status == "KILLED":
             return 130
         return 2 if failed else 0
@@ -203,6 +222,7 @@ class _Tune:
 
             self.store = PlanStore(args.plan_store)
         if args.service is not None:
+            self.phase = "opening the service's session"
             self._open_service()
         self.phase = "choosing the prior"
         sites = job_sites(self.workload, self.device.switch_latency_s, args.sites)
@@ -333,21 +353,33 @@ class _Tune:
                 if self.job_noise is not None:
                     print(f"  every step carried the job noise {self.job_noise.name!r} [{self.steps_label}]")
         outputs = []
-        session = self.session
-        stored = (
-            self.store is not None
-            and not args.dry_run
-            and session.converged_after_s is not None
-            and session.tuner.incumbent != session.prior.schedule
-        )
-        if plan is not None and stored:
-            outputs.append(("plan store", lambda: self._store_plan(plan, doc)))
+        if plan is not None and self.store is not None:
+            why_not = self._why_not_stored()
+            if why_not is None:
+                outputs.append(("plan store", lambda: self._store_plan(plan, doc)))
+            else:
+                doc["plan_not_stored"] = why_not
+                with printing():
+                    print(f"  plan not stored: {why_not}")
         if plan is not None and args.plan_out is not None:
             outputs.append(("plan file", lambda: self._save_plan(plan)))
         if self.run_handle is not None:
             outputs.append(("MLflow run", lambda: self._log_run(report, plan, doc)))
         outputs.append(("JSON", lambda: write_json(args.json, doc)))
         return write_all(outputs)
+
+    def _why_not_stored(self) -> str | None:
+        """Why the plan store gets nothing from this run (None: the plan is stored). A plan
+        equal to its prior is stored unless the prior came from the store itself: a plan from
+        the card's model or another card, now verified in training, is worth keeping."""
+        session = self.session
+        if self.args.dry_run:
+            return "a dry run applies no clock, so its plan is not measured"
+        if session.converged_after_s is None:
+            return "the tuner did not converge in the time given (--seconds)"
+        if session.tuner.incumbent == session.prior.schedule and session.prior.source == "store":
+            return "it is the stored plan this run started from (verified again, unchanged)"
+        return None
 
     def _store_plan(self, plan, doc) -> None:
         where = self.store.put(plan)
