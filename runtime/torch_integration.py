@@ -131,8 +131,9 @@ def schedule_from_plan(plan: PlanLike, workload: Workload) -> Schedule:
 # --- what the controller measured --------------------------------------------------------
 @dataclass(frozen=True)
 class StepRecord:
-    """One training step: GPU time from its start to its end event (CPU: wall time), its
-    share of its window's energy, and the clock requests made while the GPU ran it."""
+    """One training step: GPU time from its start to the next step's start (the job's whole
+    step; the last step: to its end), CPU: wall time; its share of its window's energy, and
+    the clock requests made while the GPU ran it."""
 
     step: int
     time_s: float
@@ -223,9 +224,13 @@ class ClockController:
 
     The training thread calls begin_step(), site(name) (from hooks) and end_step(); none of
     them waits for the GPU. The controller's own thread does the waiting, the clock
-    requests and the energy reads. A step whose sites differ from the workload's (another
-    code path) runs at stock clocks from the first difference on; it is listed in
-    mismatched_steps, as is a step that ends before all the workload's sites fired.
+    requests and the energy reads. A step lasts from its start to the next step's start
+    (what the job does between end_step() and the next begin_step() is its step's too); it
+    is closed, recorded and reported when the GPU reaches the next start. A site fired again
+    inside its step (micro-batches, an evaluation) is passed over. A step whose sites differ
+    from the workload's (another code path) requests no clocks from the first difference on
+    and keeps the clocks it has; it is listed in mismatched_steps, as is a step that ends
+    before all the workload's sites fired.
 
     Args:
         device: where the clocks are requested.
@@ -300,6 +305,10 @@ class ClockController:
         self._mismatch = False
         self._begin: Any = None
         self._requests_in_step = 0
+        self._fired: set[str] = set()  # the sites the current step has fired
+        self._ended: tuple[int, Any] | None = None  # the step that ended, closed at the next start
+        self.repeated_sites = 0
+        """Sites that fired again inside their step (passed over: micro-batches, evaluation)."""
         self._pending: list[tuple[int, float, int]] = []
         # energy counter reads at window boundaries, on their own thread (an NVML read takes
         # ~4 ms on an H200: on this thread it would delay the clock requests behind it):
@@ -384,7 +393,7 @@ class ClockController:
                 continue  # drain: the training thread raises at its next step
             kind, step, name, stamp = mark
             try:
-                if kind == "end" and self.tuner is not None:
+                if kind == "begin" and self.tuner is not None:
                     self._anchor_at(stamp)
                 else:
                     stamp.wait()
@@ -394,6 +403,7 @@ class ClockController:
                 self.halt()
         try:
             if self.error is None:
+                self._finish(None)  # the last step ends at its end mark: no next step starts
                 if self._pending:
                     self._boundary(partial=True)
                 self._settle(block=True)
@@ -406,48 +416,74 @@ class ClockController:
         if kind == "begin":
             if not self._reads:
                 self._boundary(partial=False)  # the first window opens
+            self._finish(stamp)  # the step before ends where this one starts
             if self._next is not None:
                 self._apply(self._next)
             self._site_index, self._mismatch, self._begin, self._requests_in_step = 0, False, stamp, 0
-            self._site_stamps = [stamp]
-            self._at_site(step, name)
+            self._site_stamps, self._fired, self._ended = [stamp], {name}, None
+            if not self.placement.sites or self.placement.sites[0] != name:
+                self._mismatched(step)
+            elif 0 in self._site_pair:
+                self._request(step, name, self._site_pair[0])
         elif kind == "site":
-            self._run_segment(self._site_index)
-            self._site_index += 1
-            self._site_stamps.append(stamp)
-            self._at_site(step, name)
+            self._at_site(step, name, stamp)
         else:
             self._run_segment(self._site_index)
             if not self._mismatch and self._site_index != len(self.placement.sites) - 1:
-                self._mismatch = True
-                self.mismatched_steps.append(step)  # a site the workload has did not fire
-            step_s = stamp.seconds_since(self._begin)
-            self._pending.append((step, step_s, self._requests_in_step))
-            if len(self._pending) >= self.window_steps:
-                self._boundary(partial=False)
-            if self.tuner is not None:
-                self._report(step, stamp, step_s)
+                self._mismatched(step)  # a site the workload has did not fire
+            self._ended = (step, stamp)
 
-    def _at_site(self, step: int, name: str) -> None:
+    def _at_site(self, step: int, name: str, stamp: Any) -> None:
+        """A site fired: the next one the workload expects moves the step on (and requests its
+        pair); one already fired in this step (a second micro-batch, an evaluation inside the
+        step) is passed over, its time staying with the segment it ran in; any other site
+        mismatches the step."""
         if self._mismatch:
             return
-        sites = self.placement.sites
-        if self._site_index >= len(sites) or sites[self._site_index] != name:
-            self._mismatch = True
-            self.mismatched_steps.append(step)
-            self._request(step, name, None)
-        elif self._site_index in self._site_pair:
-            self._request(step, name, self._site_pair[self._site_index])
+        sites, following = self.placement.sites, self._site_index + 1
+        if following < len(sites) and sites[following] == name:
+            self._run_segment(self._site_index)
+            self._site_index = following
+            self._site_stamps.append(stamp)
+            self._fired.add(name)
+            if following in self._site_pair:
+                self._request(step, name, self._site_pair[following])
+        elif name in self._fired:
+            self.repeated_sites += 1
+        else:
+            self._mismatched(step)
 
-    def _anchor_at(self, end: Any) -> None:
-        """Wait for a step's end; where the host time the GPU reached it is known, it becomes
+    def _mismatched(self, step: int) -> None:
+        """The step's sites are not the workload's (another code path): from here on it
+        requests nothing and keeps the clocks it has; the next step starts afresh."""
+        self._mismatch = True
+        self.mismatched_steps.append(step)
+
+    def _finish(self, boundary: Any) -> None:
+        """Close the step that ended last: it lasts from its start to boundary, the next
+        step's start (the job's whole step: the time between its end and the next start,
+        input and logging, is the job's too); None: to its own end mark (the last step)."""
+        if self._ended is None:
+            return
+        step, end = self._ended
+        self._ended = None
+        boundary = end if boundary is None else boundary
+        step_s = boundary.seconds_since(self._begin)
+        self._pending.append((step, step_s, self._requests_in_step))
+        if len(self._pending) >= self.window_steps:
+            self._boundary(partial=False)
+        if self.tuner is not None:
+            self._report(step, boundary, step_s)
+
+    def _anchor_at(self, mark: Any) -> None:
+        """Wait for a step's start; where the host time the GPU reached it is known, it becomes
         the anchor that maps GPU event times to host times (the counter's clock)."""
-        if hasattr(end, "pending"):
-            end.pending()
-        end.wait()
-        reached_s = end.reached_s(time.monotonic())
+        if hasattr(mark, "pending"):
+            mark.pending()
+        mark.wait()
+        reached_s = mark.reached_s(time.monotonic())
         if reached_s is not None or self._anchor is None:
-            self._anchor = (end, time.monotonic() if reached_s is None else reached_s)
+            self._anchor = (mark, time.monotonic() if reached_s is None else reached_s)
 
     def _report(self, step: int, end: Any, step_s: float) -> None:
         """The step's StepReport to the tuner; its answer runs from the next step on. A tuner
@@ -630,7 +666,13 @@ class KdvfsTrainer:
         if self._hooks is not None:
             self._hooks.detach()
         hooked = [s for s in self.controller.placement.sites if s not in caller_sites]
-        self._hooks = StepSites.for_sites(hooked, self.model, self.optimizer)
+        # hook only what fires a hooked site (a model whose sites the caller fires stays unhooked)
+        model_sites = any(s in ("forward", "backward") or s.startswith("module:") for s in hooked)
+        self._hooks = StepSites.for_sites(
+            hooked,
+            self.model if model_sites else None,
+            self.optimizer if "optimizer" in hooked else None,
+        )
         self._hooks.attach(self.controller.site)
 
     def site(self, name: str) -> None:
@@ -726,16 +768,22 @@ def _pair(pair: ClockPair | None) -> list[int] | None:
 
 
 # --- framework callbacks ----------------------------------------------------------------------
+#: The sites a Lightning step fires from Lightning's own hooks, whatever the module calls.
+LIGHTNING_SITES = ("forward", "backward", "optimizer")
+
+
 class LightningHooks:
     """PyTorch Lightning Callback hooks (documented names and signatures) that drive a
-    KdvfsTrainer: a step from on_train_batch_start to on_train_batch_end (forward, backward
-    and optimizer step under automatic optimisation). lightning_callback() mixes them into
-    Lightning's Callback class.
+    KdvfsTrainer: a step from on_train_batch_start to the on_train_batch_end of the batch
+    whose optimizer step ran (with gradient accumulation, all its micro-batches).
 
-    Lightning runs forward and backward inside optimizer.step(closure), so the optimizer's
-    own step hook would fire before the forward; the optimizer site fires from
-    on_before_optimizer_step instead (after the closure, before the update), which gives
-    the site order of a plain loop (step, forward, backward, optimizer).
+    Every site fires from a Lightning hook, none from the module: "forward" as the batch
+    starts (Lightning calls training_step next; a LightningModule's training_step often
+    calls an inner model, never its own forward, so a forward hook on it would not fire),
+    "backward" from on_before_backward, "optimizer" from on_before_optimizer_step (Lightning
+    runs forward and backward inside optimizer.step(closure), so the optimizer's own step
+    hook would fire before the forward). This gives the site order of a plain loop (step,
+    forward, backward, optimizer) with automatic and manual optimisation, and any precision.
 
     Args:
         tuner: the trainer the hooks drive: a KdvfsTrainer, or a kdvfs.tune() session
@@ -744,20 +792,29 @@ class LightningHooks:
 
     def __init__(self, tuner: KdvfsTrainer) -> None:
         self.tuner = tuner
+        self._stepped = False  # the open step's optimizer step ran
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.tuner.attach(_first(self.tuner.model, pl_module), caller_sites=("optimizer",))
-
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        self.tuner.site("optimizer")
+        self.tuner.attach(_first(self.tuner.model, pl_module), caller_sites=LIGHTNING_SITES)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.tuner.begin_step()
+        self.tuner.site("forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self.tuner.site("backward")
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.tuner.site("optimizer")
+        self._stepped = True
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.tuner.end_step()
+        # accumulating: the step goes on to the batch whose optimizer step runs
+        if self._stepped or getattr(trainer, "accumulate_grad_batches", 1) <= 1:
+            self._stepped = False
+            self.tuner.end_step()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.tuner.close()

@@ -130,24 +130,49 @@ def test_failure_in_a_step_restores_stock_and_closes(mlp, tmp_path, failure):
         tuner.begin_step()
 
 
-def test_a_step_with_other_sites_runs_at_stock(mlp):
+def test_a_mismatched_step_sends_no_clock_request_and_a_repeated_site_is_passed_over(mlp):
     model, optimizer, step, workload = mlp
     device = LoggingDevice()
     with KdvfsTrainer(
         device, workload, site_schedule(workload, PAIRS), model=model, optimizer=optimizer
     ) as tuner:
-        for i in range(5):
+        for i in range(6):
             with tuner.step():
-                if i == 2:  # two forwards where the workload has an optimizer step
+                if i == 2:  # two micro-batches, then the optimizer step: the sites repeat in order
                     model(torch.randn(4, 8)).sum().backward()
                     model(torch.randn(4, 8)).sum().backward()
+                    optimizer.step()
                 elif i == 3:  # an accumulation step: no optimizer site at all
+                    model(torch.randn(4, 8)).sum().backward()
+                elif i == 4:  # the optimizer's site before the forward's: another code path
+                    optimizer.step()
                     model(torch.randn(4, 8)).sum().backward()
                 else:
                     step()
-    assert tuner.controller.mismatched_steps == [2, 3]
-    step2 = [(r.site, r.pair) for r in tuner.controller.requests if r.step == 2]
-    assert step2 == [("forward", FWD), ("backward", BWD), ("forward", None)]
+    controller = tuner.controller
+    assert controller.mismatched_steps == [3, 4]
+    assert controller.repeated_sites == 2
+    by_step = {i: [(r.site, r.pair) for r in controller.requests if r.step == i] for i in range(6)}
+    assert by_step[2] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
+    assert by_step[3] == [("forward", FWD), ("backward", BWD)]  # then it ends: nothing more
+    assert by_step[4] == []  # mismatched at its first site: the clocks it had stay
+    assert by_step[5] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
+    assert len(tuner.records) == 6 and device.clocks_in_effect() is None
+
+
+def test_a_step_lasts_until_the_next_step_starts(mlp):
+    model, optimizer, step, workload = mlp
+    pause_s = 0.05
+    with KdvfsTrainer(LoggingDevice(), workload, Schedule.stock(), model=model, optimizer=optimizer) as tuner:
+        for i in range(4):
+            with tuner.step():
+                step()
+            if i == 1:
+                time.sleep(pause_s)  # input, logging, evaluation between two steps: the job's step
+    records = {r.step: r.time_s for r in tuner.records}
+    assert sorted(records) == [0, 1, 2, 3]
+    assert records[1] >= pause_s  # at least the pause that followed it (sleep waits at least that)
+    assert tuner.controller.mismatched_steps == []
 
 
 def test_group_starts_between_sites_are_reported_moved(mlp):
@@ -236,6 +261,7 @@ def test_lightning_and_hugging_face_hooks_drive_the_trainer(mlp):
                 hooks=hooks, trainer=trainer
             ) -> torch.Tensor:  # Lightning runs forward and backward inside optimizer.step
                 loss = model(torch.randn(4, 8)).pow(2).mean()
+                hooks.on_before_backward(trainer, model, loss)
                 loss.backward()
                 hooks.on_before_optimizer_step(trainer, model, optimizer)
                 return loss

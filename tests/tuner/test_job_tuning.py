@@ -210,7 +210,9 @@ def drive(hooks, model, optimizer, step, until) -> int:
     trainer = object()
     if lightning:
         hooks.on_train_start(trainer, model)
-        # Lightning fires the optimizer site from on_before_optimizer_step, inside its step
+        # Lightning calls on_before_backward after the training step's forward, and
+        # on_before_optimizer_step inside its optimizer step
+        model.register_forward_hook(lambda *_: hooks.on_before_backward(trainer, model, None))
         optimizer.register_step_pre_hook(lambda *_: hooks.on_before_optimizer_step(trainer, model, optimizer))
     else:
         hooks.on_train_begin(None, None, None, model=model, optimizer=optimizer)
