@@ -206,8 +206,14 @@ class JobTuning:
             self._closed = False
             # one full collection now: the strategy's imports leave many objects, and the first
             # full collection after them stalled one reference step by 160 ms on the H200
-            # (docs/gpu-validation.md)
+            # (docs/gpu-validation.md); then what is alive is frozen until close(), so the full
+            # collections that the tuner's own per-step objects set off traverse only what was
+            # made since, not the job's and the libraries' whole heap (each such collection
+            # holds the interpreter: the training thread launches nothing meanwhile)
             gc.collect()
+            self._froze = not gc.get_freeze_count()  # a job that froze its own heap keeps it so
+            if self._froze:
+                gc.freeze()
             self.trainer = KdvfsTrainer(
                 self.device,
                 self.workload,
@@ -220,6 +226,8 @@ class JobTuning:
                 poll_s=poll_s,
             )
         except BaseException:
+            if getattr(self, "_froze", False):
+                gc.unfreeze()
             if self._owns_device:
                 self.device.close()
             raise
@@ -286,6 +294,8 @@ class JobTuning:
         try:
             self.trainer.close(failed=failed)
         finally:
+            if getattr(self, "_froze", False):
+                gc.unfreeze()  # the job's objects collectable again, as before kdvfs.tune
             clock_lease.let_go(self)
             self._keep_plan()
             self._finish_run(failed)
