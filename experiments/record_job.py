@@ -1,9 +1,12 @@
 """Record a real training job's step times and the GPU's NVML readings, read-only, at stock clocks.
 
-    python experiments/record_job.py --job vision|hf|sync --seconds 300 --out DIR
+    python experiments/record_job.py --job vision|hf|sync|lightning --seconds 300 --out DIR
+    python experiments/record_job.py --job vision --tune 1 --seconds 300 --out DIR   (under kdvfs.tune)
 
-Standalone (torch, pynvml and the framework libraries only), so it runs on a bare GPU machine. It
-never changes a clock, power limit or any other GPU setting: every NVML call here is a query.
+Standalone (torch, pynvml and the framework libraries only), so it runs on a bare GPU machine;
+`--tune 1` runs the same job under `kdvfs.tune` in dry run and imports kdvfs. It never changes a
+clock, power limit or any other GPU setting: every NVML call here is a query (the tuner's device
+is NvmlDevice(dry_run=True): it records the clock calls it would make and makes none).
 Map, top to bottom:
   Args          every knob, one line each, with its unit
   StepClock     per step: a CUDA event recorded at the step's start on the training stream and
@@ -17,8 +20,16 @@ Map, top to bottom:
                 come from a TrainerCallback's on_step_begin
   run_sync      a plain loop of an nn.TransformerEncoder LM, AdamW, with host synchronisation:
                 loss.item() every 10 steps, a 20-batch evaluation every 200, a checkpoint every 500
+  run_lightning a Lightning Trainer on timm's ViT-S/16, bf16-mixed, fed by the vision job's decode
+                workers (4), loss.item() every 10 steps
+  Tuning        --tune 1: kdvfs.tune around the job (dry run, strategy and budget from Args, no
+                prior, warm-up = --warmup-s), the tuner's StepReports kept beside the steps
   summarise     step-time statistics after the warm-up, power, clocks, throttling, counter period
-  main          parse, run the job, write <job>_steps.csv.gz, <job>_nvml.csv.gz, <job>_meta.json
+  noise_per_root_s  the step-time noise of a run from its per-step GPU times, as the tuner
+                defines it: relative s.d. of window means x sqrt(window length)
+  compare_tuned what the tuner measured against the same run's per-step GPU times
+  main          parse, run the job, write <name>_steps.csv.gz, <name>_nvml.csv.gz, <name>_meta.json
+                (<name>: the job, `<job>_tuned` under --tune 1, which adds _reports.csv.gz)
 Without CUDA (or with --device cpu) the step times come from perf_counter alone; without NVML
 the sampler is skipped. Both are said in the meta file.
 """
@@ -26,12 +37,15 @@ the sampler is skipped. Both are said in the meta file.
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import dataclasses
 import datetime
+import gc
 import gzip
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -48,7 +62,7 @@ from torch import nn
 
 @dataclasses.dataclass
 class Args:
-    job: str = "vision"  # job kind: vision, hf or sync
+    job: str = "vision"  # job kind: vision, hf, sync or lightning
     seconds: float = 300.0  # recorded time after the warm-up; s
     warmup_s: float = 30.0  # time run first and left out of the summary (still in the CSV); s
     out: str = "."  # directory for the three output files
@@ -66,6 +80,11 @@ class Args:
     eval_batches: int = 20  # sync: batches per evaluation; batches
     ckpt_every: int = 500  # sync: checkpoint (torch.save of the state dict) period; steps
     seed: int = 0  # random seed for weights and synthetic data
+    synthetic: int = 0  # vision: 1 = one fixed batch made on the GPU, no DataLoader (a GPU-bound loop)
+    tune: int = 0  # 1 = run under kdvfs.tune in dry run (no clock is changed); 0 = bare
+    strategy: str = "botorch"  # tune: the search strategy
+    budget: float = 0.01  # tune: the slowdown budget; fraction
+    track: int = 0  # tune: 1 = the MLflow run kdvfs.tune opens by default (a file store in a temp dir)
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -86,8 +105,8 @@ def parse_args(argv: list[str]) -> Args:
         kind = type(fields[name].default)
         values[name] = kind(raw)
     args = Args(**values)
-    if args.job not in ("vision", "hf", "sync"):
-        sys.exit(f"record_job: --job must be vision, hf or sync, got {args.job!r}")
+    if args.job not in JOBS:
+        sys.exit(f"record_job: --job must be one of {', '.join(JOBS)}, got {args.job!r}")
     return args
 
 
@@ -237,6 +256,118 @@ def start_sampler(args: Args, device: torch.device, t0_s: float) -> NvmlSampler 
     return sampler
 
 
+class GcLog:
+    """Each garbage collection of the job's process: (host start s, generation, duration s,
+    objects collected), from gc.callbacks (a full collection holds the interpreter: the
+    training thread launches nothing meanwhile)."""
+
+    def __init__(self, t0_s: float) -> None:
+        self.t0_s = t0_s
+        self.rows: list[tuple] = []
+        self._start_s = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._start_s = now
+        else:
+            self.rows.append((round(self._start_s - self.t0_s, 6), info["generation"],
+                              round(now - self._start_s, 6), info["collected"]))  # fmt: skip
+
+    def stop(self) -> None:
+        if self._on in gc.callbacks:
+            gc.callbacks.remove(self._on)
+
+
+# ---------------------------------------------------------------------------------------------
+# Under kdvfs.tune (--tune 1): dry run, read-only NVML.
+
+REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings")
+
+
+class Tuning:
+    """kdvfs.tune around a job in dry run, or nothing (--tune 0): the job calls open() with its
+    model and optimizer (or none: a framework callback hands them over), wraps each step in
+    step() or adds callbacks(), and close() ends the tuning.
+
+    Args:
+        args: the recorder's arguments (tune, strategy, budget, track, warmup_s).
+        index: NVML index of the GPU.
+        t0_s: perf_counter origin of the host times written out; s.
+    """
+
+    def __init__(self, args: Args, index: int, t0_s: float) -> None:
+        self.args, self.index = args, index
+        # the tuner stamps with time.monotonic: its offset from the recorder's clock
+        self.monotonic_minus_t0_s = time.monotonic() - time.perf_counter() + t0_s
+        self.session = None
+        self.gpu = None
+        self.reports: list[tuple] = []
+        self.summary: dict | None = None
+        self.dry_run_calls = 0
+        self._mlruns: str | None = None
+
+    def open(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None) -> None:
+        if not self.args.tune:
+            return
+        import kdvfs
+        from kdvfs.runtime.nvml_device import NvmlDevice
+
+        self.gpu = NvmlDevice(self.index, dry_run=True)  # records clock calls, makes none
+        if self.args.track:
+            self._mlruns = tempfile.mkdtemp(prefix="record_job_mlruns_")
+        self.session = kdvfs.tune(
+            model,
+            optimizer,
+            budget=self.args.budget,
+            strategy=self.args.strategy,
+            device=self.gpu,
+            dry_run=True,
+            plan_store=False,  # no stored plan: the prior is none
+            track=bool(self.args.track),
+            tracking_uri=None if self._mlruns is None else Path(self._mlruns).as_uri(),
+            warmup_s=self.args.warmup_s,
+        )
+        feed = self.session.on_step_end
+
+        def kept(report):  # what the tuner was told, step by step
+            self.reports.append((
+                report.step, round(report.end_s - self.monotonic_minus_t0_s, 6),
+                round(report.step_time_s, 7), len(report.counter_readings),
+            ))  # fmt: skip
+            return feed(report)
+
+        self.session.on_step_end = kept  # the controller calls its tuner's on_step_end
+
+    def step(self):
+        return self.session.step() if self.session is not None else contextlib.nullcontext()
+
+    def hf_callbacks(self) -> list:
+        if self.session is None:
+            return []
+        from kdvfs import hf_callback
+
+        return [hf_callback(self.session)]
+
+    def lightning_callbacks(self) -> list:
+        if self.session is None:
+            return []
+        from kdvfs import lightning_callback
+
+        return [lightning_callback(self.session)]
+
+    def close(self) -> None:
+        if self.session is None or self.summary is not None:
+            return
+        self.session.close()
+        self.summary = json.loads(json.dumps(self.session.summary(), default=str))
+        self.dry_run_calls = len(self.gpu.calls)
+        self.gpu.close()
+        if self._mlruns is not None:
+            shutil.rmtree(self._mlruns, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Job 1, vision: ResNet-50 fed by CPU decode and augmentation workers.
 
@@ -283,39 +414,49 @@ class SyntheticJpegs(torch.utils.data.Dataset):
         return self.transform(self.decode(self.jpegs[i % len(self.jpegs)])), i % 1000
 
 
-def run_vision(args: Args, device: torch.device, clock: StepClock) -> dict:
+def run_vision(args: Args, device: torch.device, clock: StepClock, tuning: Tuning) -> dict:
     import torchvision
 
     batch = args.batch or 128
-    loader = torch.utils.data.DataLoader(
-        SyntheticJpegs(10**7, args.image_px, args.seed),
-        batch_size=batch,
-        shuffle=True,
-        num_workers=args.workers,
-        pin_memory=device.type == "cuda",
-        drop_last=True,
-        persistent_workers=args.workers > 0,
-        prefetch_factor=4 if args.workers > 0 else None,
-    )
+    if args.synthetic:  # one batch made once on the GPU: the loop waits for no input
+        gen = torch.Generator(device=device).manual_seed(args.seed)
+        fixed = (torch.randn(batch, 3, args.image_px, args.image_px, device=device, generator=gen),
+                 torch.randint(0, 1000, (batch,), device=device, generator=gen))  # fmt: skip
+        loader = itertools.repeat(fixed)
+    else:
+        loader = torch.utils.data.DataLoader(
+            SyntheticJpegs(10**7, args.image_px, args.seed),
+            batch_size=batch,
+            shuffle=True,
+            num_workers=args.workers,
+            pin_memory=device.type == "cuda",
+            drop_last=True,
+            persistent_workers=args.workers > 0,
+            prefetch_factor=4 if args.workers > 0 else None,
+        )
     model = torchvision.models.resnet50(weights=None).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     model.train()
+    tuning.open(model, optimizer)
     for images, labels in loader:
         clock.step_begin()
-        images = images.to(device, non_blocking=True, memory_format=torch.channels_last)
-        labels = labels.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        with tuning.step():
+            images = images.to(device, non_blocking=True, memory_format=torch.channels_last)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
         if clock.done():
             break
     clock.finish()
+    tuning.close()
+    data = ("one fixed random batch on the GPU (no DataLoader)" if args.synthetic else
+            "32 synthetic 256x256 JPEGs, decode + RandomResizedCrop + flip + normalize in workers")  # fmt: skip
     return {"model": "torchvision resnet50", "batch": batch, "image_px": args.image_px,
-            "workers": args.workers, "precision": "bf16 autocast, channels_last",
-            "optimizer": "SGD momentum 0.9 lr 0.1 wd 1e-4",
-            "data": "32 synthetic 256x256 JPEGs, decode + RandomResizedCrop + flip + normalize in workers"}  # fmt: skip
+            "workers": 0 if args.synthetic else args.workers, "precision": "bf16 autocast, channels_last",
+            "optimizer": "SGD momentum 0.9 lr 0.1 wd 1e-4", "data": data}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +485,7 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def run_hf(args: Args, device: torch.device, clock: StepClock) -> dict:
+def run_hf(args: Args, device: torch.device, clock: StepClock, tuning: Tuning) -> dict:
     try:
         import transformers
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -386,13 +527,15 @@ def run_hf(args: Args, device: torch.device, clock: StepClock) -> dict:
         )
     except TypeError as error:
         sys.exit(f"record_job: this transformers ({transformers.__version__}) rejects an argument: {error}")
+    tuning.open()  # the callback hands model and optimizer over
     trainer = Trainer(
         model=model,
         args=targs,
         train_dataset=RandomTokens(10**7, args.seq_len, config.vocab_size, args.seed),
-        callbacks=[Clock()],
+        callbacks=[Clock(), *tuning.hf_callbacks()],
     )
     trainer.train()
+    tuning.close()
     shutil.rmtree(out_dir, ignore_errors=True)
     return {"model": f"GPT-2 small (GPT2Config, n_layer={args.layers}, random init)", "batch": batch,
             "seq_len": args.seq_len, "workers": workers, "precision": "bf16 (Trainer)" if cuda else "fp32",
@@ -427,7 +570,7 @@ class EncoderLM(nn.Module):
         return self.head(self.encoder(self.embed(tokens)))
 
 
-def run_sync(args: Args, device: torch.device, clock: StepClock) -> dict:
+def run_sync(args: Args, device: torch.device, clock: StepClock, tuning: Tuning) -> dict:
     vocab, batch = 32768, args.batch or 32
     torch.manual_seed(args.seed)
     model = EncoderLM(vocab, args.d_model, args.layers).to(device)
@@ -436,27 +579,30 @@ def run_sync(args: Args, device: torch.device, clock: StepClock) -> dict:
     tokens = lambda: torch.randint(0, vocab, (batch, args.seq_len), device=device, generator=gen)  # noqa: E731
     ckpt = Path(tempfile.mkdtemp(prefix="record_job_ckpt_")) / "model.pt"
     step, losses = 0, []
+    tuning.open(model, optimizer)
     while not clock.done():
         clock.step_begin()
-        model.train()
-        x = tokens()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        step += 1
-        if step % args.item_every == 0:
-            losses.append(loss.item())
-        if step % args.eval_every == 0:
-            model.eval()
-            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-                total = sum(F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).item()
-                            for x in (tokens() for _ in range(args.eval_batches)))  # fmt: skip
-            losses.append(total / args.eval_batches)
-        if step % args.ckpt_every == 0:
-            torch.save(model.state_dict(), ckpt)
+        with tuning.step():  # the whole iteration: .item(), evaluation and checkpoint inside
+            model.train()
+            x = tokens()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % args.item_every == 0:
+                losses.append(loss.item())
+            if step % args.eval_every == 0:
+                model.eval()
+                with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+                    total = sum(F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).item()
+                                for x in (tokens() for _ in range(args.eval_batches)))  # fmt: skip
+                losses.append(total / args.eval_batches)
+            if step % args.ckpt_every == 0:
+                torch.save(model.state_dict(), ckpt)
     clock.finish()
+    tuning.close()
     params = sum(p.numel() for p in model.parameters())
     ckpt_bytes = ckpt.stat().st_size if ckpt.exists() else 0
     shutil.rmtree(ckpt.parent, ignore_errors=True)
@@ -468,7 +614,77 @@ def run_sync(args: Args, device: torch.device, clock: StepClock) -> dict:
             "ckpt_bytes": ckpt_bytes}  # fmt: skip
 
 
-JOBS = {"vision": run_vision, "hf": run_hf, "sync": run_sync}
+# ---------------------------------------------------------------------------------------------
+# Job 4, lightning: a Lightning Trainer on timm's ViT-S/16.
+
+
+def run_lightning(args: Args, device: torch.device, clock: StepClock, tuning: Tuning) -> dict:
+    try:
+        import lightning as L
+        import timm
+    except Exception as error:
+        sys.exit(f"record_job: the lightning job needs lightning and timm: {error}")
+
+    class ViT(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=1000)
+
+        def training_step(self, batch, batch_idx):  # the inner model, not self(x): no forward of its own
+            images, labels = batch
+            loss = F.cross_entropy(self.net(images), labels)
+            if batch_idx % args.item_every == 0:
+                self.last_loss = loss.item()
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.05)
+
+    class Clock(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            clock.step_begin()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if clock.done():
+                clock.finish()
+                trainer.should_stop = True
+
+    batch = args.batch or 128
+    workers = min(args.workers, 4)
+    cuda = device.type == "cuda"
+    torch.manual_seed(args.seed)
+    loader = torch.utils.data.DataLoader(
+        SyntheticJpegs(10**7, args.image_px, args.seed),
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=cuda,
+        drop_last=True,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+    )
+    tuning.open()  # the callback hands the module over
+    trainer = L.Trainer(
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=10**7,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Clock(), *tuning.lightning_callbacks()],
+    )
+    trainer.fit(ViT(), loader)
+    tuning.close()
+    return {"model": "timm vit_small_patch16_224 (random init)", "batch": batch, "image_px": args.image_px,
+            "workers": workers, "precision": "bf16-mixed (Lightning)", "optimizer": "AdamW lr 1e-3 wd 0.05",
+            "item_every": args.item_every, "trainer": f"lightning.Trainer {L.__version__}",
+            "timm": timm.__version__,
+            "data": "32 synthetic 256x256 JPEGs, decode + RandomResizedCrop + flip + normalize in workers"}  # fmt: skip
+
+
+JOBS = {"vision": run_vision, "hf": run_hf, "sync": run_sync, "lightning": run_lightning}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,6 +772,98 @@ def summarise(steps: list[tuple], nvml: list[tuple], warmup_end_s: float) -> dic
     return out
 
 
+def noise_per_root_s(rows: list[tuple], window_s: float, robust: bool = False) -> float:
+    """Step-time noise per root second, as the tuner defines it: the relative s.d. of the mean
+    step time of consecutive windows of whole steps (`window_s` of GPU time each), times the
+    root of their mean length. rows: (step, host_start_s, gpu_step_s, ...); robust: the s.d.
+    from the median absolute deviation (1.4826 MAD) about the median instead."""
+    means, lengths, current = [], [], []
+    for r in rows:
+        current.append(r[2])
+        if sum(current) >= window_s:
+            means.append(sum(current) / len(current))
+            lengths.append(sum(current))
+            current = []
+    if len(means) < 3:
+        return math.nan
+    if robust:
+        mid = quantile(means, 0.5)
+        spread = 1.4826 * quantile([abs(m - mid) for m in means], 0.5) / mid
+    else:
+        spread = cv(means)
+    return spread * math.sqrt(sum(lengths) / len(lengths))
+
+
+def slow_steps(rows: list[tuple], collections: list[tuple], factor: float = 1.25) -> dict:
+    """Steps over `factor` x the median GPU step, and how many of them held a garbage
+    collection of 2 ms or more (started within the step's host span)."""
+    median = quantile([r[2] for r in rows], 0.5)
+    slow = [r for r in rows if r[2] > factor * median]
+    long_gc = [c for c in collections if c[2] >= 0.002]
+    with_gc = [r for r in slow if any(r[1] <= c[0] < r[1] + r[3] for c in long_gc)]
+    return {"steps": len(rows), "slow": len(slow), "slow_with_gc": len(with_gc),
+            "slow_excess_s": sum(r[2] - median for r in slow),
+            "collections_2ms": len(long_gc), "collections_2ms_s": sum(c[2] for c in long_gc)}  # fmt: skip
+
+
+def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmup_end_s: float) -> dict:
+    """What the tuner measured against the same run's per-step GPU times (the recorder's
+    events): its step times step by step, its time noise against the noise of the GPU times
+    over its reference and over the whole tuned span, its trials, the null test."""
+    gpu = {r[0]: r[2] for r in steps[:-1]}
+    pairs = [(rep[2], gpu[rep[0]]) for rep in reports if rep[0] in gpu and gpu[rep[0]] > 0]
+    ratios = [t / g for t, g in pairs]
+    window_s = float(summary.get("trial_window_s") or 2.0)
+    tuned = [r for r in steps[:-1] if r[1] >= warmup_end_s]
+    reference = [r for r in tuned if r[1] < warmup_end_s + float(summary.get("reference_s") or 20.0)]
+    noise = summary.get("step_time_cv_per_root_s")
+    offline = noise_per_root_s(tuned, window_s)
+    outcomes = summary.get("outcomes") or []
+    trials = [o for o in outcomes if o.get("kind") == "trial"]
+    completed = [o for o in trials if not o.get("abandoned") and (o.get("blocks") or 0) > 0]
+    keys = (
+        "kind",
+        "step",
+        "blocks",
+        "abandoned",
+        "energy_diff",
+        "energy_se",
+        "time_diff",
+        "time_se",
+        "adopted",
+    )
+    return {
+        "reports": len(reports),
+        "tuner_vs_gpu_step": {
+            "steps_matched": len(pairs),
+            "ratio_median": quantile(ratios, 0.5),
+            "ratio_p1": quantile(ratios, 0.01),
+            "ratio_p99": quantile(ratios, 0.99),
+        },
+        "time_noise_per_root_s": {
+            "tuner": noise,
+            "offline_gpu_steps_tuned_span": offline,
+            "offline_gpu_steps_tuned_span_robust": noise_per_root_s(tuned, window_s, robust=True),
+            "offline_gpu_steps_reference_span": noise_per_root_s(reference, window_s),
+            "window_s": window_s,
+            "ratio_tuner_to_offline": noise / offline
+            if noise and offline and math.isfinite(offline)
+            else None,
+        },
+        "trials_completed": len(completed),
+        "trials": [{k: o.get(k) for k in keys} for o in outcomes],
+        "null_test": {
+            "adopted": summary.get("adopted"),
+            "plan_energy_saving": summary.get("plan_energy_saving"),
+            "run_energy_saving": (summary.get("run") or {}).get("energy_saving"),
+            "slowdown": summary.get("slowdown"),
+        },
+        "mismatched_steps": summary.get("mismatched_steps"),
+        "clock_requests": summary.get("clock_requests"),
+        "tuned_gpu_step_median_s": quantile([r[2] for r in tuned], 0.5),
+    }
+
+
 def write_csv_gz(path: Path, header: tuple[str, ...], rows: list[tuple]) -> None:
     with gzip.open(path, "wt", newline="") as f:
         writer = csv.writer(f)
@@ -575,6 +883,8 @@ def versions() -> dict:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
+    if args.tune:  # the tuner's progress lines
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cuda = args.device.startswith("cuda") and torch.cuda.is_available()
@@ -589,8 +899,12 @@ def main(argv: list[str]) -> None:
     t0_s = time.perf_counter()
     sampler = start_sampler(args, device, t0_s)
     clock = StepClock(device if cuda else None, args.lag, t0_s, args.warmup_s + args.seconds)
-    job_info = JOBS[args.job](args, device, clock)
+    tuning = Tuning(args, device.index or 0, t0_s)
+    collections_log = GcLog(t0_s)
+    job_info = JOBS[args.job](args, device, clock, tuning)
     clock.finish()
+    tuning.close()
+    collections_log.stop()
     if sampler is not None:
         sampler.stop()
     ended_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -601,8 +915,10 @@ def main(argv: list[str]) -> None:
     first_step_s = steps[0][1] if steps else 0.0
     warmup_end_s = first_step_s + args.warmup_s
     summary = summarise(steps, nvml, warmup_end_s)
+    name = f"{args.job}_tuned" if args.tune else args.job
     meta = {
         "job": args.job,
+        "tuned": bool(args.tune),
         "args": dataclasses.asdict(args),
         "started_utc": started_utc,
         "ended_utc": ended_utc,
@@ -619,14 +935,27 @@ def main(argv: list[str]) -> None:
         "job_info": job_info,
         "summary": summary,
     }
-    write_csv_gz(
-        out / f"{args.job}_steps.csv.gz", ("step", "host_start_s", "gpu_step_s", "host_step_s"), steps
-    )
-    write_csv_gz(out / f"{args.job}_nvml.csv.gz", NVML_COLUMNS, nvml)
-    (out / f"{args.job}_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    print(json.dumps({"job": args.job, **{k: summary.get(k) for k in (
+    if tuning.summary is not None:
+        meta["tuning"] = {"dry_run_calls_recorded": tuning.dry_run_calls, "summary": tuning.summary}
+        meta["comparison"] = compare_tuned(steps, tuning.reports, tuning.summary, warmup_end_s)
+        meta["comparison"]["slow_steps"] = slow_steps(
+            [r for r in steps[:-1] if r[1] >= warmup_end_s],
+            [c for c in collections_log.rows if c[0] >= warmup_end_s],
+        )
+        write_csv_gz(out / f"{name}_reports.csv.gz", REPORT_COLUMNS, tuning.reports)
+    write_csv_gz(out / f"{name}_steps.csv.gz", ("step", "host_start_s", "gpu_step_s", "host_step_s"), steps)
+    write_csv_gz(out / f"{name}_nvml.csv.gz", NVML_COLUMNS, nvml)
+    write_csv_gz(out / f"{name}_gc.csv.gz", ("host_start_s", "generation", "duration_s", "collected"),
+                 collections_log.rows)  # fmt: skip
+    (out / f"{name}_meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    print(json.dumps({"job": name, **{k: summary.get(k) for k in (
         "steps", "gpu_step_median_s", "per_step_cv", "window_1s_mean_cv", "power_mean_w",
         "sm_mhz_median", "throttle_share_any_but_idle", "counter_period_median_s")}}))  # fmt: skip
+    if "comparison" in meta:
+        c = meta["comparison"]
+        print(json.dumps({k: c[k] for k in ("tuner_vs_gpu_step", "time_noise_per_root_s", "trials_completed",
+                                             "null_test", "mismatched_steps", "clock_requests",
+                                             "slow_steps")}))  # fmt: skip
 
 
 if __name__ == "__main__":
