@@ -85,6 +85,7 @@ class Args:
     strategy: str = "botorch"  # tune: the search strategy
     budget: float = 0.01  # tune: the slowdown budget; fraction
     track: int = 0  # tune: 1 = the MLflow run kdvfs.tune opens by default (a file store in a temp dir)
+    bare: str = ""  # tune: a folder with the bare recording of the job (<job>_steps.csv.gz, _meta.json)
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -794,6 +795,24 @@ def noise_per_root_s(rows: list[tuple], window_s: float, robust: bool = False) -
     return spread * math.sqrt(sum(lengths) / len(lengths))
 
 
+def overhead_against(folder: Path, job: str, tuned: dict) -> dict | None:
+    """The tuned run's median GPU step against the bare recording's (both after their warm-ups)."""
+    meta_path = folder / f"{job}_meta.json"
+    if not meta_path.exists():
+        return None
+    bare = json.loads(meta_path.read_text())
+    bare_s = bare["summary"]["gpu_step_median_s"]
+    return {
+        "bare": str(meta_path),
+        "bare_started_utc": bare.get("started_utc"),
+        "bare_median_s": bare_s,
+        "tuned_median_s": tuned["gpu_step_median_s"],
+        "overhead": tuned["gpu_step_median_s"] / bare_s - 1.0,
+        "bare_steps": bare["summary"]["steps"],
+        "tuned_steps": tuned["steps"],
+    }
+
+
 def slow_steps(rows: list[tuple], collections: list[tuple], factor: float = 1.25) -> dict:
     """Steps over `factor` x the median GPU step, and how many of them held a garbage
     collection of 2 ms or more (started within the step's host span)."""
@@ -938,6 +957,9 @@ def main(argv: list[str]) -> None:
     if tuning.summary is not None:
         meta["tuning"] = {"dry_run_calls_recorded": tuning.dry_run_calls, "summary": tuning.summary}
         meta["comparison"] = compare_tuned(steps, tuning.reports, tuning.summary, warmup_end_s)
+        meta["comparison"]["overhead"] = (
+            overhead_against(Path(args.bare), args.job, summary) if args.bare else None
+        )
         meta["comparison"]["slow_steps"] = slow_steps(
             [r for r in steps[:-1] if r[1] >= warmup_end_s],
             [c for c in collections_log.rows if c[0] >= warmup_end_s],
@@ -955,7 +977,7 @@ def main(argv: list[str]) -> None:
         c = meta["comparison"]
         print(json.dumps({k: c[k] for k in ("tuner_vs_gpu_step", "time_noise_per_root_s", "trials_completed",
                                              "null_test", "mismatched_steps", "clock_requests",
-                                             "slow_steps")}))  # fmt: skip
+                                             "slow_steps", "overhead")}))  # fmt: skip
 
 
 if __name__ == "__main__":
