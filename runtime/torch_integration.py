@@ -228,9 +228,9 @@ class ClockController:
     (what the job does between end_step() and the next begin_step() is its step's too); it
     is closed, recorded and reported when the GPU reaches the next start. A site fired again
     inside its step (micro-batches, an evaluation) is passed over. A step whose sites differ
-    from the workload's (another code path) requests no clocks from the first difference on
-    and keeps the clocks it has; it is listed in mismatched_steps, as is a step that ends
-    before all the workload's sites fired.
+    from the workload's (another code path) requests no clocks from the first difference on,
+    nor does any step after it until one has matched again: the clocks in effect stay. It is
+    listed in mismatched_steps, as is a step that ends before all the workload's sites fired.
 
     Args:
         device: where the clocks are requested.
@@ -307,6 +307,7 @@ class ClockController:
         self._requests_in_step = 0
         self._fired: set[str] = set()  # the sites the current step has fired
         self._ended: tuple[int, Any] | None = None  # the step that ended, closed at the next start
+        self._probation = False  # a step mismatched: no requests until a step matches again
         self.repeated_sites = 0
         """Sites that fired again inside their step (passed over: micro-batches, evaluation)."""
         self._pending: list[tuple[int, float, int]] = []
@@ -431,6 +432,8 @@ class ClockController:
             self._run_segment(self._site_index)
             if not self._mismatch and self._site_index != len(self.placement.sites) - 1:
                 self._mismatched(step)  # a site the workload has did not fire
+            elif not self._mismatch:
+                self._probation = False  # a step matched: the next one requests its clocks again
             self._ended = (step, stamp)
 
     def _at_site(self, step: int, name: str, stamp: Any) -> None:
@@ -454,9 +457,11 @@ class ClockController:
             self._mismatched(step)
 
     def _mismatched(self, step: int) -> None:
-        """The step's sites are not the workload's (another code path): from here on it
-        requests nothing and keeps the clocks it has; the next step starts afresh."""
+        """The step's sites are not the workload's (another code path): from here on nothing
+        is requested, and the clocks in effect stay, until a whole step has matched again (a
+        job whose steps always mismatch makes no clock request after its first such step)."""
         self._mismatch = True
+        self._probation = True
         self.mismatched_steps.append(step)
 
     def _finish(self, boundary: Any) -> None:
@@ -550,7 +555,7 @@ class ClockController:
                 self.device.run(kernel, kernel.launches)
 
     def _request(self, step: int, site: str, pair: ClockPair | None) -> None:
-        if pair == self._requested:
+        if pair == self._requested or self._probation:
             return
         with self._lock:
             if self._halted:

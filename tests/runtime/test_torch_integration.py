@@ -136,7 +136,7 @@ def test_a_mismatched_step_sends_no_clock_request_and_a_repeated_site_is_passed_
     with KdvfsTrainer(
         device, workload, site_schedule(workload, PAIRS), model=model, optimizer=optimizer
     ) as tuner:
-        for i in range(6):
+        for i in range(7):
             with tuner.step():
                 if i == 2:  # two micro-batches, then the optimizer step: the sites repeat in order
                     model(torch.randn(4, 8)).sum().backward()
@@ -152,12 +152,13 @@ def test_a_mismatched_step_sends_no_clock_request_and_a_repeated_site_is_passed_
     controller = tuner.controller
     assert controller.mismatched_steps == [3, 4]
     assert controller.repeated_sites == 2
-    by_step = {i: [(r.site, r.pair) for r in controller.requests if r.step == i] for i in range(6)}
+    by_step = {i: [(r.site, r.pair) for r in controller.requests if r.step == i] for i in range(7)}
     assert by_step[2] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
     assert by_step[3] == [("forward", FWD), ("backward", BWD)]  # then it ends: nothing more
-    assert by_step[4] == []  # mismatched at its first site: the clocks it had stay
-    assert by_step[5] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
-    assert len(tuner.records) == 6 and device.clocks_in_effect() is None
+    assert by_step[4] == []  # after a mismatched step: no request, the clocks in effect stay
+    assert by_step[5] == []  # it matches: the next step requests again
+    assert by_step[6] == [("forward", FWD), ("backward", BWD), ("optimizer", OPT)]
+    assert len(tuner.records) == 7 and device.clocks_in_effect() is None
 
 
 def test_a_step_lasts_until_the_next_step_starts(mlp):
