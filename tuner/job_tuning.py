@@ -21,6 +21,8 @@ print(tuning.summary())
   the device resets); the plan so far is written then too (a clock_lease hold).
 - The Lightning and Hugging Face callbacks (runtime/torch_integration.py) take a JobTuning
   as they take a KdvfsTrainer: `lightning_callback(kdvfs.tune(...))`.
+- While it tunes, the heap alive at its start is frozen (gc.freeze; thawed at close), so the
+  garbage collections its per-step objects set off do not walk the job's heap and stall steps.
 Design and figures: docs/design-step-tuner.md, docs/gpu-validation.md.
 """
 
