@@ -9,8 +9,10 @@ oracle's saving and stayed there (run.reached_after_s), the final schedule's noi
 and slowdown, and the largest cumulative slowdown at any step after SLOWDOWN_FROM_S against
 the true stock step. Then the null test: the same in dry run (every request recorded, none
 applied): nothing may be adopted and the tuner's running saving must lie within +-0.3% of
-zero. The oracle is run.oracle's (the realisable schedule of a noiseless copy of the card,
-held to the budget in the step); --ideal also reports the ideal per-kernel saving.
+zero. The oracles are tuner/oracle.py's (the one-knob, realisable and ideal per-kernel
+schedules of a noiseless copy of the card, each evaluated in the step and held to the budget,
+the realisable one at the job's sites; each says how it was computed); --ideal also reports
+the ideal per-kernel saving on its own line.
 --prior model starts from the simulator's own noiseless model of the card, which no real
 card has; --prior none from nothing. Prints JSON.
 """
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import schedule_figures
-from kdvfs.tuner.run import ORACLE_SHARE, Prior, choose_prior, job_sites, oracle, reached_after_s
+from kdvfs.tuner.oracle import oracles
+from kdvfs.tuner.run import ORACLE_SHARE, Prior, choose_prior, job_sites, reached_after_s
 from kdvfs.tuner.session import TuneSession
 
 #: Training before the cumulative slowdown is watched (a few steps' noise dominates before); s.
@@ -116,8 +119,8 @@ def main() -> None:
     args = parse_args()
     noiseless = open_device(args.device, noise=0.0)
     workload = open_workload(args.workload, noiseless)
-    yardstick = oracle(noiseless, workload, args.budget)
     sites = job_sites(workload, noiseless.switch_latency_s, args.sites)
+    yardstick = oracles(noiseless, workload, args.budget, sites=sites)
     prior = choose_prior(
         noiseless,
         workload,
@@ -157,6 +160,15 @@ def main() -> None:
             "energy_saving": round(yardstick.energy_saving, 4),
             "slowdown": round(yardstick.slowdown, 4),
             "groups": len(yardstick.schedule.groups),
+            "method": yardstick.realisable.method,
+        },
+        "one_knob_oracle": {
+            "energy_saving": round(yardstick.one_knob.energy_saving, 4),
+            "slowdown": round(yardstick.one_knob.slowdown, 4),
+            "pair": None
+            if yardstick.one_knob.schedule.one_pair() is None
+            else str(yardstick.one_knob.schedule.one_pair()),
+            "method": yardstick.one_knob.method,
         },
         "ideal_per_kernel_saving": round(yardstick.ideal_energy_saving, 4) if args.ideal else None,
         "runs": runs,
