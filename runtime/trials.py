@@ -21,7 +21,7 @@ Design and findings: docs/design-step-tuner.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,10 +41,21 @@ OUTLIER_FLOOR = 0.005
 REFERENCE_MARGIN = 0.002
 #: Length of one trial window before it closes at the next observed counter update; s.
 TRIAL_WINDOW_S = 2.0
-#: A-B-B-A blocks of one trial; blocks.
-TRIAL_BLOCKS = 4
+#: A-B-B-A blocks of one trial before it may end decided (a sequential trial); blocks.
+TRIAL_BLOCKS = 2
 #: Standard errors the verified saving (and the time margin) must exceed to be adopted; sds.
 ADOPT_Z = 3.0
+#: A sample further than this many scaled MADs from the median is clipped there (robust_mean_se); sds.
+WINSOR_MADS = 3.0
+#: The smallest noise figure NoiseMeter reports, per root second; a fraction.
+NOISE_FLOOR = 1e-4
+#: One-sided 95% quantile of the normal: the budget is held at 95% confidence; sds.
+CONFIDENCE_Z = 1.645
+#: The reference goes on until the 95% margin of its stock step time is at most this share of
+#: the budget (or REFERENCE_MAX_S); a fraction.
+REFERENCE_MARGIN_SHARE = 0.5
+#: The longest reference, however noisy the job; s.
+REFERENCE_MAX_S = 300.0
 #: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
 MIN_GROUP_LATENCIES = 4.0
 
@@ -82,27 +93,32 @@ def switchable_groups(starts: list[int], segment_times_s: list[float], latency_s
 class Window:
     """Whole steps under one schedule. Steps that began before settle_s (the switch and one
     counter period after the window opened) are not counted; energy is taken between the
-    first and last counter updates observed after settle_s."""
+    first and last counter updates observed after settle_s. A report may stand for several
+    steps (`StepReport.steps`: a simulated stretch at once); it counts as that many."""
 
     schedule: Schedule
     length_s: float
     settle_s: float
-    step_times_s: list[float] = field(default_factory=list)
+    steps: int = 0
+    time_sum_s: float = 0.0
     group_sums_s: np.ndarray | None = None
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
 
     def add(self, report: StepReport) -> bool:
-        """Count a step; True when the window is closed (long enough, at an observed update)."""
-        if report.end_s - report.step_time_s >= self.settle_s:
-            self.step_times_s.append(report.step_time_s)
-            g = np.asarray(report.group_times_s)
+        """Count a report's steps; True when the window is closed (long enough, at an observed
+        update)."""
+        n = report_steps(report)
+        if report.end_s - n * report.step_time_s >= self.settle_s:
+            self.steps += n
+            self.time_sum_s += n * report.step_time_s
+            g = np.asarray(report.group_times_s, dtype=float) * n
             self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
         for reading in report.counter_readings:
             if reading[0] >= self.settle_s:
                 self.first = self.first or reading
                 self.last = reading
-        return bool(report.counter_readings) and self.span_s >= self.length_s and len(self.step_times_s) > 0
+        return bool(report.counter_readings) and self.span_s >= self.length_s and self.steps > 0
 
     @property
     def span_s(self) -> float:
@@ -110,15 +126,15 @@ class Window:
 
     @property
     def settled_s(self) -> float:
-        return float(sum(self.step_times_s))
+        return float(self.time_sum_s)
 
     @property
     def step_s(self) -> float:
-        return float(np.mean(self.step_times_s))
+        return self.time_sum_s / self.steps if self.steps else math.nan
 
     @property
     def group_times_s(self) -> np.ndarray:
-        return self.group_sums_s / len(self.step_times_s)
+        return self.group_sums_s / self.steps
 
     @property
     def power_w(self) -> float:
@@ -145,6 +161,11 @@ class Window:
         return [self.settled_s]
 
 
+def report_steps(report: StepReport) -> int:
+    """How many steps a report stands for (1 unless it is a stretch at once)."""
+    return int(getattr(report, "steps", 1))
+
+
 @dataclass
 class PooledWindow:
     """One window on every data-parallel rank, each rank's own Window on its own clock (the
@@ -168,12 +189,13 @@ class PooledWindow:
         for window, report in zip(self.windows, reports, strict=True):
             window.add(report)
         return any(r.counter_readings for r in reports) and all(
-            w.span_s >= w.length_s and w.step_times_s for w in self.windows
+            w.span_s >= w.length_s and w.steps for w in self.windows
         )
 
     @property
-    def step_times_s(self) -> list[float]:
-        return [t for w in self.windows for t in w.step_times_s]
+    def steps(self) -> int:
+        """Steps counted, every rank's (n ranks: n a step)."""
+        return sum(w.steps for w in self.windows)
 
     @property
     def span_s(self) -> float:
@@ -185,11 +207,11 @@ class PooledWindow:
 
     @property
     def step_s(self) -> float:
-        return float(np.mean(self.step_times_s))
+        return self.settled_s / self.steps if self.steps else math.nan
 
     @property
     def group_times_s(self) -> np.ndarray:
-        return sum(w.group_sums_s for w in self.windows) / len(self.step_times_s)
+        return sum(w.group_sums_s for w in self.windows) / self.steps
 
     @property
     def power_w(self) -> float:
@@ -249,14 +271,32 @@ def pooled_report(reports: Sequence[StepReport]) -> StepReport:
 
 
 def feed_step_s(feed: Feed) -> float:
-    """The step's time: one rank's, or the ranks' mean; s."""
-    return feed.step_time_s if isinstance(feed, StepReport) else float(np.mean([r.step_time_s for r in feed]))
+    """The training time a feed stands for: one rank's report's steps, or the ranks' mean; s."""
+    if isinstance(feed, StepReport):
+        return feed.step_time_s * report_steps(feed)
+    return float(np.mean([r.step_time_s * report_steps(r) for r in feed]))
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A trial's result: B against A as relative differences (fractions of A), the standard
-    error of the energy difference over the blocks, B's figures."""
+    """A trial's result: B against A as relative differences (fractions of A), their standard
+    errors over the blocks (robust: `robust_mean_se`), B's figures.
+
+    Attributes:
+        energy_diff: B's step energy against A's, a fraction (NaN: no block completed).
+        energy_se: its standard error over the blocks (inf under two samples).
+        time_diff: B's step time against A's, a fraction.
+        time_se: its standard error over the blocks.
+        b_step_s: B's mean step time, s.
+        b_group_times_s: B's mean time of each group per step, s.
+        blocks: completed A-B-B-A blocks.
+        abandoned: the candidate was stopped before its blocks completed.
+        pairs: two windows of one schedule in a block (A1 and A2, B1 and B2) as (energy
+            difference, time difference, seconds of the windows): what the job's noise is
+            measured from (`NoiseMeter`).
+        undecided: the trial reached its longest length (or was stopped for the budget's
+            slack) with its decision still open.
+    """
 
     energy_diff: float
     energy_se: float
@@ -266,20 +306,38 @@ class Outcome:
     b_group_times_s: np.ndarray
     blocks: int
     abandoned: bool
+    pairs: tuple[tuple[float, float, float], ...] = ()
+    undecided: bool = False
 
 
 @dataclass
 class Trial:
-    """A candidate (B) against the incumbent (A) in A-B-B-A blocks of windows."""
+    """A candidate (B) against the incumbent (A) in A-B-B-A blocks of windows: a sequential
+    trial. It ends after `blocks` blocks, or, from `min_blocks` on, at the first block whose
+    outcome `decide` calls decided; or when abandoned.
+
+    Args:
+        incumbent: A's schedule.
+        candidate: B's schedule.
+        blocks: the most A-B-B-A blocks; blocks.
+        window_s: length of one window, s.
+        settle_s: steps that began within this long of a window's opening are not counted, s.
+        min_blocks: blocks before `decide` is asked (None: `blocks`, a trial of fixed length).
+        decide: the outcome so far -> whether the trial is decided (None: never early).
+    """
 
     incumbent: Schedule
     candidate: Schedule
     blocks: int
     window_s: float
     settle_s: float
+    min_blocks: int | None = None
+    decide: Callable[[Outcome], bool] | None = None
     closed: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     abandoned: bool = False
+    undecided_stop: bool = False  # abandoned for the budget's slack, not for its measured time
+    decided: bool = False
 
     @property
     def arm(self) -> str:
@@ -288,7 +346,7 @@ class Trial:
 
     @property
     def done(self) -> bool:
-        return self.abandoned or len(self.closed) >= 4 * self.blocks
+        return self.abandoned or self.decided or len(self.closed) >= 4 * self.blocks
 
     def schedule(self) -> Schedule:
         return self.candidate if self.arm == "B" else self.incumbent
@@ -301,6 +359,14 @@ class Trial:
         if self.current.add(report):
             self.closed.append(self.current)
             self.current = None
+            blocks = len(self.closed) // 4
+            if (
+                len(self.closed) % 4 == 0
+                and self.decide is not None
+                and blocks >= (self.min_blocks or self.blocks)
+                and blocks < self.blocks
+            ):
+                self.decided = bool(self.decide(self.outcome()))
 
     def b_windows(self) -> list[Window | PooledWindow]:
         arms = ["ABBA"[i % 4] for i in range(len(self.closed))]
@@ -309,7 +375,7 @@ class Trial:
 
     def outcome(self) -> Outcome:
         blocks = len(self.closed) // 4
-        e_diff, t_diff = [], []
+        e_diff, t_diff, pairs = [], [], []
         for k in range(blocks):
             a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
             # energy: each rank's block is a sample (pooled ranks: n a block, each card its own)
@@ -326,23 +392,117 @@ class Trial:
                 )
             ]
             t_diff.append(float(np.mean(rank_t_diff)))
-        b = [w for w in self.b_windows() if w.step_times_s]
+            for x, y in ((a1, a2), (b1, b2)):  # two windows of one schedule: the job's noise
+                for ex, ey, tx, ty, sx, sy in zip(
+                    x.rank_energies_j,
+                    y.rank_energies_j,
+                    x.rank_steps_s,
+                    y.rank_steps_s,
+                    x.rank_settled_s,
+                    y.rank_settled_s,
+                ):
+                    pairs.append((ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy)))
+        b = [w for w in self.b_windows() if w.steps]
         b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
         b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])
+        energy_diff, energy_se = robust_mean_se(e_diff)
+        time_diff, time_se = robust_mean_se(t_diff)
         return Outcome(
-            energy_diff=float(np.mean(e_diff)) if e_diff else math.nan,
-            energy_se=_se(e_diff),
-            time_diff=float(np.mean(t_diff)) if t_diff else math.nan,
-            time_se=_se(t_diff),
+            energy_diff=energy_diff,
+            energy_se=energy_se,
+            time_diff=time_diff,
+            time_se=time_se,
             b_step_s=b_step,
             b_group_times_s=b_groups,
             blocks=blocks,
             abandoned=self.abandoned,
+            pairs=tuple(pairs),
+            undecided=self.undecided_stop
+            or (not self.abandoned and not self.decided and self.decide is not None),
         )
 
 
 def _se(values: list[float]) -> float:
     return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.inf
+
+
+def robust_mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of values and its standard error, robust to a wrecked sample: from four values
+    on, each is first clipped to WINSOR_MADS scaled median absolute deviations of the median
+    (a block with a stalled step or a sync gap counts, but no more than a bad block's worth).
+    (NaN, inf) for no values; the SE is inf for one."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return math.nan, math.inf
+    if v.size >= 4:
+        median = float(np.median(v))
+        mad = 1.4826 * float(np.median(np.abs(v - median)))
+        if mad > 0.0:
+            v = np.clip(v, median - WINSOR_MADS * mad, median + WINSOR_MADS * mad)
+    return float(np.mean(v)), _se(list(v))
+
+
+# --- the job's noise -------------------------------------------------------------------------
+@dataclass
+class NoiseMeter:
+    """The job's noise, kept up to date as the run goes: from pairs of windows of one schedule
+    (consecutive reference windows, a block's two A windows and its two B windows), the
+    relative s.d. of a window's energy per step and of its mean step time, each scaled to a
+    window of 1 s (a figure per root second). Robust: the scaled median absolute deviation of
+    the pairs' differences, so a stalled step or a sync gap in a few windows does not set it.
+
+    Args:
+        floor: the smallest figure it reports, per root s (a perfectly quiet job still has a
+            counter's resolution); a fraction.
+    """
+
+    floor: float = NOISE_FLOOR
+    energy: list[float] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+
+    def add(self, energy_diff: float, time_diff: float, window_s: float) -> None:
+        """Two windows of one schedule, window_s long each: their relative differences."""
+        if not (math.isfinite(energy_diff) and math.isfinite(time_diff) and window_s > 0):
+            return
+        scale = math.sqrt(window_s / 2.0)  # a difference of two windows has sqrt(2) x one's s.d.
+        self.energy.append(energy_diff * scale)
+        self.time.append(time_diff * scale)
+
+    def add_pairs(self, pairs: Sequence[tuple[float, float, float]]) -> None:
+        for energy_diff, time_diff, window_s in pairs:
+            self.add(energy_diff, time_diff, window_s)
+
+    @property
+    def samples(self) -> int:
+        return len(self.time)
+
+    @staticmethod
+    def _sd(values: list[float], floor: float) -> float:
+        if len(values) < 2:
+            return math.nan
+        v = np.asarray(values)
+        mad = 1.4826 * float(np.median(np.abs(v - np.median(v))))
+        return max(mad, floor)
+
+    @property
+    def energy_sd_per_root_s(self) -> float:
+        """Relative s.d. of a 1-s window's energy per step (NaN under two pairs)."""
+        return self._sd(self.energy, self.floor)
+
+    @property
+    def time_sd_per_root_s(self) -> float:
+        """Relative s.d. of a step time mean over 1 s (NaN under two pairs)."""
+        return self._sd(self.time, self.floor)
+
+    def resolvable(self, trial_s: float, z: float = 3.0) -> tuple[float, float]:
+        """The smallest energy and time differences (fractions) that a trial of trial_s seconds
+        (A-B-B-A: half of it on B) resolves at z standard errors."""
+        if trial_s <= 0:
+            return math.inf, math.inf
+        # a block's difference of means of two windows each: s.d. sigma_1 / sqrt(window s);
+        # over n blocks of 4 windows: sigma_1 / sqrt(trial_s / 4) / ... -> 2 sigma_1 / sqrt(trial_s)
+        k = z * 2.0 / math.sqrt(trial_s)
+        return k * self.energy_sd_per_root_s, k * self.time_sd_per_root_s
 
 
 # --- budget -----------------------------------------------------------------------------------
@@ -362,9 +522,10 @@ class StepAccount:
     before_allowed_s: float = 0.0  # allowed time of the steps before the last rebase, s
     before_steps: int = 0
 
-    def charge(self, step_s: float) -> None:
-        self.steps += 1
-        self.spent_s += step_s
+    def charge(self, step_s: float, steps: int = 1) -> None:
+        """Count `steps` steps of step_s each (a report may stand for several), s."""
+        self.steps += steps
+        self.spent_s += step_s * steps
 
     def slack_s(self) -> float:
         """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
@@ -418,17 +579,24 @@ class StockFigures:
 
 @dataclass
 class StockReference:
-    """Windows of whole steps at stock until at least REFERENCE_S of steps and three windows.
+    """Windows of whole steps at stock until at least min_s of steps and three windows, and
+    on (up to max_s) while the 95% margin of the stock step time (CONFIDENCE_Z x the windows'
+    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer.
 
     Args:
         schedule: the stock schedule (every segment its own group, no pair).
         window_s: length of one window, s.
         min_s: training at stock measured at least, s.
+        max_margin: the largest 95% margin of the stock step time the reference ends with, a
+            fraction (inf: end at min_s).
+        max_s: training at stock measured at most, s.
     """
 
     schedule: Schedule
     window_s: float = TRIAL_WINDOW_S
     min_s: float = REFERENCE_S
+    max_margin: float = math.inf
+    max_s: float = REFERENCE_MAX_S
     windows: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     seconds: float = 0.0
@@ -440,15 +608,26 @@ class StockReference:
             now_s = report.end_s if isinstance(report, StepReport) else [r.end_s for r in report]
             self.current = open_window(self.schedule, self.window_s, 0.0, now_s)
         self.seconds += feed_step_s(report)
-        if self.current.add(report):
+        closed = self.current.add(report)
+        if closed:
             self.windows.append(self.current)
             self.current = None
-        return self.seconds >= self.min_s and len(self.windows) >= 3
+        if self.seconds < self.min_s or len(self.windows) < 3:
+            return False
+        if self.seconds >= max(self.max_s, self.min_s) or math.isinf(self.max_margin):
+            return True
+        return closed and self.margin() <= self.max_margin
+
+    def margin(self) -> float:
+        """The 95% margin of the mean stock step time so far, a fraction of it."""
+        figures = self.figures()
+        settled_s = sum(float(np.mean(w.rank_settled_s)) for w in self.windows)
+        return CONFIDENCE_Z * figures.time_sd_per_root_s / math.sqrt(max(settled_s, 1e-9))
 
     def figures(self) -> StockFigures:
         windows = self.windows
         steps = np.array([w.step_s for w in windows])
-        weights = np.array([len(w.step_times_s) for w in windows], dtype=float)
+        weights = np.array([w.steps for w in windows], dtype=float)
         # a window far off the others (a stalled step: a 160-ms pause of the host) is left out
         # of the stock figures; the spreads keep it, so it makes the tuner more cautious, never
         # bolder. Not the median: a window's figures are skewed, and the median's bias broke
@@ -471,6 +650,21 @@ class StockReference:
             ),
             window_s=self.window_s,
         )
+
+    def pairs(self) -> list[tuple[float, float, float]]:
+        """Consecutive windows as pairs of one schedule (NoiseMeter.add_pairs), each rank's."""
+        out = []
+        for x, y in zip(self.windows, self.windows[1:]):
+            for ex, ey, tx, ty, sx, sy in zip(
+                x.rank_energies_j,
+                y.rank_energies_j,
+                x.rank_steps_s,
+                y.rank_steps_s,
+                x.rank_settled_s,
+                y.rank_settled_s,
+            ):
+                out.append((ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy)))
+        return out
 
 
 def _rank_sd(values: np.ndarray) -> float:
@@ -519,22 +713,33 @@ def judge(
     incumbent_energy_j: float,
     budget: float,
     window_s: float,
+    noise: NoiseMeter | None = None,
+    account_step_s: float | None = None,
+    ranks: int = 1,
+    z: float = ADOPT_Z,
 ) -> Judgement:
     """The judgement of a trial whose windows were window_s long, against the incumbent it ran
-    beside (its measured step time, s, and energy per step, J) and the measured stock."""
+    beside (its measured step time, s, and energy per step, J) and the measured stock. Its
+    standard errors are no smaller than the job's noise predicts (the reference's window
+    noise; the NoiseMeter's, when given, kept up to date over the run; `ranks` pooled ranks
+    give ranks energy samples a block); the slowdown is against account_step_s (the account's
+    stock at 95% confidence; default the reference's); adopted at z standard errors."""
     blocks = max(outcome.blocks, 1)
     predicted_se = stock.window_sd * math.sqrt(stock.window_s / window_s) / math.sqrt(blocks)
+    predicted_tse = 0.0
+    if noise is not None and noise.samples >= 2:
+        predicted_se = max(predicted_se, noise.energy_sd_per_root_s / math.sqrt(window_s * blocks * ranks))
+        predicted_tse = noise.time_sd_per_root_s / math.sqrt(window_s * blocks)
     se = max(outcome.energy_se, predicted_se)
+    time_se = max(outcome.time_se, predicted_tse)
     saving = -outcome.energy_diff
+    stock_s = stock.account_step_s if account_step_s is None else account_step_s
     if outcome.blocks > 0:
-        slowdown = (incumbent_step_s * (1.0 + outcome.time_diff)) / stock.account_step_s - 1.0
+        slowdown = (incumbent_step_s * (1.0 + outcome.time_diff)) / stock_s - 1.0
     else:
-        slowdown = outcome.b_step_s / stock.account_step_s - 1.0
+        slowdown = outcome.b_step_s / stock_s - 1.0
     adopted = (
-        not outcome.abandoned
-        and outcome.blocks >= 2
-        and saving > ADOPT_Z * se
-        and slowdown + ADOPT_Z * outcome.time_se <= budget
+        not outcome.abandoned and outcome.blocks >= 2 and saving > z * se and slowdown + z * time_se <= budget
     )
     energy_ratio = incumbent_energy_j * (1.0 - saving) / stock.energy_per_step_j
-    return Judgement(saving, se, slowdown, outcome.time_se, energy_ratio, bool(adopted))
+    return Judgement(saving, se, slowdown, time_se, energy_ratio, bool(adopted))

@@ -71,6 +71,18 @@ class TuneReport:
             f"{slowdown_text(d['run']['slowdown'])}; largest cumulative slowdown "
             f"{pct(d['max_cumulative_slowdown'])}"
         )
+        noise = d["tuner"]["job_noise"]
+        if noise["time_cv_per_root_s"] is not None:
+            res, eta = noise["resolvable"], noise["expected_time_to_plan_s"]
+            print(
+                f"  what this job allows (measured by the tuner): step-time noise "
+                f"{pct(noise['time_cv_per_root_s'])} and energy noise "
+                f"{pct(noise['energy_cv_per_root_s'] or 0.0)} per root second; a {res['trial_s']:.0f}-s trial "
+                f"resolves {pct(res['energy_diff'] or 0.0)} of energy and {pct(res['time_diff'] or 0.0)} of time "
+                f"at {res['z']:g} standard errors; the budget is held at 95% confidence (stock's "
+                f"margin {pct(noise['stock_margin_95'] or 0.0)})"
+                + ("" if eta is None or eta == 0 else f"; expected time to a plan {eta:.0f} s")
+            )
         groups = d["running"]["groups"]
         print(
             f"  the plan from now on ({groups} group{'s' if groups != 1 else ''}, switch latency "

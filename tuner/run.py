@@ -33,7 +33,7 @@ from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.ranks import RankPool
 from kdvfs.runtime.schedule import Schedule, schedule_items
 from kdvfs.runtime.steps import StepReport
-from kdvfs.runtime.trials import REFERENCE_MARGIN
+from kdvfs.runtime.trials import ADOPT_Z
 from kdvfs.runtime.types import ClockGrid, KdvfsError, Workload
 from kdvfs.tuner.plan import Plan, plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
@@ -53,6 +53,8 @@ from kdvfs.tuner.transfer import carry_schedule
 
 #: Training between two Points of a run; s.
 POINT_EVERY_S = 1.0
+#: The trial length whose resolvable differences the summary reports; s.
+RESOLVE_TRIAL_S = 60.0
 #: A card whose clock switch lands within this is switched at every kernel by "auto" sites; s.
 FAST_SWITCH_S = 1e-3
 #: Clock-switch latency assumed for a card that does not state its own, s (tens of ms on current cards).
@@ -73,6 +75,8 @@ METRICS = (
     "step_time_s",
     "temperature_c",
     "phase",
+    "time_noise_per_root_s",
+    "energy_noise_per_root_s",
 )
 
 PriorSource = Literal["store", "transferred", "measured", "model", "none"]
@@ -210,6 +214,10 @@ class Point:
         adoptions: candidates adopted so far.
         step_time_s: the last step's time, s.
         temperature_c: the card's temperature at the last step's end, C (NaN: not reported).
+        time_noise_per_root_s: the job's step-time noise, relative s.d. of a step time mean
+            over 1 s, as measured so far (NaN before stock was measured).
+        energy_noise_per_root_s: the job's energy noise, relative s.d. of a 1-s window's
+            energy per step, as measured so far (NaN before stock was measured).
     """
 
     step: int
@@ -222,6 +230,8 @@ class Point:
     adoptions: int
     step_time_s: float = math.nan
     temperature_c: float = math.nan
+    time_noise_per_root_s: float = math.nan
+    energy_noise_per_root_s: float = math.nan
 
 
 def point_metrics(point: Point) -> dict[str, float]:
@@ -235,6 +245,8 @@ def point_metrics(point: Point) -> dict[str, float]:
         "step_time_s": point.step_time_s,
         "temperature_c": point.temperature_c,
         "phase": float(PHASES.index(point.phase)),
+        "time_noise_per_root_s": point.time_noise_per_root_s,
+        "energy_noise_per_root_s": point.energy_noise_per_root_s,
     }
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}
 
@@ -258,6 +270,8 @@ class TuningRun:
         pool: the job's data-parallel ranks (runtime/ranks.py: RankPool); None: one rank.
         replan: after a drift alarm, a schedule for the new conditions (StepTuner's replan).
         start_s: the reports' clock at the start of training, s (training seconds count from it).
+        expected_s: how long the job is expected to train, s (how long one trial may grow);
+            None: not known (StepTuner's expected_run_s).
     """
 
     def __init__(
@@ -274,6 +288,7 @@ class TuningRun:
         pool: RankPool | None = None,
         replan: Callable[[StepReport], Schedule | None] | None = None,
         start_s: float = 0.0,
+        expected_s: float | None = None,
     ) -> None:
         self.card = card
         self.workload = workload
@@ -296,6 +311,7 @@ class TuningRun:
             timing=timing,
             pool=pool,
             proven_prior=prior.source == "store",  # measured in training by a job before
+            expected_run_s=expected_s,
         )
         self.offset_s = start_s
         """The reports' clock at this run's training second 0, s."""
@@ -421,12 +437,36 @@ class TuningRun:
             adoptions=len(t.adoptions),
             step_time_s=math.nan if last is None else last.step_time_s,
             temperature_c=math.nan if last is None else last.temperature_c,
+            time_noise_per_root_s=t.time_sd_per_root_s if t.stock is not None else math.nan,
+            energy_noise_per_root_s=t.energy_sd_per_root_s,
         )
+
+    def job_noise(self) -> dict[str, Any]:
+        """What the job allows, as measured so far: its noise (per root second, from pairs of
+        windows of one schedule), the budget's 95% margin on stock, the smallest differences a
+        trial of RESOLVE_TRIAL_S resolves at three standard errors, and the expected training
+        time to a plan (None where not measured yet)."""
+        t = self.tuner
+        measured = t.stock is not None
+        energy_diff, time_diff = t.resolvable(RESOLVE_TRIAL_S) if measured else (math.nan, math.nan)
+        return {
+            "time_cv_per_root_s": _or_none(t.time_sd_per_root_s) if measured else None,
+            "energy_cv_per_root_s": _or_none(t.energy_sd_per_root_s),
+            "pairs_of_windows": t.noise.samples,
+            "stock_margin_95": _or_none(t.stock_margin),
+            "resolvable": {
+                "trial_s": RESOLVE_TRIAL_S,
+                "z": ADOPT_Z,
+                "energy_diff": _or_none(energy_diff),
+                "time_diff": _or_none(time_diff),
+            },
+            "expected_time_to_plan_s": t.expected_time_to_plan_s(),
+        }
 
     def stock_step_s(self) -> float | None:
         """Stock's step time as the reference measured it, s (None: not yet measured)."""
         t = self.tuner
-        return t.stock_step_s / (1.0 - REFERENCE_MARGIN) if math.isfinite(t.stock_step_s) else None
+        return t.stock.step_s if t.stock is not None else None
 
     def plan(
         self,
@@ -486,6 +526,7 @@ class TuningRun:
             "window_energy_cv": t.window_sd if math.isfinite(t.window_sd) else None,
             "trial_window_s": t.timing.trial_window_s,
             "step_time_cv_per_root_s": t.time_sd_per_root_s,
+            "job_noise": self.job_noise(),
             "trials": t.trials,
             "plan_energy_saving": t.plan_energy_saving(),
             "slowdown": t.account.slowdown() if math.isfinite(t.stock_step_s) else None,
@@ -527,6 +568,10 @@ def schedule_pairs(schedule: Schedule) -> list[list[Any]]:
 
 def _finite(x: float) -> float:
     return float(x) if np.isfinite(x) else 0.0
+
+
+def _or_none(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def schedule_group_figures(

@@ -35,10 +35,14 @@ from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
     ADOPT_Z,
+    CONFIDENCE_Z,
+    REFERENCE_MARGIN,
+    REFERENCE_MARGIN_SHARE,
     REFERENCE_S,
     TRIAL_BLOCKS,
     TRIAL_WINDOW_S,
     Judgement,
+    NoiseMeter,
     Outcome,
     PooledWindow,
     StepAccount,
@@ -50,11 +54,32 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     open_window,
     pass_boundaries,
     pooled_report,
+    report_steps,
     switchable_groups,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
 
+#: Most A-B-B-A blocks of one trial while its decision is open (fewer when the measured noise,
+#: the run's expected length or the budget's slack says so); blocks.
+TRIAL_MAX_BLOCKS = 12
+#: Standard errors at which an exploring trial is decided (better, worse, or resolved); sds.
+DECIDE_Z = 2.0
+#: An exploring trial is resolved once DECIDE_Z energy errors are within this; a fraction.
+RESOLVE_ENERGY = 0.01
+#: Largest share of the run's expected length one trial may take; a fraction.
+TRIAL_RUN_SHARE = 0.05
+#: The run's expected length when the caller does not say, at least; s (else twice the
+#: training so far).
+MIN_EXPECTED_RUN_S = 1800.0
+#: Shortest wait in Settled before undecided groups are tried again; s (else as long as
+#: the round before took).
+REOPEN_WAIT_MIN_S = 30.0
+#: Longest trial window of a reopened round (each round doubles the window); s.
+MAX_TRIAL_WINDOW_S = 16.0
+#: The group index of the whole step: every group at one pair (the one-knob optimum, explored
+#: first when the run starts without a prior).
+STEP_GROUP = -1
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
@@ -106,9 +131,12 @@ class StepTiming:
     passes shorter ones (StepTuner's `timing`).
 
     Attributes:
-        reference_s: training at stock measured as the reference, s.
+        reference_s: training at stock measured as the reference, s (at least: a noisy job
+            measures stock longer, runtime/trials.py: StockReference).
         trial_window_s: length of one trial window, s.
-        trial_blocks: A-B-B-A blocks of one trial.
+        trial_blocks: A-B-B-A blocks of one trial before it may end decided.
+        trial_max_blocks: most blocks of a trial while its decision is open (at least
+            trial_blocks).
         verify_window_s: length of one verification window, s.
         verify_blocks: A-B-B-A blocks of a verification run.
         verify_max_blocks: most blocks of a verification extended while its time is undecided.
@@ -123,6 +151,7 @@ class StepTiming:
     reference_s: float = REFERENCE_S
     trial_window_s: float = TRIAL_WINDOW_S
     trial_blocks: int = TRIAL_BLOCKS
+    trial_max_blocks: int = TRIAL_MAX_BLOCKS
     verify_window_s: float = VERIFY_WINDOW_S
     verify_blocks: int = VERIFY_BLOCKS
     verify_max_blocks: int = VERIFY_MAX_BLOCKS
@@ -132,7 +161,13 @@ class StepTiming:
     def __post_init__(self) -> None:
         for name in ("reference_s", "trial_window_s", "verify_window_s", "watch_window_s"):
             finite_number(f"StepTiming.{name}", getattr(self, name), 0.0, MAX_TIMING_S, open_low=True)
-        for name in ("trial_blocks", "verify_blocks", "verify_max_blocks", "max_trials_per_group"):
+        for name in (
+            "trial_blocks",
+            "trial_max_blocks",
+            "verify_blocks",
+            "verify_max_blocks",
+            "max_trials_per_group",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise KdvfsError(f"StepTiming.{name} must be a whole number >= 1, got {value!r}")
@@ -173,13 +208,22 @@ class Search:
     """What the exploration of one reference's groups carries from phase to phase.
 
     Attributes:
-        order: the groups to explore, in order (the longest first).
-        first: group -> the pair it tries first (after an alarm: the plan before's); empty at
-            the start of a run.
+        order: the groups to explore, in order (STEP_GROUP first on a run without a prior,
+            then the longest group first).
+        first: group -> the pair it tries first (after an alarm: the plan before's; in a
+            reopened round: the group's best so far); empty at the start of a run.
+        round: 0, then 1, 2, ... for each reopening of undecided groups.
+        window_s: the trial window of this round, s.
+        started_s: when the round began (the report's clock), s.
+        reopen: the groups whose trials or verification ended undecided in this round.
     """
 
     order: list[int]
     first: dict[int, ClockPair | None] = field(default_factory=dict)
+    round: int = 0
+    window_s: float = TRIAL_WINDOW_S
+    started_s: float = 0.0
+    reopen: list[int] = field(default_factory=list)
 
     def after(self, group: int) -> int:
         """The position in `order` of the group after `group`."""
@@ -204,6 +248,8 @@ class Reference:
         schedule_before: after an alarm, the schedule verified first (None: the prior's turn).
         explore: after an alarm, the groups to explore again (None: all).
         first: group -> the pair it tries first.
+        max_margin: the reference goes on while the 95% margin of its stock step time exceeds
+            this (a noisy job measures stock longer), a fraction.
         measured: the windows so far (runtime/trials.py: StockReference).
     """
 
@@ -213,10 +259,11 @@ class Reference:
     schedule_before: Schedule | None = None
     explore: tuple[int, ...] | None = None
     first: dict[int, ClockPair | None] = field(default_factory=dict)
+    max_margin: float = math.inf
     measured: StockReference = field(init=False)
 
     def __post_init__(self) -> None:
-        self.measured = StockReference(self.schedule, self.window_s, self.min_s)
+        self.measured = StockReference(self.schedule, self.window_s, self.min_s, self.max_margin)
 
 
 @dataclass
@@ -240,6 +287,7 @@ class Exploring:
         trials: trials of this group so far.
         first: a config tried before the strategy is asked (the pair chosen before an alarm).
         waiting_steps: steps run at the incumbent waiting for budget slack.
+        undecided: trials of this group that ended with their decision open.
     """
 
     group: int
@@ -250,6 +298,7 @@ class Exploring:
     trials: int = 0
     first: int | None = None
     waiting_steps: int = 0
+    undecided: int = 0
 
 
 @dataclass
@@ -258,8 +307,8 @@ class Verifying:
     or a whole schedule (group None: the prior, or the plan before an alarm).
 
     Transitions:
-        -> Verifying (itself, more blocks): a clear saving whose time bound is not yet inside
-           the budget (at most verify_max_blocks).
+        -> Verifying (itself, more blocks): the adoption is still open (a sequential trial:
+           from verify_blocks to verify_max_blocks blocks).
         -> Exploring (the next group; after a whole schedule, the first) or Settled (no group
            left): the verification is judged, the candidate adopted or not.
         -> Retuning: the power limit moved, or the rank pool was lost.
@@ -269,12 +318,15 @@ class Verifying:
         trial: the verification's A-B-B-A trial.
         search: the groups' order and first pairs (Search).
         adopted: the judgement (None until judged).
+        explored_undecided: the group's exploring trials that ended undecided (a group not
+            adopted after any is reopened later).
     """
 
     group: int | None
     trial: Trial
     search: Search
     adopted: bool | None = None
+    explored_undecided: int = 0
 
 
 @dataclass
@@ -285,6 +337,8 @@ class Settled:
         -> Retuning: a stream of the watch (a group's time, the step's energy) or a condition
            (the power limit, the settled temperature with throttling) moved, or the rank pool
            was lost.
+        -> Exploring (a reopened round): some groups ended undecided, reopen_at_s has come and
+           the budget's slack covers a trial: they are tried again with windows twice as long.
         -> Settled (itself): a card that warmed without throttling keeps its plan.
         The incumbent falls back to stock (no phase change) when the budget's guard is reached.
 
@@ -292,11 +346,21 @@ class Settled:
         since_step: the step it settled at.
         window: the watch window open (None between windows).
         expected: the first window's values, the streams' baseline.
+        reopen: the groups to try again (ended undecided); empty: none.
+        round: the round that ended here.
+        reopen_at_s: when they may be tried again (the report's clock), s.
+        first: group -> its best pair so far (tried first when reopened).
+        window_s: the trial window of the round that ended, s.
     """
 
     since_step: int
     window: Window | PooledWindow | None = None
     expected: dict[str, float] | None = None
+    reopen: tuple[int, ...] = ()
+    round: int = 0
+    reopen_at_s: float = math.inf
+    first: dict[int, ClockPair | None] = field(default_factory=dict)
+    window_s: float = TRIAL_WINDOW_S
 
 
 @dataclass
@@ -404,6 +468,9 @@ class StepTuner:
         pool: the job's data-parallel ranks (runtime/ranks.py), each running this tuner with
             the same arguments: every step's report is gathered from all of them and every
             rank decides on the same pooled figures; None: this rank alone.
+        expected_run_s: how long the job is expected to train, s (sets how long one trial may
+            grow: TRIAL_RUN_SHARE of it); None: twice the training so far, at least
+            MIN_EXPECTED_RUN_S.
 
     Raises:
         KdvfsError: a budget, latency or period that is not finite or out of its range (one
@@ -427,12 +494,16 @@ class StepTuner:
         timing: StepTiming | None = None,
         pool: RankPool | None = None,
         proven_prior: bool = False,
+        expected_run_s: float | None = None,
     ) -> None:
         budget = finite_number("budget", budget, 0.0, MAX_BUDGET)
         switch_latency_s = finite_number("switch_latency_s", switch_latency_s, 0.0, MAX_TIMING_S)
         energy_update_period_s = finite_number(
             "energy_update_period_s", energy_update_period_s, 0.0, MAX_TIMING_S, open_low=True
         )
+        if expected_run_s is not None:
+            expected_run_s = finite_number("expected_run_s", expected_run_s, 0.0, 1e9, open_low=True)
+        self.expected_run_s = expected_run_s
         self.pool = pool
         self.pool_lost: str | None = None  # why the pool was lost (None: it was not)
         self._left_pool = False
@@ -476,10 +547,15 @@ class StepTuner:
         self.incumbent_step_s = math.nan
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
         self.stock: StockFigures | None = None  # stock as the reference measured it
-        self.time_sd_per_root_s = 0.005  # relative s.d. of a step time mean over 1 s (measured)
+        self.noise = NoiseMeter()
+        """The job's noise, kept up to date from pairs of windows of one schedule."""
+        self.stock_margin = math.nan  # the account's 95% margin on the stock step time, a fraction
+        self._reference_s = 0.0  # settled seconds of the reference windows, s
+        self._trial_seconds: list[float] = []  # training seconds of each finished trial, s
+        self._trials_per_group: list[int] = []  # trials each explored group took
         self.adoptions: list[Adoption] = []
         self.trials = 0  # trials started, verifications included
-        self.phase: Phase = Reference(self.incumbent, timing.trial_window_s, timing.reference_s)
+        self.phase: Phase = self._new_reference(self.incumbent)
         self.phases: list[str] = ["Reference"]
         self.group_times_s: list[float] = []  # each group's stock time per step, s
         self.conditions = ConditionWatch()
@@ -492,6 +568,7 @@ class StepTuner:
         self._feed: StepReport | list[StepReport] | None = None  # what windows count this step
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
         self._ranks = 1 if pool is None else pool.ranks
+        self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
 
     # --- the entry point and the events ----------------------------------------------------
     def subscribe(self, listener: Callable[[TunerEvent], None]) -> None:
@@ -508,7 +585,7 @@ class StepTuner:
             report = pooled_report(reports)
         else:
             self._feed, self._now = report, report.end_s
-        self.account.charge(report.step_time_s)
+        self.account.charge(report.step_time_s, report_steps(report))
         self._now_s = report.end_s
         phase = self.phase
         if math.isfinite(report.temperature_c):
@@ -575,6 +652,16 @@ class StepTuner:
             self.phases.append(name)
         self._emit(PhaseEntered(self.account.steps, self._now_s, name))
 
+    def _new_reference(self, schedule: Schedule, **kwargs) -> Reference:
+        t = self.timing
+        return Reference(
+            schedule,
+            t.trial_window_s,
+            t.reference_s,
+            max_margin=self.budget * REFERENCE_MARGIN_SHARE,
+            **kwargs,
+        )
+
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
         if not ref.measured.add(self._feed):
             return ref.schedule
@@ -587,18 +674,21 @@ class StepTuner:
 
     def _finish_reference(self, ref: Reference, stock: StockFigures) -> Search:
         """Stock's figures kept; the groups (switchable ones on a first reference without a
-        prior, else the segments) and the order they are explored in."""
+        prior, else the segments) and the order they are explored in (the whole step first on
+        a first reference without a prior)."""
         self.stock = stock
-        self.account.stock_step_s = stock.account_step_s
         self.stock_energy_j = self.incumbent_energy_j = stock.energy_per_step_j
         self.incumbent_step_s = stock.step_s
         self.window_sd = stock.window_sd
-        self.time_sd_per_root_s = stock.time_sd_per_root_s
+        self.noise.add_pairs(ref.measured.pairs())
+        self._reference_s = float(sum(np.mean(w.rank_settled_s) for w in ref.measured.windows))
+        self._update_account_stock()
         segment_times = stock.segment_times_s
+        first_run = self.prior is None and not self.retunes
         starts = (
-            self.segments
-            if self.prior is not None or self.retunes
-            else switchable_groups(self.segments, list(segment_times), self.switch_latency_s)
+            switchable_groups(self.segments, list(segment_times), self.switch_latency_s)
+            if first_run
+            else self.segments
         )
         self.incumbent = Schedule(tuple((s, None) for s in starts))
         ends = [*starts[1:], len(self.workload)]
@@ -610,27 +700,130 @@ class StepTuner:
         order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
         if ref.explore is not None:
             order = [g for g in order if g in ref.explore]
-        return Search(order, dict(ref.first))
+        if first_run and len(starts) > 1:
+            order.insert(0, STEP_GROUP)  # the one-knob optimum first, then each group from it
+        return Search(order, dict(ref.first), window_s=self.timing.trial_window_s, started_s=self._now_s)
 
+    # --- the job's noise and the budget at 95% confidence --------------------------------------
+    @property
+    def time_sd_per_root_s(self) -> float:
+        """The job's step-time noise: relative s.d. of a step time mean over 1 s (the
+        NoiseMeter's once it has pairs, else the reference's; 0.005 before any)."""
+        if self.noise.samples >= 2:
+            return self.noise.time_sd_per_root_s
+        return self.stock.time_sd_per_root_s if self.stock is not None else 0.005
+
+    @property
+    def energy_sd_per_root_s(self) -> float:
+        """The job's energy noise: relative s.d. of a 1-s window's energy per step (NaN before
+        the reference)."""
+        if self.noise.samples >= 2:
+            return self.noise.energy_sd_per_root_s
+        if self.stock is None:
+            return math.nan
+        return self.stock.window_sd * math.sqrt(self.stock.window_s)
+
+    def _update_account_stock(self) -> None:
+        """The account counts against stock less its 95% margin (CONFIDENCE_Z x the job's time
+        noise over the reference's seconds, at least REFERENCE_MARGIN): the run so far is within
+        the budget at 95% confidence wherever the account says it is."""
+        if self.stock is None or self._reference_s <= 0.0:
+            return
+        margin = CONFIDENCE_Z * self.time_sd_per_root_s / math.sqrt(self._reference_s)
+        self.stock_margin = max(REFERENCE_MARGIN, margin)
+        self.account.stock_step_s = self.stock.step_s * (1.0 - self.stock_margin)
+
+    def resolvable(self, trial_s: float) -> tuple[float, float]:
+        """The smallest energy and time differences (fractions) a trial of trial_s seconds
+        resolves at ADOPT_Z standard errors, given the job's noise (NaN before the reference)."""
+        k = ADOPT_Z * 2.0 / math.sqrt(trial_s)
+        return k * self.energy_sd_per_root_s, k * self.time_sd_per_root_s
+
+    def expected_time_to_plan_s(self) -> float | None:
+        """Training seconds until the groups left in this round are explored and verified, at
+        the trials' lengths and counts so far (0 once Settled with nothing to reopen; None
+        before the reference)."""
+        phase = self.phase
+        if isinstance(phase, Settled):
+            return 0.0 if not phase.reopen else None
+        search = getattr(phase, "search", None)
+        if search is None:
+            return None
+        if isinstance(phase, Exploring):
+            left = len(search.order) - search.after(phase.group) + 1
+        elif isinstance(phase, Verifying) and phase.group is not None:
+            left = len(search.order) - search.after(phase.group)
+        else:
+            left = len(search.order)
+        trial_s = (
+            float(np.median(self._trial_seconds))
+            if self._trial_seconds
+            else 4 * self.timing.trial_blocks * search.window_s
+        )
+        trials = float(np.median(self._trials_per_group)) if self._trials_per_group else 6.0
+        verify_s = 4 * self.timing.verify_blocks * self.timing.verify_window_s
+        return left * (trials * trial_s + verify_s)
+
+    def _expected_run_s(self) -> float:
+        if self.expected_run_s is not None:
+            return self.expected_run_s
+        return max(MIN_EXPECTED_RUN_S, 2.0 * self.account.spent_s)
+
+    def _trial_max_blocks(self, window_s: float) -> int:
+        """Most blocks of a trial with windows window_s long: as many as resolve RESOLVE_ENERGY
+        at DECIDE_Z errors given the job's noise, within TRIAL_RUN_SHARE of the run's expected
+        length; between trial_blocks and trial_max_blocks."""
+        t = self.timing
+        low, high = t.trial_blocks, max(t.trial_max_blocks, t.trial_blocks)
+        sigma = self.energy_sd_per_root_s
+        need = high
+        if math.isfinite(sigma):
+            need = math.ceil((DECIDE_Z * sigma / RESOLVE_ENERGY) ** 2 / (window_s * self._ranks))
+        by_length = math.floor(TRIAL_RUN_SHARE * self._expected_run_s() / (4.0 * window_s))
+        return int(min(max(min(need, by_length), low), high))
+
+    # --- exploring -----------------------------------------------------------------------------
     def _start_group(self, search: Search, position: int) -> Schedule:
         if position >= len(search.order):
-            self._enter(Settled(self.account.steps))
-            self.conditions.relearn_temperature()  # the settled plan's own temperature
-            return self.incumbent
+            return self._settle(search)
         g = search.order[position]
-        group_s = self.group_times_s[g]
+        group_s = self.incumbent_step_s if g == STEP_GROUP else self.group_times_s[g]
         extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
+        where = "step" if g == STEP_GROUP else f"group{g}@{self.incumbent.groups[g][0]}"
         task = Task(
-            key=f"group{g}@{self.incumbent.groups[g][0]}/{self.retunes}",
+            key=f"{where}/{self.retunes}" + (f".{search.round}" if search.round else ""),
             ref_time_s=group_s,
             ref_energy_j=self.incumbent_energy_j,
             budget=max(extra_s / group_s, 0.0),
         )
         first = search.first.get(g)
-        current = self.incumbent.groups[g][1]
+        current = self._pair_of(g)
         first_config = self.pairs.index(first) if first is not None and first != current else None
         self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
+
+    def _settle(self, search: Search) -> Schedule:
+        """Every group of the round explored: Settled, with the undecided ones to reopen after
+        as long as the round took (at least REOPEN_WAIT_MIN_S)."""
+        reopen = tuple(dict.fromkeys(search.reopen))
+        wait_s = max(REOPEN_WAIT_MIN_S, self._now_s - search.started_s)
+        first = {g: self._pair_of(g) for g in reopen}
+        for g in reopen:
+            best = self._best_so_far.get(g)
+            if best is not None:
+                first[g] = best
+        self._enter(
+            Settled(
+                self.account.steps,
+                reopen=reopen,
+                round=search.round,
+                reopen_at_s=self._now_s + wait_s if reopen else math.inf,
+                first=first,
+                window_s=search.window_s,
+            )
+        )
+        self.conditions.relearn_temperature()  # the settled plan's own temperature
+        return self.incumbent
 
     def _exploring(self, ex: Exploring, report: StepReport | None) -> Schedule:
         if ex.trial is not None and report is not None:
@@ -655,26 +848,58 @@ class StepTuner:
             if self.account.slack_s() < self._worst_case_s(candidate):
                 ex.waiting_steps += 1
                 return self.incumbent
-            t = self.timing
-            ex.trial = Trial(self.incumbent, candidate, t.trial_blocks, t.trial_window_s, self.settle_s)
+            window_s = ex.search.window_s
+            ex.trial = Trial(
+                self.incumbent,
+                candidate,
+                self._trial_max_blocks(window_s),
+                window_s,
+                self.settle_s,
+                min_blocks=self.timing.trial_blocks,
+                decide=lambda outcome, w=window_s: self._explore_decided(outcome, w),
+            )
             ex.trials += 1
             self.trials += 1
         if ex.trial.current is None:
             ex.trial.open(self._now)
         return ex.trial.schedule()
 
+    def _explore_decided(self, outcome: Outcome, window_s: float) -> bool:
+        """An exploring trial is decided once, at DECIDE_Z errors, B is within the budget and
+        saves, or saves nothing or is over the budget, or its figures are precise enough for
+        the strategy (DECIDE_Z energy errors within RESOLVE_ENERGY, time errors within half the
+        budget)."""
+        j = self.judge(outcome, window_s, z=DECIDE_Z)
+        worse = j.saving + DECIDE_Z * j.saving_se < 0.0 or j.slowdown - DECIDE_Z * j.time_se > self.budget
+        resolved = DECIDE_Z * j.saving_se <= RESOLVE_ENERGY and DECIDE_Z * j.time_se <= self.budget / 2
+        return j.adopted or worse or resolved
+
+    def _trial_ended(self, trial: Trial, outcome: Outcome) -> None:
+        """What every ended trial teaches: the job's noise (its pairs of windows), its length."""
+        self.noise.add_pairs(outcome.pairs)
+        self._update_account_stock()
+        self._trial_seconds.append(
+            float(sum(np.mean(w.rank_settled_s) for w in trial.closed)) + trial.settle_s * len(trial.closed)
+        )
+
     def _tell(self, ex: Exploring, outcome: Outcome) -> None:
         """The group's time under B and the step's energy at B (the incumbent's, moved by the
         measured difference; an abandoned B: its power so far, or stock power, x its time)."""
+        self._trial_ended(ex.trial, outcome)
+        if outcome.undecided:
+            ex.undecided += 1
         if outcome.blocks > 0 and not outcome.abandoned:
             energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
         else:
-            b = [w for w in ex.trial.b_windows() if w.step_times_s]
+            b = [w for w in ex.trial.b_windows() if w.steps]
             power_w = b[-1].power_w if b and not math.isnan(b[-1].power_w) else math.nan
             if math.isnan(power_w):
                 power_w = self.incumbent_energy_j / self.incumbent_step_s
             energy_j = power_w * outcome.b_step_s
-        group_s = float(outcome.b_group_times_s[ex.group]) if outcome.b_group_times_s.size else math.nan
+        if ex.group == STEP_GROUP:
+            group_s = outcome.b_step_s
+        else:
+            group_s = float(outcome.b_group_times_s[ex.group]) if outcome.b_group_times_s.size else math.nan
         if math.isnan(group_s) or math.isnan(energy_j):
             group_s, energy_j = (
                 ex.task.ref_time_s * 10.0,
@@ -689,39 +914,64 @@ class StepTuner:
         ex.config = None
 
     def _maybe_abandon(self, trial: Trial) -> None:
-        """Stop the candidate when the account's guard is reached, or when its measured time
-        already shows it over the budget."""
+        """Stop the candidate when the account's guard is reached (its decision left open), or
+        when its measured time already shows it over the budget."""
         if trial.arm != "B" or trial.done:
             return
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self._worst_slowdown(
             trial.candidate
         ):
-            trial.abandoned = True
+            trial.abandoned = trial.undecided_stop = True
             return
-        times = [t for w in trial.b_windows() for t in w.step_times_s]  # every rank's (pooled)
-        ran_s = float(sum(times)) / self._ranks  # training time: the ranks' steps end together
-        if ran_s < ABANDON_MIN_S:
+        b = trial.b_windows()
+        steps = sum(w.steps for w in b)  # every rank's (pooled)
+        settled_s = float(sum(w.settled_s for w in b))
+        ran_s = settled_s / self._ranks  # training time: the ranks' steps end together
+        if ran_s < ABANDON_MIN_S or steps == 0:
             return
-        slowdown = float(np.mean(times)) / self.stock_step_s - 1.0
+        slowdown = settled_s / steps / self.stock_step_s - 1.0
         if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:
             trial.abandoned = True
 
     def _verify_best(self, ex: Exploring) -> Schedule:
+        self._trials_per_group.append(ex.trials)
         best = self.strategy.best(ex.task)
-        current = self.incumbent.groups[ex.group][1]
+        current = self._pair_of(ex.group)
+        if best is not None:
+            self._best_so_far[ex.group] = self.pairs[best]
+        if ex.undecided and (best is None or self.pairs[best] == current):
+            ex.search.reopen.append(ex.group)
         if best is None or self.pairs[best] == current:
             return self._start_group(ex.search, ex.search.after(ex.group))
-        return self._verify(ex.group, self._with_pair(ex.group, self.pairs[best]), ex.search)
+        return self._verify(
+            ex.group, self._with_pair(ex.group, self.pairs[best]), ex.search, undecided=ex.undecided
+        )
 
-    def _verify(self, group: int | None, candidate: Schedule, search: Search) -> Schedule:
+    # --- verifying -----------------------------------------------------------------------------
+    def _verify(self, group: int | None, candidate: Schedule, search: Search, undecided: int = 0) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
         if group is None and self.retunes == 0 and self.proven_prior:
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
-        trial = Trial(self.incumbent, candidate, blocks, t.verify_window_s, self.settle_s)
+        trial = Trial(
+            self.incumbent,
+            candidate,
+            max(t.verify_max_blocks, blocks),
+            t.verify_window_s,
+            self.settle_s,
+            min_blocks=blocks,
+            decide=self._verify_decided,
+        )
         self.trials += 1
-        self._enter(Verifying(group, trial, search))
+        self._enter(Verifying(group, trial, search, explored_undecided=undecided))
         return self._verifying(self.phase, None)
+
+    def _verify_decided(self, outcome: Outcome) -> bool:
+        """A verification is decided once the candidate is adopted (ADOPT_Z errors), or at ADOPT_Z
+        errors it saves nothing or is over the budget."""
+        j = self.judge(outcome, self.timing.verify_window_s)
+        worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
+        return j.adopted or worse
 
     def _verifying(self, ver: Verifying, report: StepReport | None) -> Schedule:
         trial = ver.trial
@@ -729,12 +979,12 @@ class StepTuner:
             trial.add(self._feed)
             if trial.current is not None:  # B's window opens only once the slack covers it
                 self._maybe_abandon(trial)
-        if trial.done and self._undecided_on_time(trial):
-            trial.blocks += (
-                self.timing.verify_blocks
-            )  # a clear saving whose time bound is not yet inside the budget
         if trial.done:
-            self._judge(ver, trial.outcome())
+            outcome = trial.outcome()
+            self._trial_ended(trial, outcome)
+            self._judge(ver, outcome)
+            if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
+                ver.search.reopen.append(ver.group)
             if ver.group is None:
                 return self._start_group(ver.search, 0)
             return self._start_group(ver.search, ver.search.after(ver.group))
@@ -744,21 +994,11 @@ class StepTuner:
             trial.open(self._now)
         return trial.schedule()
 
-    def _undecided_on_time(self, trial: Trial) -> bool:
-        """The saving is beyond its bound and the measured slowdown within the budget, but not
-        ADOPT_Z time errors inside it: worth more blocks (at most VERIFY_MAX_BLOCKS)."""
-        if trial.abandoned or trial.blocks >= self.timing.verify_max_blocks:
-            return False
-        outcome = trial.outcome()
-        if outcome.blocks < 2 or not -outcome.energy_diff > ADOPT_Z * outcome.energy_se:
-            return False
-        slowdown = (self.incumbent_step_s * (1.0 + outcome.time_diff)) / self.stock_step_s - 1.0
-        return slowdown <= self.budget < slowdown + ADOPT_Z * outcome.time_se
-
-    def judge(self, outcome: Outcome, window_s: float) -> Judgement:
-        """A trial's outcome (windows window_s long) judged against this run's stock, the
-        incumbent and the budget: runtime/trials.py's `judge`, the one the environment pays
-        its reward from."""
+    def judge(self, outcome: Outcome, window_s: float, z: float = ADOPT_Z) -> Judgement:
+        """A trial's outcome (windows window_s long) judged against this run's stock (the
+        account's, at 95% confidence), the incumbent, the budget and the job's noise at z
+        standard errors: runtime/trials.py's `judge`, the one the environment pays its reward
+        from."""
         return judge(
             outcome,
             self.stock,
@@ -766,12 +1006,16 @@ class StepTuner:
             incumbent_energy_j=self.incumbent_energy_j,
             budget=self.budget,
             window_s=window_s,
+            noise=self.noise,
+            account_step_s=self.account.stock_step_s,
+            ranks=self._ranks,
+            z=z,
         )
 
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
         """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
-        no less than the reference's window noise predicts) and the candidate's slowdown, ADOPT_Z
-        time errors added, is within the budget."""
+        no less than the job's noise predicts) and the candidate's slowdown, ADOPT_Z time
+        errors added, is within the budget."""
         judgement = self.judge(outcome, ver.trial.window_s)
         ver.adopted = judgement.adopted
         se, saving, slowdown = judgement.saving_se, judgement.saving, judgement.slowdown
@@ -801,6 +1045,7 @@ class StepTuner:
             self.adoptions.append(adoption)
             self._emit(adoption)
 
+    # --- settled -------------------------------------------------------------------------------
     def _settled(self, settled: Settled, report: StepReport) -> Schedule:
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self.budget:
             self.incumbent = Schedule(
@@ -808,6 +1053,8 @@ class StepTuner:
             )  # over: back to stock
         if self._moved:
             return self._condition_alarm(report)
+        if settled.reopen and self._now_s >= settled.reopen_at_s:
+            return self._reopen(settled)
         if settled.window is None:
             settled.window = open_window(self.incumbent, self.timing.watch_window_s, 0.0, self._now)
             return self.incumbent
@@ -824,6 +1071,23 @@ class StepTuner:
             groups = [g for g in map(stream_group, moved) if g is not None]
             return self._alarm(report, tuple(moved), None if "energy" in moved else groups)
         return self.incumbent
+
+    def _reopen(self, settled: Settled) -> Schedule:
+        """The groups that ended undecided, tried again with windows twice as long (at most
+        MAX_TRIAL_WINDOW_S), their best so far first; the longest first."""
+        groups = sorted(
+            settled.reopen,
+            key=lambda g: -(self.incumbent_step_s if g == STEP_GROUP else self.group_times_s[g]),
+        )
+        window_s = min(settled.window_s * 2.0, max(MAX_TRIAL_WINDOW_S, settled.window_s))
+        search = Search(
+            groups,
+            dict(settled.first),
+            round=settled.round + 1,
+            window_s=window_s,
+            started_s=self._now_s,
+        )
+        return self._start_group(search, 0)
 
     def _condition_alarm(self, report: StepReport) -> Schedule:
         """The power limit or the settled temperature moved. A card that warmed without
@@ -862,12 +1126,9 @@ class StepTuner:
         self.segments = [s for s, _ in plan.groups]
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         self._moved = []
-        t = self.timing
         self._enter(
-            Reference(
+            self._new_reference(
                 self.incumbent,
-                t.trial_window_s,
-                t.reference_s,
                 schedule_before=plan,
                 explore=None if fresh is not None else ret.groups,
                 first=dict(enumerate(p for _, p in plan.groups)),
@@ -877,9 +1138,19 @@ class StepTuner:
 
     # --- helpers -----------------------------------------------------------------------------
     def _with_pair(self, group: int, pair: ClockPair) -> Schedule:
+        """The incumbent with the group at the pair (STEP_GROUP: every group at it)."""
+        if group == STEP_GROUP:
+            return Schedule(tuple((s, pair) for s, _ in self.incumbent.groups))
         groups = list(self.incumbent.groups)
         groups[group] = (groups[group][0], pair)
         return Schedule(tuple(groups))
+
+    def _pair_of(self, group: int) -> ClockPair | None:
+        """The incumbent's pair of a group (STEP_GROUP: the pair every group has, None: none)."""
+        if group == STEP_GROUP:
+            pairs = {p for _, p in self.incumbent.groups}
+            return next(iter(pairs)) if len(pairs) == 1 else None
+        return self.incumbent.groups[group][1]
 
     def _worst_slowdown(self, schedule: Schedule) -> float:
         """Bound on a schedule's slowdown: no kernel slower than its pair's largest clock ratio,

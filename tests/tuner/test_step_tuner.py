@@ -80,7 +80,7 @@ def test_the_adopted_schedule_saves_energy_on_the_card(tuning):
 
 def test_null_test_in_dry_run_adopts_nothing_and_saves_nothing():
     tuner, _recording, _, measured_saving = tuned(4, dry_run=True)
-    assert "Verifying" in tuner.phases or "Settled" in tuner.phases
+    assert tuner.trials >= 3  # candidates were tried: in dry run none differs from stock
     assert tuner.adoptions == []
     assert tuner.plan_energy_saving() == 0.0
     assert abs(measured_saving) <= 0.003
@@ -174,7 +174,7 @@ def test_after_a_power_limit_drop_stock_is_measured_again_and_the_plan_before_ve
 ):
     tuner, job, schedule, plan, _ = power_cap
     schedule, least_slack_s = train(
-        tuner, job, schedule, 200.0, until=lambda t: isinstance(t.phase, Exploring)
+        tuner, job, schedule, 400.0, until=lambda t: isinstance(t.phase, Exploring)
     )
     assert tuner.retunes == 1
     assert tuner.phases[-4:] == ["Retuning", "Reference", "Verifying", "Exploring"]
