@@ -188,15 +188,16 @@ class SimulatedJob:
             self.requests.append((self.steps, schedule))
             self._schedule = schedule
         applied = Schedule.stock() if self.dry_run else schedule
+        starts = tuple(start for start, _ in schedule.groups)  # the groups reported: the requested schedule's
         sampler, runner = self._job_noise, self.runner
         steps, total_s, wait_sum_s, groups_sum_s = 0, 0.0, 0.0, 0.0
         while True:
             noise = device.step_noise()
             pattern = runner.pattern(applied, noise[0])
             rel, fixed_s = sampler.wait_parts(self.steps) if sampler is not None else (0.0, 0.0)
-            cost, group_s = self._step_cost(pattern, 0.0)
+            cost, group_s = self._step_cost(pattern, 0.0, starts)
             if rel > 0.0 or fixed_s > 0.0:  # a wait: the costs as the windows see it
-                cost, group_s = self._step_cost(pattern, rel * cost.time_s * noise[0] + fixed_s)
+                cost, group_s = self._step_cost(pattern, rel * cost.time_s * noise[0] + fixed_s, starts)
             step_s = cost.time_s * noise[0]
             wait_s = rel * step_s + fixed_s
             device.advance_step(pattern, cost, noise, wait_s)
@@ -221,14 +222,15 @@ class SimulatedJob:
             steps=steps,
         )
 
-    def _step_cost(self, pattern, idle_s: float) -> tuple:
-        """(StepCost, each group's noiseless time s) of a pattern under the conditions now and
-        idle_s after it, cached in the pattern."""
-        key = self.device.step_cost_key(idle_s)
+    def _step_cost(self, pattern, idle_s: float, starts: tuple[int, ...]) -> tuple:
+        """(StepCost, the noiseless time s of each group starting at `starts`) of a pattern
+        under the conditions now and idle_s after it, cached in the pattern. The groups are the
+        requested schedule's: in dry run the pattern is stock's, the report the request's."""
+        key = (self.device.step_cost_key(idle_s), starts)
         entry = pattern.costs.get(key)
         if entry is None:
             cost = self.device.step_cost(pattern.items, idle_s)
-            bounds = [*pattern.groups, len(cost.times_s)]
+            bounds = [*starts, len(cost.times_s)]
             group_s = np.array(
                 [cost.cum_time_s[b] - cost.cum_time_s[a] for a, b in itertools.pairwise(bounds)]
             )

@@ -388,6 +388,7 @@ class TuningRun:
                     "time_se": o.time_se,
                     "blocks": o.blocks,
                     "abandoned": o.abandoned,
+                    "undecided": o.undecided,
                     "adopted": event.adopted,
                 }
             )

@@ -550,7 +550,9 @@ class StepTuner:
         self.noise = NoiseMeter()
         """The job's noise, kept up to date from pairs of windows of one schedule."""
         self.stock_margin = math.nan  # the account's 95% margin on the stock step time, a fraction
-        self._reference_s = 0.0  # settled seconds of the reference windows, s
+        self._reference_s = 0.0  # settled seconds of every window run at stock, s (one rank's)
+        self._stock_time_s = 0.0  # their steps' time, every rank's, s
+        self._stock_steps = 0  # their steps, every rank's
         self._trial_seconds: list[float] = []  # training seconds of each finished trial, s
         self._trials_per_group: list[int] = []  # trials each explored group took
         self.adoptions: list[Adoption] = []
@@ -681,8 +683,8 @@ class StepTuner:
         self.incumbent_step_s = stock.step_s
         self.window_sd = stock.window_sd
         self.noise.add_pairs(ref.measured.pairs())
-        self._reference_s = float(sum(np.mean(w.rank_settled_s) for w in ref.measured.windows))
-        self._update_account_stock()
+        self._reference_s, self._stock_time_s, self._stock_steps = 0.0, 0.0, 0
+        self._count_stock(ref.measured.windows)
         segment_times = stock.segment_times_s
         first_run = self.prior is None and not self.retunes
         starts = (
@@ -723,15 +725,33 @@ class StepTuner:
             return math.nan
         return self.stock.window_sd * math.sqrt(self.stock.window_s)
 
+    def _count_stock(self, windows: list[Window | PooledWindow]) -> None:
+        """Windows run at stock (the reference's, a trial's A windows and the drift watch's
+        while the plan is stock) refine the stock step time the account counts against."""
+        for w in windows:
+            if w.steps:
+                self._reference_s += w.settled_s / self._ranks
+                self._stock_time_s += w.settled_s
+                self._stock_steps += w.steps
+        self._update_account_stock()
+
+    @property
+    def stock_estimate_s(self) -> float:
+        """The stock step time measured over every window run at stock so far, s (NaN: none)."""
+        return self._stock_time_s / self._stock_steps if self._stock_steps else math.nan
+
     def _update_account_stock(self) -> None:
         """The account counts against stock less its 95% margin (CONFIDENCE_Z x the job's time
-        noise over the reference's seconds, at least REFERENCE_MARGIN): the run so far is within
-        the budget at 95% confidence wherever the account says it is."""
-        if self.stock is None or self._reference_s <= 0.0:
+        noise over the seconds measured at stock, at least REFERENCE_MARGIN): the run so far is
+        within the budget at 95% confidence wherever the account says it is. While the plan is
+        stock, the incumbent's step time is that stock too."""
+        if self.stock is None or self._reference_s <= 0.0 or math.isnan(self.stock_estimate_s):
             return
         margin = CONFIDENCE_Z * self.time_sd_per_root_s / math.sqrt(self._reference_s)
         self.stock_margin = max(REFERENCE_MARGIN, margin)
-        self.account.stock_step_s = self.stock.step_s * (1.0 - self.stock_margin)
+        self.account.stock_step_s = self.stock_estimate_s * (1.0 - self.stock_margin)
+        if all(p is None for _, p in self.incumbent.groups):
+            self.incumbent_step_s = self.stock_estimate_s
 
     def resolvable(self, trial_s: float) -> tuple[float, float]:
         """The smallest energy and time differences (fractions) a trial of trial_s seconds
@@ -877,7 +897,10 @@ class StepTuner:
     def _trial_ended(self, trial: Trial, outcome: Outcome) -> None:
         """What every ended trial teaches: the job's noise (its pairs of windows), its length."""
         self.noise.add_pairs(outcome.pairs)
-        self._update_account_stock()
+        if all(p is None for _, p in trial.incumbent.groups):
+            self._count_stock([w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "A"])
+        else:
+            self._update_account_stock()
         self._trial_seconds.append(
             float(sum(np.mean(w.rank_settled_s) for w in trial.closed)) + trial.settle_s * len(trial.closed)
         )
@@ -1061,6 +1084,8 @@ class StepTuner:
         if not settled.window.add(self._feed):
             return self.incumbent
         window, settled.window = settled.window, None
+        if all(p is None for _, p in self.incumbent.groups):
+            self._count_stock([window])
         values = {group_stream(i): float(t) for i, t in enumerate(window.group_times_s)}
         values["energy"] = window.energy_per_step_j
         if settled.expected is None:

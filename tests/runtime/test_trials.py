@@ -1,12 +1,14 @@
-"""The stock reference measured in training (runtime/trials.py StockReference)."""
+"""Measuring in training (runtime/trials.py): the stock reference, sequential trials, robust
+estimates and the job's noise."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
-from kdvfs.runtime.trials import StockReference
+from kdvfs.runtime.trials import NoiseMeter, Outcome, StockReference, Trial, robust_mean_se
 
 STEP_S = 0.010
 POWER_W = 300.0
@@ -48,3 +50,113 @@ def test_a_stalled_step_makes_the_reference_noise_larger_not_smaller():
     steps[150] = 0.160
     stalled = _reference(steps).figures()
     assert stalled.time_sd_per_root_s > steady.time_sd_per_root_s
+
+
+# --- sequential trials, robust estimates, the job's noise ------------------------------------
+def _trial_reports(candidate_factor: float, seed: int, noise: float, trial: Trial):
+    """Feed a trial steps whose time is stock x (1 + noise x N(0,1)), B's steps
+    candidate_factor x that, at constant power; until it is done or 40,000 steps ran."""
+    rng = np.random.default_rng(seed)
+    end_s, last_update_s = 0.0, 0.0
+    for i in range(40_000):
+        if trial.done:
+            return
+        if trial.current is None:
+            trial.open(end_s)
+        factor = candidate_factor if trial.arm == "B" else 1.0
+        step_s = STEP_S * factor * (1.0 + noise * rng.standard_normal())
+        end_s += step_s
+        readings = []
+        while last_update_s + UPDATE_S <= end_s:
+            last_update_s += UPDATE_S
+            readings.append((last_update_s, POWER_W * last_update_s))
+        trial.add(StepReport(i, end_s, step_s, (step_s,), tuple(readings), 40.0, frozenset(), 700.0))
+
+
+def _decided_at(z: float, resolve: float):
+    def decide(outcome: Outcome) -> bool:
+        return abs(outcome.energy_diff) > z * outcome.energy_se or z * outcome.energy_se <= resolve
+
+    return decide
+
+
+def test_a_sequential_trial_ends_at_its_first_decided_block_when_the_difference_is_clear():
+    trial = Trial(
+        Schedule.stock(), Schedule.stock(), 12, 0.5, 0.0, min_blocks=2, decide=_decided_at(2.0, 0.001)
+    )
+    _trial_reports(1.10, seed=1, noise=0.01, trial=trial)  # B's steps 10% longer: 10% more energy
+    assert trial.decided and trial.outcome().blocks == 2
+    assert trial.outcome().energy_diff == pytest.approx(0.10, abs=0.01)
+
+
+def test_a_sequential_trial_runs_to_its_longest_length_while_undecided_and_says_so():
+    trial = Trial(
+        Schedule.stock(), Schedule.stock(), 6, 0.5, 0.0, min_blocks=2, decide=_decided_at(2.0, 1e-6)
+    )
+    _trial_reports(1.0, seed=2, noise=0.05, trial=trial)
+    outcome = trial.outcome()
+    assert not trial.decided and outcome.blocks == 6 and outcome.undecided
+
+
+def test_a_fixed_length_trial_is_never_called_undecided():
+    trial = Trial(Schedule.stock(), Schedule.stock(), 3, 0.5, 0.0)
+    _trial_reports(1.0, seed=3, noise=0.05, trial=trial)
+    assert trial.outcome().blocks == 3 and not trial.outcome().undecided
+
+
+def test_one_wrecked_block_moves_the_robust_mean_by_at_most_a_clipped_amount():
+    blocks = [0.01, 0.012, 0.009, 0.011, 0.010, 0.5]  # a sync gap in the last block
+    mean, se = robust_mean_se(blocks)
+    assert mean < 0.02 and se < 0.01
+    assert np.mean(blocks) > 0.09  # the plain mean is wrecked
+
+
+def test_robust_mean_se_of_few_values_is_the_plain_mean_and_of_none_is_nan():
+    assert robust_mean_se([0.1, 0.3]) == pytest.approx((0.2, 0.1))
+    mean, se = robust_mean_se([])
+    assert np.isnan(mean) and se == np.inf
+
+
+def test_the_noise_meter_reads_the_same_noise_per_root_second_from_windows_of_any_length():
+    rng = np.random.default_rng(4)
+    sigma = 0.02  # per root second
+    figures = []
+    for window_s in (0.5, 2.0, 8.0):
+        meter = NoiseMeter()
+        for _ in range(2000):
+            a, b = 1.0 + sigma / np.sqrt(window_s) * rng.standard_normal(2)
+            meter.add(b / a - 1.0, b / a - 1.0, window_s)
+        figures.append(meter.time_sd_per_root_s)
+    assert figures == pytest.approx([sigma] * 3, rel=0.08)
+
+
+def test_the_noise_meter_is_not_set_by_a_few_stalled_windows():
+    rng = np.random.default_rng(5)
+    meter = NoiseMeter()
+    for i in range(200):
+        diff = 0.01 * rng.standard_normal() + (3.0 if i % 50 == 0 else 0.0)
+        meter.add(diff, diff, 2.0)
+    assert meter.time_sd_per_root_s < 0.015
+
+
+def test_a_trial_twice_as_long_resolves_a_difference_sqrt_2_smaller():
+    meter = NoiseMeter()
+    for d in (-0.01, 0.01, -0.02, 0.02, 0.0):
+        meter.add(d, d, 2.0)
+    one, two = meter.resolvable(60.0), meter.resolvable(120.0)
+    assert one[0] / two[0] == pytest.approx(np.sqrt(2.0))
+
+
+def test_the_reference_of_a_noisy_job_runs_until_its_stock_margin_is_small_enough():
+    rng = np.random.default_rng(6)
+    quiet = [STEP_S * (1 + 0.001 * rng.standard_normal()) for _ in range(40_000)]
+    noisy = [STEP_S * (1 + 0.3 * abs(rng.standard_normal())) for _ in range(40_000)]
+    lengths = []
+    for steps in (quiet, noisy):
+        ref = StockReference(Schedule.stock(), window_s=0.5, min_s=5.0, max_margin=0.005, max_s=200.0)
+        for report in _reports(steps):
+            if ref.add(report):
+                break
+        lengths.append(ref.seconds)
+        assert ref.margin() <= 0.005 or ref.seconds >= 200.0
+    assert lengths[0] < 6.0 < lengths[1]
