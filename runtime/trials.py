@@ -9,9 +9,13 @@ Gymnasium environment (envs/step_env.py) both measure through it.
   window on every data-parallel rank (n ranks: n energy samples a window, one step time:
   the ranks wait for one another); `open_window` opens
   either, `pooled_report` merges the ranks' reports of one step (runtime/ranks.py pools them).
-- `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows; `Outcome`.
+- `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows, sequential (it
+  ends at its first decided block, or at its most blocks undecided); `Outcome`, its means
+  robust to a wrecked block (`robust_mean_se`); `NoiseMeter`: the job's noise per root
+  second, from pairs of windows of one schedule, kept up to date over the run.
 - `StepAccount`: the cumulative budget against stock measured in training.
-- `StockReference` -> `StockFigures`: stock measured in training; `judge` -> `Judgement`: a
+- `StockReference` -> `StockFigures`: stock measured in training (longer while its 95%
+  margin is wide); `judge` -> `Judgement`: a
   trial's outcome against stock and the budget, the one judgement the tuner adopts by and
   the environment's reward is paid from (envs/reward.py: `trial_reward`).
 

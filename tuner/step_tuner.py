@@ -13,6 +13,11 @@ next steps. It never runs kernels itself.
   by default, `StepTiming.for_ranks(n)` for n pooled data-parallel ranks.
 - Ranks pooled (`pool`, runtime/ranks.py: RankPool): every rank decides on the same pooled
   figures; a lost pool (PoolLost) is an alarm: the rank goes on alone from a new reference.
+- Statistics that scale with the job: the whole step at one pair first (`STEP_GROUP`), then
+  each group; sequential trials capped by the measured noise and the run's expected length;
+  the budget held against stock at 95% confidence (every window at stock refines it);
+  undecided groups reopened from `Settled` with longer windows; `resolvable` and
+  `expected_time_to_plan_s` say what the job allows.
 - Once `Settled`, the drift watch (tuner/drift.py); an alarm enters `Retuning` (stock until the
   temperature is flat), then `Reference` again, the plan before verified first.
 
@@ -237,7 +242,8 @@ class Reference:
     Transitions:
         -> Verifying (a whole schedule): stock is measured and a schedule waits to be verified
            (the prior at the start of a run; after an alarm, the plan before or the replan).
-        -> Exploring: stock is measured and nothing waits: the longest group's search.
+        -> Exploring: stock is measured and nothing waits: the whole step's search at one pair
+           (a first reference without a prior, more than one group), else the longest group's.
         -> Settled: stock is measured and no group is left to explore.
         -> Retuning: the power limit moved, or the rank pool was lost.
 
