@@ -623,10 +623,13 @@ class StockReference:
         return closed and self.margin() <= self.max_margin
 
     def margin(self) -> float:
-        """The 95% margin of the mean stock step time so far, a fraction of it."""
-        figures = self.figures()
+        """The 95% margin of the mean stock step time so far, a fraction of it: the job's
+        time noise as NoiseMeter reads it from consecutive windows (robust: a few stalled
+        steps do not set it) over the seconds measured."""
+        meter = NoiseMeter()
+        meter.add_pairs(self.pairs())
         settled_s = sum(float(np.mean(w.rank_settled_s)) for w in self.windows)
-        return CONFIDENCE_Z * figures.time_sd_per_root_s / math.sqrt(max(settled_s, 1e-9))
+        return CONFIDENCE_Z * meter.time_sd_per_root_s / math.sqrt(max(settled_s, 1e-9))
 
     def figures(self) -> StockFigures:
         windows = self.windows

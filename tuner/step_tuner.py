@@ -43,6 +43,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     CONFIDENCE_Z,
     REFERENCE_MARGIN,
     REFERENCE_MARGIN_SHARE,
+    REFERENCE_MAX_S,
     REFERENCE_S,
     TRIAL_BLOCKS,
     TRIAL_WINDOW_S,
@@ -142,6 +143,8 @@ class StepTiming:
         trial_blocks: A-B-B-A blocks of one trial before it may end decided.
         trial_max_blocks: most blocks of a trial while its decision is open (at least
             trial_blocks).
+        reference_max_s: the longest reference of a noisy job, s (None: REFERENCE_MAX_S /
+            REFERENCE_S x reference_s, 300 s at the defaults).
         verify_window_s: length of one verification window, s.
         verify_blocks: A-B-B-A blocks of a verification run.
         verify_max_blocks: most blocks of a verification extended while its time is undecided.
@@ -157,6 +160,7 @@ class StepTiming:
     trial_window_s: float = TRIAL_WINDOW_S
     trial_blocks: int = TRIAL_BLOCKS
     trial_max_blocks: int = TRIAL_MAX_BLOCKS
+    reference_max_s: float | None = None
     verify_window_s: float = VERIFY_WINDOW_S
     verify_blocks: int = VERIFY_BLOCKS
     verify_max_blocks: int = VERIFY_MAX_BLOCKS
@@ -166,6 +170,10 @@ class StepTiming:
     def __post_init__(self) -> None:
         for name in ("reference_s", "trial_window_s", "verify_window_s", "watch_window_s"):
             finite_number(f"StepTiming.{name}", getattr(self, name), 0.0, MAX_TIMING_S, open_low=True)
+        if self.reference_max_s is not None:
+            finite_number(
+                "StepTiming.reference_max_s", self.reference_max_s, 0.0, MAX_TIMING_S, open_low=True
+            )
         for name in (
             "trial_blocks",
             "trial_max_blocks",
@@ -256,6 +264,7 @@ class Reference:
         first: group -> the pair it tries first.
         max_margin: the reference goes on while the 95% margin of its stock step time exceeds
             this (a noisy job measures stock longer), a fraction.
+        max_s: ... but no longer than this, s.
         measured: the windows so far (runtime/trials.py: StockReference).
     """
 
@@ -266,10 +275,11 @@ class Reference:
     explore: tuple[int, ...] | None = None
     first: dict[int, ClockPair | None] = field(default_factory=dict)
     max_margin: float = math.inf
+    max_s: float = REFERENCE_MAX_S
     measured: StockReference = field(init=False)
 
     def __post_init__(self) -> None:
-        self.measured = StockReference(self.schedule, self.window_s, self.min_s, self.max_margin)
+        self.measured = StockReference(self.schedule, self.window_s, self.min_s, self.max_margin, self.max_s)
 
 
 @dataclass
@@ -577,6 +587,7 @@ class StepTuner:
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
         self._ranks = 1 if pool is None else pool.ranks
         self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
+        self._waiting_window: Window | PooledWindow | None = None  # stock measured while waiting
 
     # --- the entry point and the events ----------------------------------------------------
     def subscribe(self, listener: Callable[[TunerEvent], None]) -> None:
@@ -662,11 +673,15 @@ class StepTuner:
 
     def _new_reference(self, schedule: Schedule, **kwargs) -> Reference:
         t = self.timing
+        max_s = t.reference_max_s
+        if max_s is None:
+            max_s = REFERENCE_MAX_S / REFERENCE_S * t.reference_s
         return Reference(
             schedule,
             t.trial_window_s,
             t.reference_s,
             max_margin=self.budget * REFERENCE_MARGIN_SHARE,
+            max_s=max_s,
             **kwargs,
         )
 
@@ -873,7 +888,9 @@ class StepTuner:
             candidate = self._with_pair(ex.group, self.pairs[ex.config])
             if self.account.slack_s() < self._worst_case_s(candidate):
                 ex.waiting_steps += 1
+                self._measure_stock_while_waiting(report is not None)
                 return self.incumbent
+            self._waiting_window = None
             window_s = ex.search.window_s
             ex.trial = Trial(
                 self.incumbent,
@@ -889,6 +906,20 @@ class StepTuner:
         if ex.trial.current is None:
             ex.trial.open(self._now)
         return ex.trial.schedule()
+
+    def _measure_stock_while_waiting(self, fed: bool) -> None:
+        """Steps run at a stock incumbent while waiting for the slack measure stock (windows of
+        the trial window's length): the 95% margin shrinks and the slack grows, so a noisy job
+        whose margin exceeds the budget does not wait for good."""
+        if not fed or any(p is not None for _, p in self.incumbent.groups):
+            self._waiting_window = None
+            return
+        if self._waiting_window is None:
+            self._waiting_window = open_window(self.incumbent, self.timing.trial_window_s, 0.0, self._now)
+            return
+        if self._waiting_window.add(self._feed):
+            window, self._waiting_window = self._waiting_window, None
+            self._count_stock([window])
 
     def _explore_decided(self, outcome: Outcome, window_s: float) -> bool:
         """An exploring trial is decided once, at DECIDE_Z errors, B is within the budget and

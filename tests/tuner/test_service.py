@@ -396,7 +396,7 @@ class Clock:
         return self.now_s
 
 
-def simulated_job_tuner(policy_of=None, seconds: float = 60.0):
+def simulated_job_tuner(policy_of=None, seconds: float = 90.0):
     """A StepTuner with the ucb strategy on the simulated 3080 Ti layer after `seconds` of
     training; policy_of(device, workload) makes its policy (None: the tuner's own)."""
     from kdvfs.runtime.registry import open_device, open_workload
