@@ -825,6 +825,27 @@ def slow_steps(rows: list[tuple], collections: list[tuple], factor: float = 1.25
             "collections_2ms": len(long_gc), "collections_2ms_s": sum(c[2] for c in long_gc)}  # fmt: skip
 
 
+def noise_pairs_per_root_s(rows: list[tuple], window_s: float) -> float:
+    """Step-time noise per root second as the tuner's noise meter takes it (runtime/trials.py
+    NoiseMeter), from the GPU step times: consecutive windows of whole steps (`window_s` of
+    GPU time each) in pairs, each pair's relative difference of mean step time x
+    sqrt(window length / 2), the spread 1.4826 x their median absolute deviation."""
+    windows, current = [], []
+    for r in rows:
+        current.append(r[2])
+        if sum(current) >= window_s:
+            windows.append((sum(current) / len(current), sum(current)))
+            current = []
+    diffs = [
+        (b[0] / a[0] - 1.0) * math.sqrt(0.5 * (a[1] + b[1]) / 2.0)
+        for a, b in zip(windows[::2], windows[1::2])
+    ]
+    if len(diffs) < 3:
+        return math.nan
+    mid = quantile(diffs, 0.5)
+    return 1.4826 * quantile([abs(d - mid) for d in diffs], 0.5)
+
+
 def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmup_end_s: float) -> dict:
     """What the tuner measured against the same run's per-step GPU times (the recorder's
     events): its step times step by step, its time noise against the noise of the GPU times
@@ -836,7 +857,7 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
     tuned = [r for r in steps[:-1] if r[1] >= warmup_end_s]
     reference = [r for r in tuned if r[1] < warmup_end_s + float(summary.get("reference_s") or 20.0)]
     noise = summary.get("step_time_cv_per_root_s")
-    offline = noise_per_root_s(tuned, window_s)
+    offline = noise_pairs_per_root_s(tuned, window_s)
     outcomes = summary.get("outcomes") or []
     trials = [o for o in outcomes if o.get("kind") == "trial"]
     completed = [o for o in trials if not o.get("abandoned") and (o.get("blocks") or 0) > 0]
@@ -861,9 +882,11 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
         },
         "time_noise_per_root_s": {
             "tuner": noise,
-            "offline_gpu_steps_tuned_span": offline,
-            "offline_gpu_steps_tuned_span_robust": noise_per_root_s(tuned, window_s, robust=True),
-            "offline_gpu_steps_reference_span": noise_per_root_s(reference, window_s),
+            "offline_pairs_of_windows": offline,
+            "offline_pairs_of_windows_reference_span": noise_pairs_per_root_s(reference, window_s),
+            "offline_sd_of_window_means": noise_per_root_s(tuned, window_s),
+            "offline_mad_of_window_means": noise_per_root_s(tuned, window_s, robust=True),
+            "tuner_pairs_of_windows": (summary.get("job_noise") or {}).get("pairs_of_windows"),
             "window_s": window_s,
             "ratio_tuner_to_offline": noise / offline
             if noise and offline and math.isfinite(offline)
