@@ -166,6 +166,8 @@ class TuneSession:
                     on_point(event)
 
             self.run.subscribe(listener)
+        if self.tuner.expected_run_s is None:
+            self.tuner.expected_run_s = end_s  # how long one trial may grow: a share of the run
         try:
             while self.seconds < end_s:
                 report = (
