@@ -85,6 +85,7 @@ class Args:
     strategy: str = "botorch"  # tune: the search strategy
     budget: float = 0.01  # tune: the slowdown budget; fraction
     track: int = 0  # tune: 1 = the MLflow run kdvfs.tune opens by default (a file store in a temp dir)
+    reference_max_s: float = 0.0  # tune: the tuner's longest reference of a noisy job, s; 0 = its default
     bare: str = ""  # tune: a folder with the bare recording of the job (<job>_steps.csv.gz, _meta.json)
 
 
@@ -287,6 +288,12 @@ class GcLog:
 REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings")
 
 
+def _timing(reference_max_s: float):
+    from kdvfs.tuner.step_tuner import StepTiming
+
+    return StepTiming(reference_max_s=reference_max_s)
+
+
 class Tuning:
     """kdvfs.tune around a job in dry run, or nothing (--tune 0): the job calls open() with its
     model and optimizer (or none: a framework callback hands them over), wraps each step in
@@ -329,6 +336,7 @@ class Tuning:
             track=bool(self.args.track),
             tracking_uri=None if self._mlruns is None else Path(self._mlruns).as_uri(),
             warmup_s=self.args.warmup_s,
+            timing=None if not self.args.reference_max_s else _timing(self.args.reference_max_s),
         )
         feed = self.session.on_step_end
 
@@ -363,6 +371,14 @@ class Tuning:
             return
         self.session.close()
         self.summary = json.loads(json.dumps(self.session.summary(), default=str))
+        phase = self.session.tuner.phase
+        if type(phase).__name__ == "Reference":  # still measuring stock: its noise so far
+            from kdvfs.runtime.trials import NoiseMeter
+
+            meter = NoiseMeter()
+            meter.add_pairs(phase.measured.pairs())
+            self.summary["reference_time_cv_per_root_s_so_far"] = meter.time_sd_per_root_s
+            self.summary["reference_seconds_so_far"] = phase.measured.seconds
         self.dry_run_calls = len(self.gpu.calls)
         self.gpu.close()
         if self._mlruns is not None:
@@ -856,7 +872,8 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
     window_s = float(summary.get("trial_window_s") or 2.0)
     tuned = [r for r in steps[:-1] if r[1] >= warmup_end_s]
     reference = [r for r in tuned if r[1] < warmup_end_s + float(summary.get("reference_s") or 20.0)]
-    noise = summary.get("step_time_cv_per_root_s")
+    measured = (summary.get("job_noise") or {}).get("time_cv_per_root_s")
+    noise = measured if measured is not None else summary.get("reference_time_cv_per_root_s_so_far")
     offline = noise_pairs_per_root_s(tuned, window_s)
     outcomes = summary.get("outcomes") or []
     trials = [o for o in outcomes if o.get("kind") == "trial"]
@@ -882,6 +899,7 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
         },
         "time_noise_per_root_s": {
             "tuner": noise,
+            "tuner_source": "job_noise" if measured is not None else "reference so far (not ended)",
             "offline_pairs_of_windows": offline,
             "offline_pairs_of_windows_reference_span": noise_pairs_per_root_s(reference, window_s),
             "offline_sd_of_window_means": noise_per_root_s(tuned, window_s),
