@@ -56,6 +56,10 @@ class StepReport:
         throttle_reasons: the card's throttle reasons at the (last) step's end.
         power_limit_w: the enforced power limit, W.
         steps: consecutive steps the report stands for (count, >= 1).
+        wait_s: the part of step_time_s the GPU waited for the job's host after its kernels
+            (a late batch, an evaluation, a checkpoint: the job's own, which the clocks do not
+            set; the mean per step), s; 0 where the job cannot tell (then all of the step
+            counts as the clocks').
     """
 
     step: int
@@ -67,6 +71,7 @@ class StepReport:
     throttle_reasons: frozenset[str]
     power_limit_w: float
     steps: int = 1
+    wait_s: float = 0.0
 
 
 class StepController(Protocol):
@@ -154,8 +159,10 @@ class SimulatedJob:
         """The step's report, after the card idled wait_s (a data-parallel rank waiting at the
         step's gradient all-reduce for the slowest rank; the wait is the last group's, s) and
         the job noise's wait for this step, if any (the last group's too)."""
+        job_wait_s = 0.0
         if self._job_noise is not None:
-            wait_s += self._job_noise.wait_s(self.steps, ran.step_s)
+            job_wait_s = self._job_noise.wait_s(self.steps, ran.step_s)
+            wait_s += job_wait_s
         if wait_s > 0.0:
             self.device.idle(wait_s)
         groups = _group_times(ran.schedule, ran.kernel_times_s, ran.step_s)
@@ -164,6 +171,7 @@ class SimulatedJob:
             end_s=self.device.now_s(),
             step_time_s=ran.step_s + wait_s,
             group_times_s=(*groups[:-1], groups[-1] + wait_s),
+            wait_s=job_wait_s,
             counter_readings=self._read_counter(),
             temperature_c=_sensor(self.device, "temperature_c", math.nan),
             throttle_reasons=frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
@@ -220,6 +228,7 @@ class SimulatedJob:
             throttle_reasons=frozenset(_sensor(device, "throttle_reasons", frozenset())),
             power_limit_w=_sensor(device, "power_limit_w", math.nan),
             steps=steps,
+            wait_s=wait_sum_s / steps,
         )
 
     def _step_cost(self, pattern, idle_s: float, starts: tuple[int, ...]) -> tuple:

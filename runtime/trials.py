@@ -105,6 +105,7 @@ class Window:
     settle_s: float
     steps: int = 0
     time_sum_s: float = 0.0
+    wait_sum_s: float = 0.0
     group_sums_s: np.ndarray | None = None
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
@@ -116,7 +117,9 @@ class Window:
         if report.end_s - n * report.step_time_s >= self.settle_s:
             self.steps += n
             self.time_sum_s += n * report.step_time_s
+            self.wait_sum_s += n * report.wait_s
             g = np.asarray(report.group_times_s, dtype=float) * n
+            g[-1] -= n * report.wait_s  # busy group times: the job's wait is not the last group's
             self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
         for reading in report.counter_readings:
             if reading[0] >= self.settle_s:
@@ -137,7 +140,18 @@ class Window:
         return self.time_sum_s / self.steps if self.steps else math.nan
 
     @property
+    def busy_sum_s(self) -> float:
+        """The steps' time less the job's waits for its host (StepReport.wait_s), s."""
+        return self.time_sum_s - self.wait_sum_s
+
+    @property
+    def busy_s(self) -> float:
+        """The mean busy step time: what the clocks set, s."""
+        return self.busy_sum_s / self.steps if self.steps else math.nan
+
+    @property
     def group_times_s(self) -> np.ndarray:
+        """Each group's mean busy time per step (the job's waits left out), s."""
         return self.group_sums_s / self.steps
 
     @property
@@ -156,8 +170,8 @@ class Window:
 
     @property
     def rank_steps_s(self) -> list[float]:
-        """Mean step time of each rank's window (one rank: this window's), s."""
-        return [self.step_s]
+        """Mean busy step time of each rank's window (one rank: this window's), s."""
+        return [self.busy_s]
 
     @property
     def rank_settled_s(self) -> list[float]:
@@ -202,6 +216,14 @@ class PooledWindow:
         return sum(w.steps for w in self.windows)
 
     @property
+    def busy_sum_s(self) -> float:
+        return float(sum(w.busy_sum_s for w in self.windows))
+
+    @property
+    def busy_s(self) -> float:
+        return self.busy_sum_s / self.steps if self.steps else math.nan
+
+    @property
     def span_s(self) -> float:
         return min(w.span_s for w in self.windows)
 
@@ -233,7 +255,7 @@ class PooledWindow:
 
     @property
     def rank_steps_s(self) -> list[float]:
-        return [w.step_s for w in self.windows]
+        return [w.busy_s for w in self.windows]
 
     @property
     def rank_settled_s(self) -> list[float]:
@@ -271,6 +293,7 @@ def pooled_report(reports: Sequence[StepReport]) -> StepReport:
         temperature_c=float(np.mean(temperatures)) if temperatures else math.nan,
         throttle_reasons=frozenset().union(*(r.throttle_reasons for r in reports)),
         power_limit_w=min(r.power_limit_w for r in reports),
+        wait_s=float(np.mean([r.wait_s for r in reports])),
     )
 
 
@@ -563,6 +586,7 @@ class StockFigures:
     Attributes:
         step_s: the mean stock step time (windows weighted by their steps; a window far off the
             others left out: `_typical`), s.
+        busy_s: the same of the busy step time (the job's waits for its host left out), s.
         account_step_s: the stock the budget is counted against: step_s less
             REFERENCE_MARGIN (the reference's noise), s.
         energy_per_step_j: the mean stock energy per step over the same windows, J.
@@ -574,6 +598,7 @@ class StockFigures:
 
     step_s: float
     account_step_s: float
+    busy_s: float
     energy_per_step_j: float
     window_sd: float
     time_sd_per_root_s: float
@@ -646,9 +671,11 @@ class StockReference:
         rank_energy = np.array([w.rank_energies_j for w in windows])  # windows x ranks
         rank_steps = np.array([w.rank_steps_s for w in windows])
         mean_window_s = float(np.mean([w.rank_settled_s for w in windows]))
+        busy = np.array([w.busy_s for w in windows])
         return StockFigures(
             step_s=stock_s,
             account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
+            busy_s=float(np.average(busy[kept], weights=weights[kept])),
             energy_per_step_j=float(np.mean(rank_energy[kept])),
             window_sd=_rank_sd(rank_energy) / math.sqrt(rank_energy.shape[1]),
             time_sd_per_root_s=max(_rank_sd(rank_steps) * math.sqrt(mean_window_s), 1e-4),

@@ -81,6 +81,13 @@ MIN_EXPECTED_RUN_S = 1800.0
 #: Shortest wait in Settled before undecided groups are tried again; s (else as long as
 #: the round before took).
 REOPEN_WAIT_MIN_S = 30.0
+#: Largest share of the run's expected length a (noisy job's) reference may take; a fraction.
+REFERENCE_RUN_SHARE = 0.1
+#: A group whose search completed fewer trials than this (the others abandoned) is reopened
+#: later, as an undecided one; trials.
+MIN_COMPLETED_TRIALS = 2
+#: ... in at most this many rounds (a group whose every pair is too slow stops being reopened); rounds.
+MAX_FEW_ROUNDS = 3
 #: Longest trial window of a reopened round (each round doubles the window); s.
 MAX_TRIAL_WINDOW_S = 16.0
 #: The group index of the whole step: every group at one pair (the one-knob optimum, explored
@@ -304,6 +311,7 @@ class Exploring:
         first: a config tried before the strategy is asked (the pair chosen before an alarm).
         waiting_steps: steps run at the incumbent waiting for budget slack.
         undecided: trials of this group that ended with their decision open.
+        completed: trials of this group that completed at least one block, not abandoned.
     """
 
     group: int
@@ -315,6 +323,7 @@ class Exploring:
     first: int | None = None
     waiting_steps: int = 0
     undecided: int = 0
+    completed: int = 0
 
 
 @dataclass
@@ -604,7 +613,8 @@ class StepTuner:
             report = pooled_report(reports)
         else:
             self._feed, self._now = report, report.end_s
-        self.account.charge(report.step_time_s, report_steps(report))
+        # the clocks' account: busy time (the job's own waits for its host are not the clocks')
+        self.account.charge(report.step_time_s - report.wait_s, report_steps(report))
         self._now_s = report.end_s
         phase = self.phase
         if math.isfinite(report.temperature_c):
@@ -674,8 +684,11 @@ class StepTuner:
     def _new_reference(self, schedule: Schedule, **kwargs) -> Reference:
         t = self.timing
         max_s = t.reference_max_s
-        if max_s is None:
-            max_s = REFERENCE_MAX_S / REFERENCE_S * t.reference_s
+        if max_s is None:  # at most REFERENCE_RUN_SHARE of the run, so that trials have their turn
+            max_s = min(
+                REFERENCE_MAX_S / REFERENCE_S * t.reference_s,
+                max(t.reference_s, REFERENCE_RUN_SHARE * self._expected_run_s()),
+            )
         return Reference(
             schedule,
             t.trial_window_s,
@@ -701,10 +714,11 @@ class StepTuner:
         a first reference without a prior)."""
         self.stock = stock
         self.stock_energy_j = self.incumbent_energy_j = stock.energy_per_step_j
-        self.incumbent_step_s = stock.step_s
+        self.incumbent_step_s = stock.busy_s
         self.window_sd = stock.window_sd
         self.noise.add_pairs(ref.measured.pairs())
         self._reference_s, self._stock_time_s, self._stock_steps = 0.0, 0.0, 0
+        self._stock_energy_sum_j, self._stock_energy_steps = 0.0, 0.0
         self._count_stock(ref.measured.windows)
         segment_times = stock.segment_times_s
         first_run = self.prior is None and not self.retunes
@@ -752,13 +766,22 @@ class StepTuner:
         for w in windows:
             if w.steps:
                 self._reference_s += w.settled_s / self._ranks
-                self._stock_time_s += w.settled_s
+                self._stock_time_s += w.busy_sum_s
                 self._stock_steps += w.steps
+                energy_j = w.energy_per_step_j
+                if math.isfinite(energy_j):
+                    self._stock_energy_sum_j += energy_j * w.steps / self._ranks
+                    self._stock_energy_steps += w.steps / self._ranks
+        if self._stock_energy_steps > 0 and not self.adoptions:
+            self.stock_energy_j = self._stock_energy_sum_j / self._stock_energy_steps
+            if all(p is None for _, p in self.incumbent.groups):
+                self.incumbent_energy_j = self.stock_energy_j
         self._update_account_stock()
 
     @property
     def stock_estimate_s(self) -> float:
-        """The stock step time measured over every window run at stock so far, s (NaN: none)."""
+        """The stock busy step time (the job's waits for its host left out: the clocks do not
+        set them) over every window run at stock so far, s (NaN: none)."""
         return self._stock_time_s / self._stock_steps if self._stock_steps else math.nan
 
     def _update_account_stock(self) -> None:
@@ -830,6 +853,7 @@ class StepTuner:
         g = search.order[position]
         group_s = self.incumbent_step_s if g == STEP_GROUP else self.group_times_s[g]
         extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
+        extra_s -= self._proof_s()  # what the verification's time bound will take of the budget
         where = "step" if g == STEP_GROUP else f"group{g}@{self.incumbent.groups[g][0]}"
         task = Task(
             key=f"{where}/{self.retunes}" + (f".{search.round}" if search.round else ""),
@@ -842,6 +866,15 @@ class StepTuner:
         first_config = self.pairs.index(first) if first is not None and first != current else None
         self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
+
+    def _proof_s(self) -> float:
+        """The budget a verification of the longest length spends on proof: ADOPT_Z time errors
+        of its blocks at the job's time noise, s per step. The strategy searches within the
+        budget less this, so that what it finds can be adopted (a pair at the budget's edge
+        never can)."""
+        t = self.timing
+        verify_s = 4.0 * t.verify_max_blocks * t.verify_window_s
+        return ADOPT_Z * 2.0 * self.time_sd_per_root_s / math.sqrt(verify_s) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
         """Every group of the round explored: Settled, with the undecided ones to reopen after
@@ -949,6 +982,8 @@ class StepTuner:
         if outcome.undecided:
             ex.undecided += 1
         if outcome.blocks > 0 and not outcome.abandoned:
+            ex.completed += 1
+        if outcome.blocks > 0 and not outcome.abandoned:
             energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
         else:
             b = [w for w in ex.trial.b_windows() if w.steps]
@@ -957,7 +992,7 @@ class StepTuner:
                 power_w = self.incumbent_energy_j / self.incumbent_step_s
             energy_j = power_w * outcome.b_step_s
         if ex.group == STEP_GROUP:
-            group_s = outcome.b_step_s
+            group_s = float(np.sum(outcome.b_group_times_s)) if outcome.b_group_times_s.size else math.nan
         else:
             group_s = float(outcome.b_group_times_s[ex.group]) if outcome.b_group_times_s.size else math.nan
         if math.isnan(group_s) or math.isnan(energy_j):
@@ -985,11 +1020,11 @@ class StepTuner:
             return
         b = trial.b_windows()
         steps = sum(w.steps for w in b)  # every rank's (pooled)
-        settled_s = float(sum(w.settled_s for w in b))
-        ran_s = settled_s / self._ranks  # training time: the ranks' steps end together
+        busy_s = float(sum(w.busy_sum_s for w in b))  # the job's waits left out: not the clocks'
+        ran_s = busy_s / self._ranks  # training time: the ranks' steps end together
         if ran_s < ABANDON_MIN_S or steps == 0:
             return
-        slowdown = settled_s / steps / self.stock_step_s - 1.0
+        slowdown = busy_s / steps / self.stock_step_s - 1.0
         if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:
             trial.abandoned = True
 
@@ -999,7 +1034,8 @@ class StepTuner:
         current = self._pair_of(ex.group)
         if best is not None:
             self._best_so_far[ex.group] = self.pairs[best]
-        if ex.undecided and (best is None or self.pairs[best] == current):
+        few = ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS
+        if (ex.undecided or few) and (best is None or self.pairs[best] == current):
             ex.search.reopen.append(ex.group)
         if best is None or self.pairs[best] == current:
             return self._start_group(ex.search, ex.search.after(ex.group))
