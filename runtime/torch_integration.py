@@ -478,7 +478,10 @@ class ClockController:
         if len(self._pending) >= self.window_steps:
             self._boundary(partial=False)
         if self.tuner is not None:
-            self._report(step, boundary, step_s)
+            # the GPU between the step's end mark and the next start: waiting for the host (a
+            # late batch, logging, an evaluation), the job's time which the clocks do not set
+            wait_s = max(0.0, boundary.seconds_since(end)) if boundary is not end else 0.0
+            self._report(step, boundary, step_s, min(wait_s, step_s))
 
     def _anchor_at(self, mark: Any) -> None:
         """Wait for a step's start; where the host time the GPU reached it is known, it becomes
@@ -490,7 +493,7 @@ class ClockController:
         if reached_s is not None or self._anchor is None:
             self._anchor = (mark, time.monotonic() if reached_s is None else reached_s)
 
-    def _report(self, step: int, end: Any, step_s: float) -> None:
+    def _report(self, step: int, end: Any, step_s: float, wait_s: float = 0.0) -> None:
         """The step's StepReport to the tuner; its answer runs from the next step on. A tuner
         that fails is logged and dropped: training goes on at stock clocks."""
         anchor, anchor_s = self._anchor
@@ -505,6 +508,7 @@ class ClockController:
             temperature_c=temperature_c,
             throttle_reasons=reasons,
             power_limit_w=limit_w,
+            wait_s=wait_s,
         )
         started = time.perf_counter()
         try:

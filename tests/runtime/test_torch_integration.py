@@ -176,6 +176,29 @@ def test_a_step_lasts_until_the_next_step_starts(mlp):
     assert tuner.controller.mismatched_steps == []
 
 
+def test_the_time_between_a_steps_end_and_the_next_start_is_reported_as_the_jobs_wait(mlp):
+    model, optimizer, step, workload = mlp
+    pause_s = 0.05
+    reports = []
+
+    class Recording:
+        def on_step_end(self, report):
+            reports.append(report)
+            return Schedule.stock()
+
+    with KdvfsTrainer(
+        LoggingDevice(), workload, Schedule.stock(), model=model, optimizer=optimizer, tuner=Recording()
+    ) as tuner:
+        for i in range(4):
+            with tuner.step():
+                step()
+            if i == 1:
+                time.sleep(pause_s)  # the host is late: the GPU waits for the next step
+    by_step = {r.step: r for r in reports}
+    assert by_step[1].wait_s >= pause_s and by_step[1].step_time_s >= by_step[1].wait_s
+    assert by_step[0].wait_s < pause_s and by_step[2].wait_s < pause_s
+
+
 def test_group_starts_between_sites_are_reported_moved(mlp):
     workload = mlp[3]
     _, kernel_sites = workload_sites(workload)
