@@ -205,7 +205,8 @@ class Point:
         end_s: training seconds.
         phase: the tuner's phase (PHASES).
         slowdown: the run's cumulative slowdown against stock measured in training (the budget
-            account), a fraction; NaN before stock was measured.
+            account: the GPU's busy time, the job's own waits for its host left out), a
+            fraction; NaN before stock was measured.
         energy_saving: the run's energy so far (the counter) against stock's step energy
             measured in training times the steps, a fraction; NaN before stock was measured.
         plan_energy_saving: the adopted schedule's saving against stock, as the tuner measured
