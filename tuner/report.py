@@ -67,7 +67,8 @@ class TuneReport:
             + (f" ({d['prior']['note']})" if d["prior"]["note"] else "")
         )
         print(
-            f"  this run (measured by the tuner): energy saving {pct(d['run']['energy_saving'])}, "
+            f"  this run (measured by the tuner; time on the GPU's busy time, the job's own waits left out): "
+            f"energy saving {pct(d['run']['energy_saving'])}, "
             f"{slowdown_text(d['run']['slowdown'])}; largest cumulative slowdown "
             f"{pct(d['max_cumulative_slowdown'])}"
         )
