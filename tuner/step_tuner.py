@@ -83,9 +83,9 @@ MIN_EXPECTED_RUN_S = 1800.0
 REOPEN_WAIT_MIN_S = 30.0
 #: Largest share of the run's expected length a (noisy job's) reference may take; a fraction.
 REFERENCE_RUN_SHARE = 0.1
-#: A group whose search completed fewer trials than this (the others abandoned) is reopened
-#: later, as an undecided one; trials.
-MIN_COMPLETED_TRIALS = 2
+#: A group whose search completed fewer trials than this (a strategy that stopped early, or
+#: trials abandoned) is reopened later, from its best pair, as an undecided one; trials.
+MIN_COMPLETED_TRIALS = 6
 #: ... in at most this many rounds (a group whose every pair is too slow stops being reopened); rounds.
 MAX_FEW_ROUNDS = 3
 #: Longest trial window of a reopened round (each round doubles the window); s.
@@ -1034,8 +1034,9 @@ class StepTuner:
         current = self._pair_of(ex.group)
         if best is not None:
             self._best_so_far[ex.group] = self.pairs[best]
-        few = ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS
-        if (ex.undecided or few) and (best is None or self.pairs[best] == current):
+        if ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS:
+            ex.search.reopen.append(ex.group)  # searched too little to stop at, whatever it adopts
+        elif ex.undecided and (best is None or self.pairs[best] == current):
             ex.search.reopen.append(ex.group)
         if best is None or self.pairs[best] == current:
             return self._start_group(ex.search, ex.search.after(ex.group))
