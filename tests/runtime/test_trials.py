@@ -160,3 +160,28 @@ def test_the_reference_of_a_noisy_job_runs_until_its_stock_margin_is_small_enoug
         lengths.append(ref.seconds)
         assert ref.margin() <= 0.005 or ref.seconds >= 200.0
     assert lengths[0] < 6.0 < lengths[1]
+
+
+def test_a_trial_measures_time_on_the_gpus_busy_time_so_the_jobs_waits_do_not_blur_it():
+    rng = np.random.default_rng(7)
+    trial = Trial(Schedule.stock(), Schedule.stock(), 4, 0.5, 0.0)
+    end_s, last_update_s, i = 0.0, 0.0, 0
+    while not trial.done:
+        if trial.current is None:
+            trial.open(end_s)
+        busy_s = STEP_S * (1.02 if trial.arm == "B" else 1.0)  # B's kernels 2% slower
+        wait_s = STEP_S * 3.0 * rng.exponential()  # a host that feeds the GPU late, at random
+        step_s = busy_s + wait_s
+        end_s += step_s
+        readings = []
+        while last_update_s + UPDATE_S <= end_s:
+            last_update_s += UPDATE_S
+            readings.append((last_update_s, POWER_W * last_update_s))
+        report = StepReport(
+            i, end_s, step_s, (step_s,), tuple(readings), 40.0, frozenset(), 700.0, wait_s=wait_s
+        )
+        trial.add(report)
+        i += 1
+    outcome = trial.outcome()
+    assert outcome.time_diff == pytest.approx(0.02, abs=0.001) and outcome.time_se < 0.001
+    assert trial.closed[0].group_times_s[0] == pytest.approx(STEP_S, rel=1e-9)  # the wait left out
