@@ -121,11 +121,13 @@ def _tune_interrupted_after(line_start: str, extra: list[str], tmp_path: Path) -
 
 
 def _last_run_status(tmp_path: Path) -> str:
-    import mlflow
+    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = mlflow.search_runs(search_all_experiments=True, order_by=["start_time DESC"])
-    return runs["status"].iloc[0]
+    # a client of its own: mlflow.set_tracking_uri would leak into the worker's later tests
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.status
 
 
 def test_ctrl_c_while_a_silent_service_is_asked_keeps_a_partial_json_and_ends_the_run_killed(tmp_path):

@@ -51,8 +51,12 @@ def test_the_summary_says_what_the_job_allows_and_a_noisy_job_allows_less(hf_run
     for figures in (quiet, noisy):
         assert figures["pairs_of_windows"] >= 3
         assert figures["resolvable"]["trial_s"] == 60.0 and figures["stock_margin_95"] is not None
-    assert noisy["time_cv_per_root_s"] > 2 * quiet["time_cv_per_root_s"]
-    assert noisy["resolvable"]["time_diff"] > 2 * quiet["resolvable"]["time_diff"]
+    # time is the GPU's busy time: the job's waits for its host are left out of its noise
+    assert noisy["time_cv_per_root_s"] < 3 * quiet["time_cv_per_root_s"]
+    for figures in (quiet, noisy):
+        assert figures["resolvable"]["energy_diff"] == pytest.approx(
+            3.0 * 2.0 * figures["energy_cv_per_root_s"] / 60.0**0.5
+        )
 
 
 @pytest.mark.parametrize("seed", [0, 1])

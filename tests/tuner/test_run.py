@@ -19,7 +19,7 @@ from kdvfs.tuner.run import (
     point_metrics,
     reached_after,
 )
-from kdvfs.tuner.step_tuner import Adoption, PhaseEntered, StepTiming, TrialFinished
+from kdvfs.tuner.step_tuner import Adoption, Exploring, PhaseEntered, StepTiming, TrialFinished, Verifying
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Short measuring lengths: a run of a few simulated minutes goes through every phase.
@@ -73,7 +73,10 @@ def test_the_runs_events_are_the_tuners_phases_trials_adoptions_and_points_in_or
     assert names == run.tuner.phases and "Settled" in names
     assert [e for e in events if isinstance(e, Adoption)] == run.tuner.adoptions
     finished = [e for e in events if isinstance(e, TrialFinished)]
-    assert len(finished) == len(run.outcomes) == run.tuner.trials  # every trial started has ended
+    assert len(finished) == len(run.outcomes)
+    # every trial started has ended, but one a reopened search may have running at the end
+    in_progress = 1 if isinstance(run.tuner.phase, Exploring | Verifying) else 0
+    assert run.tuner.trials - len(finished) in {0, in_progress}
     assert [e.kind for e in finished].count("verify") >= 1
     assert all((e.adopted is None) == (e.kind == "trial") for e in finished)
     points = [e for e in events if isinstance(e, Point)]
