@@ -31,8 +31,8 @@ import datetime
 import json
 import logging
 import os
-import sys
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
