@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,8 @@ DEFAULT_ROWS = [
 LEVEL = 0.9
 
 
-def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float) -> dict:
-    """One tuned (or dry-run) job; its figures."""
+def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, oracle: dict | None) -> dict:
+    """One tuned (or dry-run) job; its figures (against the oracle, when given and saving)."""
     from kdvfs.runtime.job_noise import job_noise
     from kdvfs.runtime.registry import open_device, open_workload
     from kdvfs.runtime.schedule import schedule_figures
@@ -81,22 +82,23 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float) -> 
             cache[schedule] = schedule_figures(noiseless, workload, schedule)[0]
         return cache[schedule]
 
-    return {
+    figures = {
         "seed": seed,
         "cpu_s": round(cpu_s, 1),
         "trials": summary["trials"],
         "adopted": summary["adopted"],
         "plan_saving": saving_of(session.tuner.incumbent),
-        "schedule_log": [(t, s) for t, s in session.schedule_log],
-        "reached": None,  # filled in by the caller, who knows the oracle
+        "reached": None,
         "run_energy_saving": summary["run"]["energy_saving"],
         "run_slowdown": summary["run"]["slowdown"],
         "max_cumulative_slowdown": summary["max_cumulative_slowdown"],
         "job_noise": summary["job_noise"],
         "phases": summary["phases"],
-        "_saving_of": {s: saving_of(s) for _, s in session.schedule_log},
-        "_reached_after": reached_after,
     }
+    if oracle is not None and oracle["energy_saving"] > 0:
+        figures["reached"] = reached_after(session.schedule_log, saving_of, LEVEL * oracle["energy_saving"])
+        figures["share_of_oracle"] = figures["plan_saving"] / oracle["energy_saving"]
+    return figures
 
 
 def oracle_of(card: str, budget: float) -> dict:
@@ -123,15 +125,7 @@ def oracle_of(card: str, budget: float) -> dict:
 def row_figures(
     spec: str, seeds: int, seconds: float, null: bool, budget: float, oracle: dict | None
 ) -> dict:
-    runs = []
-    for seed in range(seeds):
-        r = run_one(spec, seed, seconds, null, budget)
-        saving_of, reached_after = r.pop("_saving_of"), r.pop("_reached_after")
-        log = r.pop("schedule_log")
-        if oracle is not None and oracle["energy_saving"] > 0:
-            r["reached"] = reached_after(log, saving_of.__getitem__, LEVEL * oracle["energy_saving"])
-            r["share_of_oracle"] = r["plan_saving"] / oracle["energy_saving"]
-        runs.append(r)
+    runs = [run_one(spec, seed, seconds, null, budget, oracle) for seed in range(seeds)]
     out = {"row": spec, "runs": runs}
     if null:
         out["adoptions"] = sum(r["adopted"] for r in runs)
@@ -142,7 +136,9 @@ def row_figures(
     hits = sorted(x for x in reached if x is not None)
     out["oracle"] = oracle
     out["reached_90pct_median_s"] = (
-        statistics.median(reached_sorted(reached, seconds)) if len(hits) * 2 > len(runs) else None
+        statistics.median(x if x is not None else math.inf for x in reached)  # never: after any
+        if len(hits) * 2 > len(runs)
+        else None
     )
     out["runs_reaching_90pct"] = len(hits)
     out["median_share_of_oracle"] = statistics.median(r.get("share_of_oracle", 0.0) for r in runs)
@@ -151,11 +147,6 @@ def row_figures(
         r["job_noise"]["time_cv_per_root_s"] or 0.0 for r in runs
     )
     return out
-
-
-def reached_sorted(reached: list, seconds: float) -> list[float]:
-    """The runs' reach times, a run that never reached counted as after the end (inf)."""
-    return [x if x is not None else float("inf") for x in reached]
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ class Schedule:
     def stock(cls) -> Schedule:
         return cls(((0, None),))
 
+    @property
+    def is_stock(self) -> bool:
+        """Every group at stock clocks (no pair requested)."""
+        return all(pair is None for _, pair in self.groups)
+
     def one_pair(self) -> ClockPair | None:
         """The pair when the whole step runs at one locked pair, else None."""
         return self.groups[0][1] if len(self.groups) == 1 else None

@@ -24,6 +24,7 @@ Design and findings: docs/design-step-tuner.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ class Window:
     def add(self, report: StepReport) -> bool:
         """Count a report's steps; True when the window is closed (long enough, at an observed
         update)."""
-        n = report_steps(report)
+        n = report.steps
         if report.end_s - n * report.step_time_s >= self.settle_s:
             self.steps += n
             self.time_sum_s += n * report.step_time_s
@@ -179,9 +180,20 @@ class Window:
         return [self.settled_s]
 
 
-def report_steps(report: StepReport) -> int:
-    """How many steps a report stands for (1 unless it is a stretch at once)."""
-    return int(getattr(report, "steps", 1))
+def window_pairs(x: Window | PooledWindow, y: Window | PooledWindow) -> list[tuple[float, float, float]]:
+    """Two windows of one schedule as NoiseMeter pairs, each rank's: (relative energy
+    difference, relative busy-time difference, their mean settled seconds)."""
+    return [
+        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy))
+        for ex, ey, tx, ty, sx, sy in zip(
+            x.rank_energies_j,
+            y.rank_energies_j,
+            x.rank_steps_s,
+            y.rank_steps_s,
+            x.rank_settled_s,
+            y.rank_settled_s,
+        )
+    ]
 
 
 @dataclass
@@ -300,8 +312,8 @@ def pooled_report(reports: Sequence[StepReport]) -> StepReport:
 def feed_step_s(feed: Feed) -> float:
     """The training time a feed stands for: one rank's report's steps, or the ranks' mean; s."""
     if isinstance(feed, StepReport):
-        return feed.step_time_s * report_steps(feed)
-    return float(np.mean([r.step_time_s * report_steps(r) for r in feed]))
+        return feed.step_time_s * feed.steps
+    return float(np.mean([r.step_time_s * r.steps for r in feed]))
 
 
 @dataclass(frozen=True)
@@ -419,16 +431,7 @@ class Trial:
                 )
             ]
             t_diff.append(float(np.mean(rank_t_diff)))
-            for x, y in ((a1, a2), (b1, b2)):  # two windows of one schedule: the job's noise
-                for ex, ey, tx, ty, sx, sy in zip(
-                    x.rank_energies_j,
-                    y.rank_energies_j,
-                    x.rank_steps_s,
-                    y.rank_steps_s,
-                    x.rank_settled_s,
-                    y.rank_settled_s,
-                ):
-                    pairs.append((ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy)))
+            pairs += window_pairs(a1, a2) + window_pairs(b1, b2)  # two windows of one schedule
         b = [w for w in self.b_windows() if w.steps]
         b_step = float(np.mean([w.step_s for w in b])) if b else math.nan
         b_groups = np.mean([w.group_times_s for w in b], axis=0) if b else np.array([])
@@ -523,13 +526,19 @@ class NoiseMeter:
 
     def resolvable(self, trial_s: float, z: float = 3.0) -> tuple[float, float]:
         """The smallest energy and time differences (fractions) that a trial of trial_s seconds
-        (A-B-B-A: half of it on B) resolves at z standard errors."""
-        if trial_s <= 0:
-            return math.inf, math.inf
-        # a block's difference of means of two windows each: s.d. sigma_1 / sqrt(window s);
-        # over n blocks of 4 windows: sigma_1 / sqrt(trial_s / 4) / ... -> 2 sigma_1 / sqrt(trial_s)
-        k = z * 2.0 / math.sqrt(trial_s)
-        return k * self.energy_sd_per_root_s, k * self.time_sd_per_root_s
+        resolves at z standard errors (`resolvable`)."""
+        return (
+            resolvable(self.energy_sd_per_root_s, trial_s, z),
+            resolvable(self.time_sd_per_root_s, trial_s, z),
+        )
+
+
+def resolvable(sd_per_root_s: float, trial_s: float, z: float = ADOPT_Z) -> float:
+    """The smallest difference (a fraction) an A-B-B-A trial of trial_s seconds resolves at z
+    standard errors, the noise sd_per_root_s per root second: a block's difference of the means
+    of two windows each has s.d. sigma_1 / sqrt(window s); over n blocks of 4 windows (trial_s =
+    4 n window s) that is 2 sigma_1 / sqrt(trial_s). inf for a trial of no length."""
+    return z * 2.0 * sd_per_root_s / math.sqrt(trial_s) if trial_s > 0 else math.inf
 
 
 # --- budget -----------------------------------------------------------------------------------
@@ -687,18 +696,7 @@ class StockReference:
 
     def pairs(self) -> list[tuple[float, float, float]]:
         """Consecutive windows as pairs of one schedule (NoiseMeter.add_pairs), each rank's."""
-        out = []
-        for x, y in zip(self.windows, self.windows[1:]):
-            for ex, ey, tx, ty, sx, sy in zip(
-                x.rank_energies_j,
-                y.rank_energies_j,
-                x.rank_steps_s,
-                y.rank_steps_s,
-                x.rank_settled_s,
-                y.rank_settled_s,
-            ):
-                out.append((ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy)))
-        return out
+        return [p for x, y in itertools.pairwise(self.windows) for p in window_pairs(x, y)]
 
 
 def _rank_sd(values: np.ndarray) -> float:

@@ -60,7 +60,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     open_window,
     pass_boundaries,
     pooled_report,
-    report_steps,
+    resolvable,
     switchable_groups,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
@@ -614,7 +614,7 @@ class StepTuner:
         else:
             self._feed, self._now = report, report.end_s
         # the clocks' account: busy time (the job's own waits for its host are not the clocks')
-        self.account.charge(report.step_time_s - report.wait_s, report_steps(report))
+        self.account.charge(report.step_time_s - report.wait_s, report.steps)
         self._now_s = report.end_s
         phase = self.phase
         if math.isfinite(report.temperature_c):
@@ -774,7 +774,7 @@ class StepTuner:
                     self._stock_energy_steps += w.steps / self._ranks
         if self._stock_energy_steps > 0 and not self.adoptions:
             self.stock_energy_j = self._stock_energy_sum_j / self._stock_energy_steps
-            if all(p is None for _, p in self.incumbent.groups):
+            if self.incumbent.is_stock:
                 self.incumbent_energy_j = self.stock_energy_j
         self._update_account_stock()
 
@@ -794,14 +794,13 @@ class StepTuner:
         margin = CONFIDENCE_Z * self.time_sd_per_root_s / math.sqrt(self._reference_s)
         self.stock_margin = max(REFERENCE_MARGIN, margin)
         self.account.stock_step_s = self.stock_estimate_s * (1.0 - self.stock_margin)
-        if all(p is None for _, p in self.incumbent.groups):
+        if self.incumbent.is_stock:
             self.incumbent_step_s = self.stock_estimate_s
 
     def resolvable(self, trial_s: float) -> tuple[float, float]:
         """The smallest energy and time differences (fractions) a trial of trial_s seconds
         resolves at ADOPT_Z standard errors, given the job's noise (NaN before the reference)."""
-        k = ADOPT_Z * 2.0 / math.sqrt(trial_s)
-        return k * self.energy_sd_per_root_s, k * self.time_sd_per_root_s
+        return resolvable(self.energy_sd_per_root_s, trial_s), resolvable(self.time_sd_per_root_s, trial_s)
 
     def expected_time_to_plan_s(self) -> float | None:
         """Training seconds until the groups left in this round are explored and verified, at
@@ -874,7 +873,7 @@ class StepTuner:
         never can)."""
         t = self.timing
         verify_s = 4.0 * t.verify_max_blocks * t.verify_window_s
-        return ADOPT_Z * 2.0 * self.time_sd_per_root_s / math.sqrt(verify_s) * self.stock_step_s
+        return resolvable(self.time_sd_per_root_s, verify_s) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
         """Every group of the round explored: Settled, with the undecided ones to reopen after
@@ -944,7 +943,7 @@ class StepTuner:
         """Steps run at a stock incumbent while waiting for the slack measure stock (windows of
         the trial window's length): the 95% margin shrinks and the slack grows, so a noisy job
         whose margin exceeds the budget does not wait for good."""
-        if not fed or any(p is not None for _, p in self.incumbent.groups):
+        if not fed or not self.incumbent.is_stock:
             self._waiting_window = None
             return
         if self._waiting_window is None:
@@ -967,7 +966,7 @@ class StepTuner:
     def _trial_ended(self, trial: Trial, outcome: Outcome) -> None:
         """What every ended trial teaches: the job's noise (its pairs of windows), its length."""
         self.noise.add_pairs(outcome.pairs)
-        if all(p is None for _, p in trial.incumbent.groups):
+        if trial.incumbent.is_stock:
             self._count_stock([w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "A"])
         else:
             self._update_account_stock()
@@ -1158,7 +1157,7 @@ class StepTuner:
         if not settled.window.add(self._feed):
             return self.incumbent
         window, settled.window = settled.window, None
-        if all(p is None for _, p in self.incumbent.groups):
+        if self.incumbent.is_stock:
             self._count_stock([window])
         values = {group_stream(i): float(t) for i, t in enumerate(window.group_times_s)}
         values["energy"] = window.energy_per_step_j
