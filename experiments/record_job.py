@@ -285,7 +285,7 @@ class GcLog:
 # ---------------------------------------------------------------------------------------------
 # Under kdvfs.tune (--tune 1): dry run, read-only NVML.
 
-REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings")
+REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings", "wait_s")
 
 
 def _timing(reference_max_s: float):
@@ -343,7 +343,7 @@ class Tuning:
         def kept(report):  # what the tuner was told, step by step
             self.reports.append((
                 report.step, round(report.end_s - self.monotonic_minus_t0_s, 6),
-                round(report.step_time_s, 7), len(report.counter_readings),
+                round(report.step_time_s, 7), len(report.counter_readings), round(report.wait_s, 7),
             ))  # fmt: skip
             return feed(report)
 
@@ -843,9 +843,10 @@ def slow_steps(rows: list[tuple], collections: list[tuple], factor: float = 1.25
 
 def noise_pairs_per_root_s(rows: list[tuple], window_s: float) -> float:
     """Step-time noise per root second as the tuner's noise meter takes it (runtime/trials.py
-    NoiseMeter), from the GPU step times: consecutive windows of whole steps (`window_s` of
-    GPU time each) in pairs, each pair's relative difference of mean step time x
-    sqrt(window length / 2), the spread 1.4826 x their median absolute deviation."""
+    NoiseMeter over its reference), from the GPU step times: consecutive windows of whole steps
+    (`window_s` of GPU time each), each window with the next as a pair, each pair's relative
+    difference of mean step time x sqrt(window length / 2), the spread 1.4826 x their median
+    absolute deviation."""
     windows, current = [], []
     for r in rows:
         current.append(r[2])
@@ -854,7 +855,7 @@ def noise_pairs_per_root_s(rows: list[tuple], window_s: float) -> float:
             current = []
     diffs = [
         (b[0] / a[0] - 1.0) * math.sqrt(0.5 * (a[1] + b[1]) / 2.0)
-        for a, b in zip(windows[::2], windows[1::2])
+        for a, b in itertools.pairwise(windows)
     ]
     if len(diffs) < 3:
         return math.nan
@@ -875,6 +876,9 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
     measured = (summary.get("job_noise") or {}).get("time_cv_per_root_s")
     noise = measured if measured is not None else summary.get("reference_time_cv_per_root_s_so_far")
     offline = noise_pairs_per_root_s(tuned, window_s)
+    # the tuner's own series, the job's waits for its host left out (what the clocks set)
+    busy = [(rep[0], rep[1], rep[2] - rep[4]) for rep in reports if len(rep) > 4 and rep[1] >= warmup_end_s]
+    offline_busy = noise_pairs_per_root_s(busy, window_s)
     outcomes = summary.get("outcomes") or []
     trials = [o for o in outcomes if o.get("kind") == "trial"]
     completed = [o for o in trials if not o.get("abandoned") and (o.get("blocks") or 0) > 0]
@@ -901,6 +905,10 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
             "tuner": noise,
             "tuner_source": "job_noise" if measured is not None else "reference so far (not ended)",
             "offline_pairs_of_windows": offline,
+            "offline_pairs_of_windows_busy": offline_busy,
+            "ratio_tuner_to_offline_busy": noise / offline_busy
+            if noise and offline_busy and math.isfinite(offline_busy)
+            else None,
             "offline_pairs_of_windows_reference_span": noise_pairs_per_root_s(reference, window_s),
             "offline_sd_of_window_means": noise_per_root_s(tuned, window_s),
             "offline_mad_of_window_means": noise_per_root_s(tuned, window_s, robust=True),

@@ -107,6 +107,7 @@ class Window:
     steps: int = 0
     time_sum_s: float = 0.0
     wait_sum_s: float = 0.0
+    longest_busy_s: float = 0.0
     group_sums_s: np.ndarray | None = None
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
@@ -119,6 +120,7 @@ class Window:
             self.steps += n
             self.time_sum_s += n * report.step_time_s
             self.wait_sum_s += n * report.wait_s
+            self.longest_busy_s = max(self.longest_busy_s, report.step_time_s - report.wait_s)
             g = np.asarray(report.group_times_s, dtype=float) * n
             g[-1] -= n * report.wait_s  # busy group times: the job's wait is not the last group's
             self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
@@ -149,6 +151,14 @@ class Window:
     def busy_s(self) -> float:
         """The mean busy step time: what the clocks set, s."""
         return self.busy_sum_s / self.steps if self.steps else math.nan
+
+    @property
+    def longest_busy_s_left_out(self) -> tuple[float, int]:
+        """The busy time and the steps counted less the longest step (a stall or a sync gap
+        that one report carries), s and count; all of them under two steps."""
+        if self.steps < 2:
+            return self.busy_sum_s, self.steps
+        return self.busy_sum_s - self.longest_busy_s, self.steps - 1
 
     @property
     def group_times_s(self) -> np.ndarray:
@@ -234,6 +244,12 @@ class PooledWindow:
     @property
     def busy_s(self) -> float:
         return self.busy_sum_s / self.steps if self.steps else math.nan
+
+    @property
+    def longest_busy_s_left_out(self) -> tuple[float, int]:
+        """Every rank's busy time and steps, each less its longest step (Window's)."""
+        parts = [w.longest_busy_s_left_out for w in self.windows]
+        return float(sum(b for b, _ in parts)), sum(n for _, n in parts)
 
     @property
     def span_s(self) -> float:

@@ -33,6 +33,9 @@ TEMP_SETTLED_DRIFT_C = 0.1
 TEMP_MARGIN_C = 1.5
 #: Time constant with which the centre follows a settled card's readings; s.
 TEMP_TRACK_S = 120.0
+#: Span of the latest readings whose median must leave the band to alarm (a checkpoint's or an
+#: evaluation's idle dip of a few seconds does not); s.
+TEMP_CONFIRM_S = 10.0
 
 #: CUSUM allowance k per window; standard deviations of the stream.
 DEFAULT_K = 0.5
@@ -283,7 +286,8 @@ class ConditionWatch:
     """The inputs a plan was made under: the enforced power limit and the settled temperature.
 
     update(now_s, temp_c, power_limit_w) takes one reading and returns the inputs that moved
-    ("power_limit", "temperature"); after an alarm it learns the new conditions afresh (the
+    ("power_limit": at once; "temperature": the median of the last confirm_s of readings left
+    the settled band, so an idle dip of a few seconds does not count); after an alarm it learns the new conditions afresh (the
     limit at once, the temperature once the card has settled again).
 
     Args:
@@ -292,6 +296,7 @@ class ConditionWatch:
         margin_c: distance beyond half the settled readings' range that alarms, C.
         track_s: time constant with which the centre follows the readings, s.
         limit_tolerance_w: change of the power limit that alarms, W.
+        confirm_s: span of the latest readings whose median must leave the band to alarm, s.
     """
 
     def __init__(
@@ -301,9 +306,11 @@ class ConditionWatch:
         margin_c: float = TEMP_MARGIN_C,
         track_s: float = TEMP_TRACK_S,
         limit_tolerance_w: float = POWER_LIMIT_TOLERANCE_W,
+        confirm_s: float = TEMP_CONFIRM_S,
     ) -> None:
         if not (
-            settle_s > 0.0
+            confirm_s > 0.0
+            and settle_s > 0.0
             and settled_drift_c > 0.0
             and margin_c > 0.0
             and track_s > 0.0
@@ -311,7 +318,8 @@ class ConditionWatch:
         ):
             raise KdvfsError(
                 f"bad condition watch settings: settle_s={settle_s}, settled_drift_c={settled_drift_c}, "
-                f"margin_c={margin_c}, track_s={track_s}, limit_tolerance_w={limit_tolerance_w} "
+                f"margin_c={margin_c}, track_s={track_s}, limit_tolerance_w={limit_tolerance_w}, "
+                f"confirm_s={confirm_s} "
                 "(all must be > 0)"
             )
         self.settle_s, self.settled_drift_c, self.margin_c, self.track_s = (
@@ -321,6 +329,7 @@ class ConditionWatch:
             track_s,
         )
         self.limit_tolerance_w = limit_tolerance_w
+        self.confirm_s = confirm_s
         self.limit_w: float | None = None
         self.centre_c: float | None = None
         self.step_c = 0.0
@@ -328,11 +337,13 @@ class ConditionWatch:
         self.half_width_c = 0.0
         self._last_s = 0.0
         self._readings: deque[tuple[float, float]] = deque()
+        self._recent: deque[tuple[float, float]] = deque()  # the last confirm_s of readings
 
     def relearn_temperature(self) -> None:
         """The load changed (a new plan): learn the temperature it settles at."""
         self.centre_c = None
         self._readings.clear()
+        self._recent.clear()
 
     def update(self, now_s: float, temp_c: float, power_limit_w: float) -> list[Condition]:
         if not math.isfinite(temp_c):
@@ -341,12 +352,17 @@ class ConditionWatch:
         if limit_moved(self.limit_w, power_limit_w, self.limit_tolerance_w):
             moved.append("power_limit")
         self.limit_w = power_limit_w
+        recent = self._recent
+        recent.append((now_s, temp_c))
+        while now_s - recent[0][0] > self.confirm_s:
+            recent.popleft()
         if self.centre_c is not None:
-            if abs(temp_c - self.centre_c) > self.half_width_c:
+            typical_c = float(np.median([t for _, t in recent]))
+            if abs(typical_c - self.centre_c) > self.half_width_c:
                 moved.append("temperature")
-                self.step_c = temp_c - self.centre_c
+                self.step_c = typical_c - self.centre_c
             else:
-                self.centre_c += (temp_c - self.centre_c) * min(1.0, (now_s - self._last_s) / self.track_s)
+                self.centre_c += (typical_c - self.centre_c) * min(1.0, (now_s - self._last_s) / self.track_s)
                 self._last_s = now_s
         if moved:
             self.relearn_temperature()

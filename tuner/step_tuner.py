@@ -1009,7 +1009,8 @@ class StepTuner:
 
     def _maybe_abandon(self, trial: Trial) -> None:
         """Stop the candidate when the account's guard is reached (its decision left open), or
-        when its measured time already shows it over the budget."""
+        when its measured time already shows it over the budget (each window's longest step
+        left out)."""
         if trial.arm != "B" or trial.done:
             return
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self._worst_slowdown(
@@ -1017,9 +1018,11 @@ class StepTuner:
         ):
             trial.abandoned = trial.undecided_stop = True
             return
-        b = trial.b_windows()
-        steps = sum(w.steps for w in b)  # every rank's (pooled)
-        busy_s = float(sum(w.busy_sum_s for w in b))  # the job's waits left out: not the clocks'
+        # every rank's (pooled) busy time, the job's waits left out (not the clocks'), and each
+        # window's longest step left out: one stalled step cannot stop a candidate
+        parts = [w.longest_busy_s_left_out for w in trial.b_windows()]
+        busy_s = float(sum(b for b, _ in parts))
+        steps = sum(n for _, n in parts)
         ran_s = busy_s / self._ranks  # training time: the ranks' steps end together
         if ran_s < ABANDON_MIN_S or steps == 0:
             return
