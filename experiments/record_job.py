@@ -854,8 +854,7 @@ def noise_pairs_per_root_s(rows: list[tuple], window_s: float) -> float:
             windows.append((sum(current) / len(current), sum(current)))
             current = []
     diffs = [
-        (b[0] / a[0] - 1.0) * math.sqrt(0.5 * (a[1] + b[1]) / 2.0)
-        for a, b in itertools.pairwise(windows)
+        (b[0] / a[0] - 1.0) * math.sqrt(0.5 * (a[1] + b[1]) / 2.0) for a, b in itertools.pairwise(windows)
     ]
     if len(diffs) < 3:
         return math.nan

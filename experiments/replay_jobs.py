@@ -8,8 +8,9 @@ grid, the default switch latency and counter period of a real card), exactly as 
 see them: the tuner's clock requests change nothing, so what it measures is the recording.
 
 The recordings carry no per-site split, so the step is one segment (site "step"): the trials are
-whole-step trials. Every step counts as the clocks' (wait 0: the bare recorder did not split the
-GPU's wait for the host from its work), the noisiest reading of the job. A run longer than the
+whole-step trials. A bare recording's steps count whole as the clocks' (wait 0: the bare recorder
+did not split the GPU's wait for the host from its work), the noisiest reading of the job; a
+recording made under kdvfs.tune (`<job>_tuned`) carries the wait kdvfs.tune measured per step. A run longer than the
 recording replays it again from its first recorded step after the warm-up, counter and host
 clock carried on ("looped").
 
@@ -58,6 +59,7 @@ class Recording:
 
     job: str
     steps: list[tuple[float, float]]
+    waits: dict[int, float]  # step index -> the wait kdvfs.tune measured (tuned recordings only), s
     counter: list[tuple[float, float]]
     samples: list[tuple[float, float, int, float]]  # host s, temperature C, throttle mask, limit W
 
@@ -71,6 +73,15 @@ def load(job: str, folder: Path = JOBS_DIR) -> Recording:
             for r in csv.DictReader(f)
             if float(r["host_start_s"]) >= warm_s and r["gpu_step_s"] not in ("", "nan")
         ]
+    waits: dict[int, float] = {}
+    reports_csv = folder / f"{job}_reports.csv.gz"
+    if reports_csv.exists():  # a run under kdvfs.tune: the wait it measured, step by step
+        with gzip.open(reports_csv, "rt") as f:
+            waits = {int(r["step"]): float(r["wait_s"]) for r in csv.DictReader(f) if r.get("wait_s")}
+    with gzip.open(folder / f"{job}_steps.csv.gz", "rt") as f:
+        first = {float(r["host_start_s"]): int(r["step"]) for r in csv.DictReader(f)}
+    index = [first[t] for t, _ in steps]
+    waits = {i: waits[index[i]] for i in range(len(index)) if index[i] in waits}
     counter, samples = [], []
     with gzip.open(folder / f"{job}_nvml.csv.gz", "rt") as f:
         for r in csv.DictReader(f):
@@ -82,7 +93,7 @@ def load(job: str, folder: Path = JOBS_DIR) -> Recording:
             samples.append(
                 (t, float(r["temperature_c"]), int(r["throttle_reasons"]), float(r["power_limit_w"]))
             )
-    return Recording(job, steps, counter, samples)
+    return Recording(job, steps, waits, counter, samples)
 
 
 def reports(rec: Recording, seconds: float) -> Iterator:
@@ -96,8 +107,9 @@ def reports(rec: Recording, seconds: float) -> Iterator:
     while True:
         shift_s, shift_j = lap * span_s, lap * energy_span_j
         ci = si = 0
-        for (start_s, _), (end_s, _) in zip(rec.steps, rec.steps[1:]):
-            gpu_s = end_s - start_s  # the interval between step starts (gpu_step_s is the same)
+        for i, ((start_s, gpu_s), (end_s, _)) in enumerate(zip(rec.steps, rec.steps[1:])):
+            # gpu_s: the step's GPU time (events at step starts); the host's clock places the
+            # step and the counter's updates
             readings = []
             while ci < len(rec.counter) and rec.counter[ci][0] <= end_s:
                 t, j = rec.counter[ci]
@@ -116,6 +128,7 @@ def reports(rec: Recording, seconds: float) -> Iterator:
                 temperature_c=temp_c,
                 throttle_reasons=frozenset({"sw_power_cap"}) if mask & 0x4 else frozenset(),
                 power_limit_w=limit_w,
+                wait_s=min(rec.waits.get(i, 0.0), gpu_s),
             )
             step += 1
             if end_s + shift_s - t0 >= seconds:
@@ -129,11 +142,7 @@ def offline_noise(rec: Recording, seconds: float) -> float:
     from kdvfs.experiments.record_job import noise_pairs_per_root_s
 
     t0 = rec.steps[0][0]
-    rows = [
-        (i, a[0], b[0] - a[0])
-        for i, (a, b) in enumerate(zip(rec.steps, rec.steps[1:]))
-        if b[0] - t0 <= seconds
-    ]
+    rows = [(i, a[0], a[1]) for i, (a, b) in enumerate(zip(rec.steps, rec.steps[1:])) if b[0] - t0 <= seconds]
     return noise_pairs_per_root_s(rows, WINDOW_S)
 
 

@@ -13,6 +13,8 @@ Gymnasium environment (envs/step_env.py) both measure through it.
   ends at its first decided block, or at its most blocks undecided); `Outcome`, its means
   robust to a wrecked block (`robust_mean_se`); `NoiseMeter`: the job's noise per root
   second, from pairs of windows of one schedule, kept up to date over the run.
+- `StallFilter`: a step far longer than its schedule's typical step (an evaluation pass or a
+  checkpoint inside the job's step) counts its excess as the job's wait, not the clocks'.
 - `StepAccount`: the cumulative budget against stock measured in training.
 - `StockReference` -> `StockFigures`: stock measured in training (longer while its 95%
   margin is wide); `judge` -> `Judgement`: a
@@ -24,8 +26,11 @@ Design and findings: docs/design-step-tuner.md.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +59,13 @@ ADOPT_Z = 3.0
 WINSOR_MADS = 3.0
 #: The smallest noise figure NoiseMeter reports, per root second; a fraction.
 NOISE_FLOOR = 1e-4
+#: A step whose busy time exceeds this many times its schedule's typical busy step is a stall
+#: (StallFilter); a ratio (well above any clock pair's slowdown of the same schedule's steps).
+STALL_RATIO = 3.0
+#: Latest steps of a schedule whose median is its typical busy step; steps.
+STALL_HISTORY_STEPS = 31
+#: Steps of a schedule seen before one of its steps may count as a stall; steps.
+STALL_MIN_STEPS = 8
 #: One-sided 95% quantile of the normal: the budget is held at 95% confidence; sds.
 CONFIDENCE_Z = 1.645
 #: The reference goes on until the 95% margin of its stock step time is at most this share of
@@ -95,6 +107,43 @@ def switchable_groups(starts: list[int], segment_times_s: list[float], latency_s
 
 # --- measuring ------------------------------------------------------------------------------
 @dataclass
+class StallFilter:
+    """The job's stalls inside its steps: a single step whose busy time (step time less the
+    job's wait) exceeds `ratio` x the median of its schedule's latest busy steps (an evaluation
+    pass, a checkpoint, run inside the step the job wraps) keeps that median as its busy time;
+    the excess joins the step's wait (StepReport.wait_s), the job's own, as a late batch is.
+    The clocks' effect on the stall itself is left out of the comparison; A and B are treated
+    alike, so the comparison stays unbiased on the regular steps.
+
+    Args:
+        ratio: the busy time over the typical step that makes a stall; a ratio.
+        min_steps: steps of a schedule seen before one may count as a stall; steps.
+    """
+
+    ratio: float = STALL_RATIO
+    min_steps: int = STALL_MIN_STEPS
+    stalls: int = 0
+    stall_s: float = 0.0
+    _recent: dict[Schedule, deque[float]] = field(default_factory=dict)
+
+    def apply(self, report: StepReport, schedule: Schedule) -> StepReport:
+        """The report of one step run under `schedule`, its stall's excess moved into its
+        wait (a report standing for several steps passes unchanged)."""
+        if report.steps != 1:
+            return report
+        busy_s = report.step_time_s - report.wait_s
+        recent = self._recent.setdefault(schedule, deque(maxlen=STALL_HISTORY_STEPS))
+        if len(recent) >= self.min_steps:
+            typical_s = statistics.median(recent)
+            if typical_s > 0.0 and busy_s > self.ratio * typical_s:
+                self.stalls += 1
+                self.stall_s += busy_s - typical_s
+                return dataclasses.replace(report, wait_s=report.wait_s + busy_s - typical_s)
+        recent.append(busy_s)
+        return report
+
+
+@dataclass
 class Window:
     """Whole steps under one schedule. Steps that began before settle_s (the switch and one
     counter period after the window opened) are not counted; energy is taken between the
@@ -122,7 +171,7 @@ class Window:
             self.wait_sum_s += n * report.wait_s
             self.longest_busy_s = max(self.longest_busy_s, report.step_time_s - report.wait_s)
             g = np.asarray(report.group_times_s, dtype=float) * n
-            g[-1] -= n * report.wait_s  # busy group times: the job's wait is not the last group's
+            g[-1] = max(g[-1] - n * report.wait_s, 0.0)  # busy: the job's wait is not the last group's
             self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
         for reading in report.counter_readings:
             if reading[0] >= self.settle_s:

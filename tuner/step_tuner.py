@@ -51,6 +51,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     NoiseMeter,
     Outcome,
     PooledWindow,
+    StallFilter,
     StepAccount,
     StockFigures,
     StockReference,
@@ -593,6 +594,9 @@ class StepTuner:
         self._moved: list[str] = []  # conditions that moved before the watch acts on them
         self._now_s = 0.0  # this step's end, s (the report's clock)
         self._feed: StepReport | list[StepReport] | None = None  # what windows count this step
+        self.stalls = StallFilter()
+        """The job's stalls inside its steps (runtime/trials.py: StallFilter)."""
+        self._answered: Schedule = self.incumbent  # the schedule the last answer asked for
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
         self._ranks = 1 if pool is None else pool.ranks
         self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
@@ -607,6 +611,11 @@ class StepTuner:
     def on_step_end(self, report: StepReport) -> Schedule:
         """Take one step's report; the schedule for the next steps (pooled: every rank calls
         it each step, a collective)."""
+        report = self.stalls.apply(report, self._answered)  # a stall's excess: the job's wait
+        self._answered = self._step(report)
+        return self._answered
+
+    def _step(self, report: StepReport) -> Schedule:
         reports = self._gather(report)
         if reports is not None:
             self._feed, self._now = reports, tuple(r.end_s for r in reports)

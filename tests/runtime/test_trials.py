@@ -8,7 +8,7 @@ import pytest
 
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
-from kdvfs.runtime.trials import NoiseMeter, Outcome, StockReference, Trial, robust_mean_se
+from kdvfs.runtime.trials import NoiseMeter, Outcome, StallFilter, StockReference, Trial, robust_mean_se
 
 STEP_S = 0.010
 POWER_W = 300.0
@@ -185,3 +185,23 @@ def test_a_trial_measures_time_on_the_gpus_busy_time_so_the_jobs_waits_do_not_bl
     outcome = trial.outcome()
     assert outcome.time_diff == pytest.approx(0.02, abs=0.001) and outcome.time_se < 0.001
     assert trial.closed[0].group_times_s[0] == pytest.approx(STEP_S, rel=1e-9)  # the wait left out
+
+
+def test_an_evaluation_inside_a_step_counts_as_the_jobs_wait_and_regular_steps_pass_unchanged():
+    stalls, stock = StallFilter(), Schedule.stock()
+    reports = list(_reports([STEP_S] * 40 + [8 * STEP_S] + [1.2 * STEP_S] * 5))
+    out = [stalls.apply(r, stock) for r in reports]
+    assert [o.wait_s for o in out[:40]] == [0.0] * 40
+    assert out[40].step_time_s == reports[40].step_time_s  # the step's time is what it was
+    assert out[40].step_time_s - out[40].wait_s == pytest.approx(STEP_S)  # busy: the typical step
+    assert stalls.stalls == 1 and stalls.stall_s == pytest.approx(7 * STEP_S)
+    assert all(o.wait_s == 0.0 for o in out[41:])  # 1.2x: a slower pair's step, not a stall
+
+
+def test_a_new_schedules_first_steps_and_a_stretch_of_steps_are_never_stalls():
+    stalls = StallFilter()
+    slow = Schedule.stock()
+    first = list(_reports([3 * STEP_S] * 3 + [30 * STEP_S]))
+    assert all(stalls.apply(r, slow).wait_s == 0.0 for r in first)  # under min_steps seen
+    stretch = StepReport(9, 1.0, 0.5, (0.5,), (), 40.0, frozenset(), 700.0, steps=5)
+    assert stalls.apply(stretch, slow) is stretch and stalls.stalls == 0

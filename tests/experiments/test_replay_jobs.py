@@ -1,0 +1,27 @@
+"""The H200 job recordings replayed through the tuner of kdvfs.tune (experiments/replay_jobs.py):
+on the real noise of a job recorded under kdvfs.tune, a dry run decides trials and adopts
+nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdvfs.experiments import replay_jobs
+
+
+@pytest.mark.parametrize("job", ["hf_tuned", "sync_tuned"])
+def test_a_recorded_job_replayed_as_a_dry_run_completes_five_trials_in_five_minutes_and_adopts_nothing(job):
+    row = replay_jobs.replay(job, replay_jobs.Args(seconds=300.0))
+    assert row["source"] == "replayed" and row["prior"] == "none"
+    assert row["adopted"] == 0  # the clocks never changed: any adoption is a false one
+    assert row["trials_completed"] >= 5
+    assert all(t["energy_se"] > 0 and t["time_se"] > 0 for t in row["trial_se"])
+    assert abs(row["run_energy_saving"]) <= 0.01
+    assert 1 / 1.5 <= row["noise_ratio"] <= 1.5  # the tuner's noise against the series' own
+
+
+def test_a_recording_that_is_not_there_is_refused_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        replay_jobs.main(["--jobs", "nosuchjob"])
+    assert exit_info.value.code != 0
+    assert "no recording 'nosuchjob'" in capsys.readouterr().err
