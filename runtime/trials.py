@@ -27,6 +27,7 @@ Design and findings: docs/design-step-tuner.md.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 import statistics
@@ -66,6 +67,8 @@ STALL_RATIO = 3.0
 STALL_HISTORY_STEPS = 31
 #: Steps of a schedule seen before one of its steps may count as a stall; steps.
 STALL_MIN_STEPS = 8
+#: Longest steps a window keeps to leave out of a candidate's early time check; steps.
+LONGEST_KEPT = 8
 #: One-sided 95% quantile of the normal: the budget is held at 95% confidence; sds.
 CONFIDENCE_Z = 1.645
 #: The reference goes on until the 95% margin of its stock step time is at most this share of
@@ -156,7 +159,7 @@ class Window:
     steps: int = 0
     time_sum_s: float = 0.0
     wait_sum_s: float = 0.0
-    longest_busy_s: float = 0.0
+    longest_busy_s: list[float] = field(default_factory=list)  # a min-heap of the longest steps, s
     group_sums_s: np.ndarray | None = None
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
@@ -169,7 +172,11 @@ class Window:
             self.steps += n
             self.time_sum_s += n * report.step_time_s
             self.wait_sum_s += n * report.wait_s
-            self.longest_busy_s = max(self.longest_busy_s, report.step_time_s - report.wait_s)
+            busy_s = report.step_time_s - report.wait_s
+            if len(self.longest_busy_s) < LONGEST_KEPT:
+                heapq.heappush(self.longest_busy_s, busy_s)
+            elif busy_s > self.longest_busy_s[0]:
+                heapq.heapreplace(self.longest_busy_s, busy_s)
             g = np.asarray(report.group_times_s, dtype=float) * n
             g[-1] = max(g[-1] - n * report.wait_s, 0.0)  # busy: the job's wait is not the last group's
             self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
@@ -203,11 +210,12 @@ class Window:
 
     @property
     def longest_busy_s_left_out(self) -> tuple[float, int]:
-        """The busy time and the steps counted less the longest step (a stall or a sync gap
-        that one report carries), s and count; all of them under two steps."""
-        if self.steps < 2:
-            return self.busy_sum_s, self.steps
-        return self.busy_sum_s - self.longest_busy_s, self.steps - 1
+        """The busy time and the steps counted less the longest eighth of the steps (at most
+        LONGEST_KEPT, at least one from two steps on: stalls and sync gaps that single reports
+        carry), s and count."""
+        k = min(len(self.longest_busy_s), max(1, self.steps // 8)) if self.steps >= 2 else 0
+        left_out = sorted(self.longest_busy_s)[len(self.longest_busy_s) - k :] if k else []
+        return self.busy_sum_s - sum(left_out), self.steps - k
 
     @property
     def group_times_s(self) -> np.ndarray:

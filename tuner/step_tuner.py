@@ -313,6 +313,7 @@ class Exploring:
         waiting_steps: steps run at the incumbent waiting for budget slack.
         undecided: trials of this group that ended with their decision open.
         completed: trials of this group that completed at least one block, not abandoned.
+        abandoned: trials of this group stopped before their decision (on time or slack).
     """
 
     group: int
@@ -325,6 +326,7 @@ class Exploring:
     waiting_steps: int = 0
     undecided: int = 0
     completed: int = 0
+    abandoned: int = 0
 
 
 @dataclass
@@ -885,10 +887,14 @@ class StepTuner:
         return resolvable(self.time_sd_per_root_s, verify_s) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
-        """Every group of the round explored: Settled, with the undecided ones to reopen after
-        as long as the round took (at least REOPEN_WAIT_MIN_S)."""
+        """Every group of the round explored: Settled, with the undecided and abandoned ones to
+        reopen after as long as the round took (at least REOPEN_WAIT_MIN_S, doubled for each
+        round past MAX_FEW_ROUNDS)."""
         reopen = tuple(dict.fromkeys(search.reopen))
-        wait_s = max(REOPEN_WAIT_MIN_S, self._now_s - search.started_s)
+        # past the few rounds, each round waits twice as long: a group no pair of which fits
+        # the budget costs ever less of a long run, and is still tried again
+        backoff = 2.0 ** max(0, search.round + 1 - MAX_FEW_ROUNDS)
+        wait_s = max(REOPEN_WAIT_MIN_S * backoff, self._now_s - search.started_s)
         first = {g: self._pair_of(g) for g in reopen}
         for g in reopen:
             best = self._best_so_far.get(g)
@@ -991,6 +997,8 @@ class StepTuner:
             ex.undecided += 1
         if outcome.blocks > 0 and not outcome.abandoned:
             ex.completed += 1
+        if outcome.abandoned:
+            ex.abandoned += 1
         if outcome.blocks > 0 and not outcome.abandoned:
             energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
         else:
@@ -1018,8 +1026,8 @@ class StepTuner:
 
     def _maybe_abandon(self, trial: Trial) -> None:
         """Stop the candidate when the account's guard is reached (its decision left open), or
-        when its measured time already shows it over the budget (each window's longest step
-        left out)."""
+        when its measured time already shows it over the budget (each window's longest eighth
+        of steps left out)."""
         if trial.arm != "B" or trial.done:
             return
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self._worst_slowdown(
@@ -1028,7 +1036,7 @@ class StepTuner:
             trial.abandoned = trial.undecided_stop = True
             return
         # every rank's (pooled) busy time, the job's waits left out (not the clocks'), and each
-        # window's longest step left out: one stalled step cannot stop a candidate
+        # window's longest eighth of steps left out: a few stalled steps cannot stop a candidate
         parts = [w.longest_busy_s_left_out for w in trial.b_windows()]
         busy_s = float(sum(b for b, _ in parts))
         steps = sum(n for _, n in parts)
@@ -1047,8 +1055,8 @@ class StepTuner:
             self._best_so_far[ex.group] = self.pairs[best]
         if ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS:
             ex.search.reopen.append(ex.group)  # searched too little to stop at, whatever it adopts
-        elif ex.undecided and (best is None or self.pairs[best] == current):
-            ex.search.reopen.append(ex.group)
+        elif (ex.undecided or ex.abandoned) and (best is None or self.pairs[best] == current):
+            ex.search.reopen.append(ex.group)  # never given up: tried again, later each round
         if best is None or self.pairs[best] == current:
             return self._start_group(ex.search, ex.search.after(ex.group))
         return self._verify(
