@@ -138,11 +138,16 @@ def reports(rec: Recording, seconds: float) -> Iterator:
 
 def offline_noise(rec: Recording, seconds: float) -> float:
     """The series' time noise per root s by the tuner's estimator (record_job's
-    noise_pairs_per_root_s: consecutive WINDOW_S windows of whole steps, each with the next)."""
+    noise_pairs_per_root_s: consecutive WINDOW_S windows of whole steps, each with the next),
+    over the steps' GPU times less the waits kdvfs.tune measured (a tuned recording's)."""
     from kdvfs.experiments.record_job import noise_pairs_per_root_s
 
     t0 = rec.steps[0][0]
-    rows = [(i, a[0], a[1]) for i, (a, b) in enumerate(zip(rec.steps, rec.steps[1:])) if b[0] - t0 <= seconds]
+    rows = [  # busy: a tuned recording's measured waits left out
+        (i, a[0], a[1] - min(rec.waits.get(i, 0.0), a[1]))
+        for i, (a, b) in enumerate(zip(rec.steps, rec.steps[1:]))
+        if b[0] - t0 <= seconds
+    ]
     return noise_pairs_per_root_s(rows, WINDOW_S)
 
 
