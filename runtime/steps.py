@@ -60,6 +60,9 @@ class StepReport:
             (a late batch, an evaluation, a checkpoint: the job's own, which the clocks do not
             set; the mean per step), s; 0 where the job cannot tell (then all of the step
             counts as the clocks').
+        stall_s: the part of wait_s that was a stall inside the job's step (an evaluation, a
+            checkpoint: runtime/trials.py's StallFilter moves it there; its energy is then
+            left out of a window's, as its time is), s.
     """
 
     step: int
@@ -72,6 +75,7 @@ class StepReport:
     power_limit_w: float
     steps: int = 1
     wait_s: float = 0.0
+    stall_s: float = 0.0
 
 
 class StepController(Protocol):

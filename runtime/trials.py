@@ -141,7 +141,8 @@ class StallFilter:
             if typical_s > 0.0 and busy_s > self.ratio * typical_s:
                 self.stalls += 1
                 self.stall_s += busy_s - typical_s
-                return dataclasses.replace(report, wait_s=report.wait_s + busy_s - typical_s)
+                excess_s = busy_s - typical_s
+                return dataclasses.replace(report, wait_s=report.wait_s + excess_s, stall_s=excess_s)
         recent.append(busy_s)
         return report
 
@@ -163,12 +164,31 @@ class Window:
     group_sums_s: np.ndarray | None = None
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
+    stall_steps: int = 0
+    stall_time_s: float = 0.0
+    gap_j: float = 0.0  # the counter's advance over the stalls' spans, J
+    gap_s: float = 0.0  # the stalls' spans between counter readings, s
+    gap_from: tuple[float, float] | None = None  # the reading before a stall whose span is open
 
     def add(self, report: StepReport) -> bool:
         """Count a report's steps; True when the window is closed (long enough, at an observed
-        update)."""
+        update). A stall (StepReport.stall_s) leaves its span out of the energy: from the last
+        reading before it to the first one after."""
         n = report.steps
-        if report.end_s - n * report.step_time_s >= self.settle_s:
+        readings = [r for r in report.counter_readings if r[0] >= self.settle_s]
+        if self.gap_from is not None and readings:  # the stall before ended: its span closes
+            self.gap_j += readings[0][1] - self.gap_from[1]
+            self.gap_s += readings[0][0] - self.gap_from[0]
+            self.gap_from = None
+        before = self.last
+        counted = report.end_s - n * report.step_time_s >= self.settle_s
+        if counted and report.stall_s > 0.0 and n == 1:
+            start = before if before is not None else (readings[0] if readings else None)
+            if start is not None:
+                self.gap_from = start
+                self.stall_steps += 1
+                self.stall_time_s += report.step_time_s
+        if counted:
             self.steps += n
             self.time_sum_s += n * report.step_time_s
             self.wait_sum_s += n * report.wait_s
@@ -180,10 +200,9 @@ class Window:
             g = np.asarray(report.group_times_s, dtype=float) * n
             g[-1] = max(g[-1] - n * report.wait_s, 0.0)  # busy: the job's wait is not the last group's
             self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
-        for reading in report.counter_readings:
-            if reading[0] >= self.settle_s:
-                self.first = self.first or reading
-                self.last = reading
+        for reading in readings:
+            self.first = self.first or reading
+            self.last = reading
         return bool(report.counter_readings) and self.span_s >= self.length_s and self.steps > 0
 
     @property
@@ -224,12 +243,24 @@ class Window:
 
     @property
     def power_w(self) -> float:
-        return (self.last[1] - self.first[1]) / self.span_s if self.span_s > 0 else math.nan
+        """Mean power over the counter span, the stalls' spans left out (NaN: none left), W."""
+        if self.span_s <= 0:
+            return math.nan
+        gap_j, gap_s = self.gap_j, self.gap_s
+        if self.gap_from is not None:  # a stall still running at the window's last reading
+            gap_j += self.last[1] - self.gap_from[1]
+            gap_s += self.last[0] - self.gap_from[0]
+        clean_s = self.span_s - gap_s
+        return (self.last[1] - self.first[1] - gap_j) / clean_s if clean_s > 0 else math.nan
 
     @property
     def energy_per_step_j(self) -> float:
-        """Mean power over the counter span x mean step time (in-training-trials.md)."""
-        return self.power_w * self.step_s
+        """Mean power over the counter span x mean step time (in-training-trials.md), both
+        without the stalls (their steps and the counter's advance over them)."""
+        regular = self.steps - self.stall_steps
+        if regular <= 0:
+            return self.power_w * self.step_s
+        return self.power_w * (self.time_sum_s - self.stall_time_s) / regular
 
     @property
     def rank_energies_j(self) -> list[float]:

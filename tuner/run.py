@@ -20,6 +20,7 @@ Design: docs/design-step-tuner.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.ranks import RankPool
 from kdvfs.runtime.schedule import Schedule, schedule_items
 from kdvfs.runtime.steps import StepReport
-from kdvfs.runtime.trials import ADOPT_Z
+from kdvfs.runtime.trials import ADOPT_Z, Window
 from kdvfs.runtime.types import ClockGrid, KdvfsError, Workload
 from kdvfs.tuner.plan import Plan, plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
@@ -325,10 +326,7 @@ class TuningRun:
         self.points: list[Point] = []
         """The run so far, every POINT_EVERY_S of training."""
         self._listeners: list[Callable[[TunerEvent | Point], None]] = []
-        self._start_j: float | None = None  # the first counter reading, J
-        self._last_j = math.nan
-        self._steps_from = 0
-        self._steps_counted = 0  # steps between the first and the last counter reading
+        self._run: Window | None = None  # the run's steps and energy from its first reading
         self._next_point_s = POINT_EVERY_S
         self._last: StepReport | None = None
         self.tuner.subscribe(self._on_event)
@@ -349,11 +347,13 @@ class TuningRun:
         now_s = self.training_s(report.end_s)
         if self.schedule_log[-1][1] != self.tuner.incumbent:
             self.schedule_log.append((now_s, self.tuner.incumbent))
-        if report.counter_readings:
-            value_j = report.counter_readings[-1][1]
-            if self._start_j is None:
-                self._start_j, self._steps_from = value_j, self.tuner.account.steps
-            self._last_j, self._steps_counted = value_j, self.tuner.account.steps - self._steps_from
+        if report.counter_readings and self._run is None:
+            self._run = Window(self.tuner.incumbent, math.inf, report.end_s)  # from this reading on
+        if self._run is not None:
+            # the run's energy per step as the tuner's windows measure stock's: the job's
+            # stalls inside its steps (StallFilter) left out of both
+            counted = self.tuner.report  # its groups change with the schedule: the step as one
+            self._run.add(dataclasses.replace(counted, group_times_s=(counted.step_time_s,)))
         if now_s >= self._next_point_s:
             self._next_point_s = now_s + POINT_EVERY_S
             point = self.point()
@@ -369,7 +369,7 @@ class TuningRun:
         """The job goes on under this run from another clock (a job restarted on another card):
         the reports' clock reads start_s at training second at_s; counter readings start over."""
         self.offset_s = start_s - at_s
-        self._start_j, self._steps_counted = None, 0
+        self._run = None
         self._next_point_s = at_s + POINT_EVERY_S
 
     def _on_event(self, event: TunerEvent) -> None:
@@ -422,10 +422,8 @@ class TuningRun:
         """The run so far (a Point)."""
         t = self.tuner
         stock_j = t.stock_energy_j
-        counted = self._start_j is not None and self._steps_counted > 0 and math.isfinite(stock_j)
-        saving = (
-            1.0 - (self._last_j - self._start_j) / (stock_j * self._steps_counted) if counted else math.nan
-        )
+        run_j = math.nan if self._run is None else self._run.energy_per_step_j
+        saving = 1.0 - run_j / stock_j if math.isfinite(stock_j) and math.isfinite(run_j) else math.nan
         measured = math.isfinite(t.stock_step_s) or t.account.before_steps > 0
         last = self._last
         return Point(

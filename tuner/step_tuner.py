@@ -599,6 +599,8 @@ class StepTuner:
         self.stalls = StallFilter()
         """The job's stalls inside its steps (runtime/trials.py: StallFilter)."""
         self._answered: Schedule = self.incumbent  # the schedule the last answer asked for
+        self.report: StepReport | None = None
+        """The last step's report as the tuner counted it (a stall's excess in its wait)."""
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
         self._ranks = 1 if pool is None else pool.ranks
         self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
@@ -614,6 +616,7 @@ class StepTuner:
         """Take one step's report; the schedule for the next steps (pooled: every rank calls
         it each step, a collective)."""
         report = self.stalls.apply(report, self._answered)  # a stall's excess: the job's wait
+        self.report = report
         self._answered = self._step(report)
         return self._answered
 
