@@ -146,6 +146,15 @@ class StallFilter:
         recent.append(busy_s)
         return report
 
+    def step_cv(self, schedule: Schedule) -> float:
+        """The relative s.d. of single busy steps of `schedule` among its latest (stalls left
+        out; NaN under min_steps seen): the spread a few steps' mean carries at short spans."""
+        recent = self._recent.get(schedule)
+        if recent is None or len(recent) < self.min_steps:
+            return math.nan
+        mean_s = statistics.fmean(recent)
+        return statistics.stdev(recent) / mean_s if mean_s > 0.0 else math.nan
+
 
 @dataclass
 class Window:

@@ -1047,7 +1047,13 @@ class StepTuner:
         if ran_s < ABANDON_MIN_S or steps == 0:
             return
         slowdown = busy_s / steps / self.stock_step_s - 1.0
-        if slowdown - ABANDON_Z * self.time_sd_per_root_s / math.sqrt(ran_s) > self.budget:
+        # the error of a few steps' mean: the job's noise per root s, or the spread of single
+        # steps at short spans where that is larger (a job whose steps vary one by one)
+        se = self.time_sd_per_root_s / math.sqrt(ran_s)
+        step_cv = self.stalls.step_cv(trial.incumbent)
+        if math.isfinite(step_cv):
+            se = max(se, step_cv / math.sqrt(steps / self._ranks))
+        if slowdown - ABANDON_Z * se > self.budget:
             trial.abandoned = True
 
     def _verify_best(self, ex: Exploring) -> Schedule:

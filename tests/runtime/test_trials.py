@@ -205,3 +205,14 @@ def test_a_new_schedules_first_steps_and_a_stretch_of_steps_are_never_stalls():
     assert all(stalls.apply(r, slow).wait_s == 0.0 for r in first)  # under min_steps seen
     stretch = StepReport(9, 1.0, 0.5, (0.5,), (), 40.0, frozenset(), 700.0, steps=5)
     assert stalls.apply(stretch, slow) is stretch and stalls.stalls == 0
+
+
+def test_the_spread_of_single_steps_is_each_schedules_own_and_unknown_before_enough_steps():
+    stalls, stock = StallFilter(), Schedule.stock()
+    for r in _reports([STEP_S, 1.2 * STEP_S] * 3):
+        stalls.apply(r, stock)
+    assert np.isnan(stalls.step_cv(stock))  # 6 steps seen: under min_steps
+    for r in _reports([STEP_S, 1.2 * STEP_S] * 10):
+        stalls.apply(r, stock)
+    assert stalls.step_cv(stock) == pytest.approx(0.1 / 1.1, rel=0.05)
+    assert np.isnan(stalls.step_cv(Schedule(((0, (1000, 5000)),))))  # another schedule: none seen
