@@ -104,6 +104,14 @@ class TuneReport:
                 f"  ideal per-kernel plan (switch cost ignored): energy saving {pct(ideal['energy_saving'])}, "
                 f"{slowdown_text(ideal['slowdown'])} [{label}, noiseless]"
             )
+            if d.get("one_knob_oracle") is not None:
+                k = d["one_knob_oracle"]
+                print(
+                    f"  one-knob optimum (the whole step at one pair): energy saving {pct(k['energy_saving'])}, "
+                    f"{slowdown_text(k['slowdown'])} [{label}, noiseless]"
+                )
+            if d.get("oracles") is not None:
+                print(f"  oracles: {d['oracles']['evaluated']}; searched, not proven optimal")
         for a in d["drift_alarms"]:
             print(
                 f"  drift after {a['end_s']:.0f} s: {', '.join(a['reasons'])}"
@@ -182,6 +190,10 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
         "ideal_per_kernel": None
         if oracle is None
         else {"energy_saving": oracle.ideal_energy_saving, "slowdown": oracle.ideal_slowdown},
+        "one_knob_oracle": None
+        if getattr(oracle, "one_knob", None) is None
+        else {"energy_saving": oracle.one_knob.energy_saving, "slowdown": oracle.one_knob.slowdown},
+        "oracles": oracle.json() if hasattr(oracle, "json") else None,  # each with how it was computed
         "share_of_oracle": None
         if oracle is None or oracle.energy_saving <= 0
         else saving / oracle.energy_saving,

@@ -211,8 +211,9 @@ class _Tune:
 
     def _tune(self) -> None:
         from kdvfs.runtime.registry import open_device
+        from kdvfs.tuner.oracle import oracles
         from kdvfs.tuner.progress import Progress
-        from kdvfs.tuner.run import choose_prior, job_sites, oracle
+        from kdvfs.tuner.run import choose_prior, job_sites
         from kdvfs.tuner.session import TuneSession
 
         args = self.args
@@ -258,8 +259,8 @@ class _Tune:
                 if self.service_strategy is not None:
                     self.service_strategy.end()  # what waits in the outbox goes now, if the service answers
         if not args.no_sweep:
-            self.phase = "computing the realisable oracle (a noiseless sweep)"
-            self.oracle = oracle(noiseless, self.workload, args.budget)
+            self.phase = "computing the oracles (the card's noiseless in-step evaluation)"
+            self.oracle = oracles(noiseless, self.workload, args.budget, sites=sites)
 
     def _open_service(self) -> None:
         """The service's strategy for this job and its plan store (the local one behind it)."""

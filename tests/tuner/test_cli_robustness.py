@@ -5,6 +5,7 @@ paths are refused before any work; a tracking store that cannot work is spooled 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import math
@@ -27,6 +28,8 @@ import kdvfs.tuner.step_tuner
 import kdvfs.tuner.sweep
 from kdvfs.cli import main
 from kdvfs.tuner.plan import load_plan
+
+ORACLES = importlib.import_module("kdvfs.tuner.oracle")  # the module (kdvfs.tuner.oracle is a function)
 
 #: Wall-clock limit of one CLI case in these tests; s.
 CASE_TIMEOUT_S = 60
@@ -254,9 +257,9 @@ def _terminate_on_call(monkeypatch, owner, name: str, call: int = 1) -> None:
     [
         (kdvfs.tuner.run, "model_schedule", "choosing the prior", False),
         (kdvfs.tuner.step_tuner.StepTuner, "on_step_end", "training under the tuner", True),
-        (kdvfs.tuner.run, "run_sweep", "computing the realisable oracle (a noiseless sweep)", True),
+        (ORACLES, "one_knob_oracle", "computing the oracles (the card's noiseless in-step evaluation)", True),
     ],
-    ids=["prior", "training", "oracle-sweep"],
+    ids=["prior", "training", "oracles"],
 )
 def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
     tmp_path, monkeypatch, owner, name, phase, plan_kept, sqlite_store_uri
@@ -266,7 +269,7 @@ def test_sigterm_in_each_phase_of_tune_keeps_plan_json_and_a_killed_run(
     uri = sqlite_store_uri
     # MLflow only where an interrupt can lose the run (the last phase); Ctrl-C while tuning with
     # MLflow is test_tune_cli's subprocess test
-    tracking = ["--mlflow-uri", uri] if phase.endswith("sweep)") else ["--no-mlflow"]
+    tracking = ["--mlflow-uri", uri] if phase.startswith("computing the oracles") else ["--no-mlflow"]
     code, _, err = run_cli(*TINY_TUNE, *tracking, "--json", "t.json", "--plan-out", "plan.json")
     assert code == 130 and f"interrupted while {phase}" in err and "Traceback" not in err
     doc = json.loads((tmp_path / "t.json").read_text())
