@@ -2,7 +2,8 @@
 
 Phases of the command: the MLflow run opened, the prior chosen (plan store -- the service's
 with --service, then --plan-store --, another card's plan carried, the card's model, or none), training under the tuner with live progress, the
-realisable oracle from a noiseless sweep (--no-sweep skips it), then every output; Ctrl-C in
+oracles evaluated in the step on a noiseless copy of the card (tuner/oracle.py: one-knob,
+realisable, ideal per-kernel; --no-sweep skips them), then every output; Ctrl-C in
 any of them restores stock clocks and keeps what was measured and planned (partial JSON, the
 plan so far, the MLflow run KILLED). With --service URL the strategy runs in `kdvfs serve`
 (service/client.py: ServiceStrategy; the job's own strategy answers while the service does
@@ -105,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-sweep",
         action="store_true",
-        help="skip the noiseless sweep that gives the realisable oracle and the ideal per-kernel plan",
+        help="skip the oracles (one-knob, realisable, ideal per-kernel: the card's noiseless in-step "
+        "evaluation; seconds on a layer, minutes on the whole GPT-3-XL step)",
     )
     add_json(parser)
 
