@@ -1,12 +1,24 @@
-"""Hold the simulated card against a stock-clock probe of a real one (kernels_stock.csv).
+"""Hold the simulated card against a real one at stock clocks.
 
-Each probe row names a kernel whose shape the name carries (probe_kernels.py); the simulated
-card runs it in auto mode at the temperature the probe recorded, and the two are compared:
-power, SM clock and time per call.
+- `calibrate` / `calibration_rows`: a stock-clock probe (kernels_stock.csv). Each probe row
+  names a kernel whose shape the name carries (probe_kernels.py); the simulated card runs it
+  in auto mode at the temperature the probe recorded, and the two are compared: power, SM
+  clock and time per call.
+- `step_rows` -> `StepRow`: whole training steps recorded on the card (data/h200/steps/: a
+  steps_summary.json with each step's measured time and energy from the counter, and the
+  kernel trace of its profiled steps in steps_kernels.csv.gz). Each step's kernels become a
+  `trace:` workload (runtime/trace.py: load_trace) that the simulated card runs at stock,
+  noiselessly at its steady temperature (`expected_step`); time and energy per step are
+  compared with the measured ones.
 """
 
 from __future__ import annotations
 
+import csv
+import gzip
+import json
+import math
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +26,8 @@ from pathlib import Path
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import number, positive, read_csv, require_columns
+from kdvfs.runtime.trace import load_trace
+from kdvfs.runtime.types import KdvfsError
 
 #: Columns a probe table must have.
 REQUIRED = ("kernel", "per_call_us", "avg_power_W", "sm_clock_median", "temp_end")
@@ -61,3 +75,84 @@ def calibration_rows(device: SimulatedDevice, probe_csv: Path) -> Iterator[Calib
                 capped=op.capped,
             )
         )
+
+
+# --- whole training steps --------------------------------------------------------------------
+#: The files of a folder of recorded steps (experiments/record_step_shapes.py writes them).
+STEPS_SUMMARY = "steps_summary.json"
+STEPS_KERNELS = "steps_kernels.csv.gz"
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One recorded training step against the simulated card's run of its kernels.
+
+    Attributes:
+        shape: the step's name in the recording.
+        kernels: kernels of one step in the trace (load_trace's period).
+        measured_step_s: the step's time (window / steps), s.
+        measured_busy_s: its GPU-busy part (x the profiled busy share), s.
+        measured_energy_j: its energy from the counter, J.
+        measured_power_w: the counter's mean power, W.
+        simulated_time_s: the simulated card's time of the step's kernels back to back, s.
+        simulated_energy_j: their energy, J.
+    """
+
+    shape: str
+    kernels: int
+    measured_step_s: float
+    measured_busy_s: float
+    measured_energy_j: float
+    measured_power_w: float
+    simulated_time_s: float
+    simulated_energy_j: float
+
+    @property
+    def time_error(self) -> float:
+        """Simulated time against the measured step, a fraction."""
+        return self.simulated_time_s / self.measured_step_s - 1.0
+
+    @property
+    def energy_error(self) -> float:
+        """Simulated energy against the measured energy per step, a fraction."""
+        return self.simulated_energy_j / self.measured_energy_j - 1.0
+
+
+def step_rows(device: SimulatedDevice, folder: Path) -> Iterator[StepRow]:
+    """Each recorded step of `folder` (STEPS_SUMMARY, STEPS_KERNELS) simulated at stock."""
+    summary_path, kernels_path = folder / STEPS_SUMMARY, folder / STEPS_KERNELS
+    for path in (summary_path, kernels_path):
+        if not path.is_file():
+            raise KdvfsError(f"--against-steps {folder}: no {path.name} there (a folder of recorded steps)")
+    try:
+        shapes = json.loads(summary_path.read_text())["shapes"]
+        with gzip.open(kernels_path, "rt", newline="") as f:
+            events: dict[str, list[dict[str, str]]] = {}
+            for row in csv.DictReader(f):
+                events.setdefault(row["shape"], []).append(row)
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
+        raise KdvfsError(
+            f"--against-steps {folder}: unreadable recording ({type(e).__name__}: {e})"
+        ) from None
+    for entry in shapes:
+        try:
+            shape = str(entry["shape"])
+            step_s, energy_j = float(entry["step_s"]), float(entry["energy_per_step_j"])
+            busy = float(entry.get("gpu_busy_share", 1.0))
+            power_w = float(entry.get("counter_power_w", energy_j / step_s))
+        except (KeyError, TypeError, ValueError) as e:
+            raise KdvfsError(f"--against-steps {folder}: a step in {STEPS_SUMMARY} lacks {e}") from None
+        if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(energy_j) and energy_j > 0):
+            raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no positive time and energy")
+        if shape not in events:
+            raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no kernels in {STEPS_KERNELS}")
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / f"{shape}.csv"
+            with trace.open("w", newline="") as f:
+                out = csv.writer(f)
+                out.writerow(["seq", "name", "start_us", "duration_us"])
+                for i, row in enumerate(events[shape]):
+                    out.writerow([i, row["name"], row["start_us"], row["duration_us"]])
+            workload = load_trace(trace)
+        time_s, sim_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
+        yield StepRow(shape, len(workload.kernels), step_s, step_s * busy, energy_j, power_w, time_s, sim_j)

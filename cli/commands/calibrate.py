@@ -1,5 +1,7 @@
-"""`kdvfs calibrate`: the simulated card in auto mode against a stock-clock probe (interrupted,
-the rows done so far, the JSON marked partial, exit 130)."""
+"""`kdvfs calibrate`: the simulated card in auto mode against a stock-clock probe (--against
+kernels_stock.csv), or against whole training steps recorded on the card (--against-steps DIR:
+each step's simulated time and energy against the measured; tuner/calibration.py step_rows).
+Interrupted: the rows done so far, the JSON marked partial, exit 130."""
 
 from __future__ import annotations
 
@@ -21,8 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default="sim:h200", help="a simulated card, sim:PRESET (default %(default)s)"
     )
-    parser.add_argument(
-        "--against", type=Path, required=True, help="kernels_stock.csv from a probe (kdvfs probe)"
+    against = parser.add_mutually_exclusive_group(required=True)
+    against.add_argument("--against", type=Path, help="kernels_stock.csv from a probe (kdvfs probe)")
+    against.add_argument(
+        "--against-steps",
+        type=Path,
+        metavar="DIR",
+        help="recorded whole training steps (steps_summary.json and steps_kernels.csv.gz, "
+        "as data/h200/steps/): each step's simulated time and energy against the measured",
     )
     add_json(parser)
 
@@ -39,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         raise KdvfsError(
             f"calibrate compares a simulated card with a probe: --device must be sim:PRESET, not {args.device!r}"
         )
+    if args.against_steps is not None:
+        return _run_steps(args, device)
     probe_gpu = _probe_gpu_name(args.against)
     if probe_gpu is not None and probe_gpu != device.name:
         raise KdvfsError(
@@ -52,6 +62,59 @@ def run(args: argparse.Namespace) -> int:
     with deferred_interrupts():
         _print_rows(args, device, rows)
         doc = phases.mark(_doc(args, rows))
+    return phases.exit_status(write_all([("JSON", lambda: write_json(args.json, doc))]))
+
+
+#: The largest error of a step's simulated time or energy that the simulated card is held to; a fraction.
+STEP_TARGET = 0.05
+
+
+def _run_steps(args: argparse.Namespace, device) -> int:
+    from kdvfs.tuner.calibration import step_rows
+
+    phases, rows = Phases("calibrate"), []
+    with phases.interruptible():
+        phases.enter("simulating the recorded steps' kernels")
+        for row in step_rows(device, args.against_steps):
+            rows.append(row)
+    with deferred_interrupts():
+        print(
+            f"{device.name} (simulated, stock clocks, noiseless, each step's kernels back to back) against "
+            f"{args.against_steps} (measured on a real GPU, energy from its counter)"
+        )
+        print(
+            f"  {'step':32s} {'kernels':>7s} {'time ms meas/sim':>20s} {'err':>8s} {'energy J meas/sim':>20s} {'err':>8s}"
+        )
+        for r in rows:
+            within = abs(r.time_error) <= STEP_TARGET and abs(r.energy_error) <= STEP_TARGET
+            print(
+                f"  {r.shape:32s} {r.kernels:7d} {r.measured_step_s * 1e3:9.2f}/{r.simulated_time_s * 1e3:<9.2f} "
+                f"{pct(r.time_error):>8s} {r.measured_energy_j:9.2f}/{r.simulated_energy_j:<9.2f} "
+                f"{pct(r.energy_error):>8s}{'' if within else f'  (beyond {100 * STEP_TARGET:g}%)'}"
+            )
+        doc = phases.mark(
+            {
+                "device": args.device,
+                "against_steps": str(args.against_steps),
+                "source": "simulated vs measured",
+                "target": STEP_TARGET,
+                "rows": [
+                    {
+                        "shape": r.shape,
+                        "kernels": r.kernels,
+                        "measured_step_s": r.measured_step_s,
+                        "measured_busy_s": r.measured_busy_s,
+                        "measured_energy_j": r.measured_energy_j,
+                        "measured_power_w": r.measured_power_w,
+                        "simulated_time_s": r.simulated_time_s,
+                        "simulated_energy_j": r.simulated_energy_j,
+                        "time_error": r.time_error,
+                        "energy_error": r.energy_error,
+                    }
+                    for r in rows
+                ],
+            }
+        )
     return phases.exit_status(write_all([("JSON", lambda: write_json(args.json, doc))]))
 
 
