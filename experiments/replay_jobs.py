@@ -68,20 +68,19 @@ def load(job: str, folder: Path = JOBS_DIR) -> Recording:
     meta = json.loads((folder / f"{job}_meta.json").read_text())
     warm_s = float(meta["warmup_end_host_s"])
     with gzip.open(folder / f"{job}_steps.csv.gz", "rt") as f:
-        steps = [
-            (float(r["host_start_s"]), float(r["gpu_step_s"]))
+        kept = [
+            (int(r["step"]), float(r["host_start_s"]), float(r["gpu_step_s"]))
             for r in csv.DictReader(f)
             if float(r["host_start_s"]) >= warm_s and r["gpu_step_s"] not in ("", "nan")
         ]
-    waits: dict[int, float] = {}
+    steps = [(start_s, gpu_s) for _, start_s, gpu_s in kept]
+    measured: dict[int, float] = {}
     reports_csv = folder / f"{job}_reports.csv.gz"
     if reports_csv.exists():  # a run under kdvfs.tune: the wait it measured, step by step
         with gzip.open(reports_csv, "rt") as f:
-            waits = {int(r["step"]): float(r["wait_s"]) for r in csv.DictReader(f) if r.get("wait_s")}
-    with gzip.open(folder / f"{job}_steps.csv.gz", "rt") as f:
-        first = {float(r["host_start_s"]): int(r["step"]) for r in csv.DictReader(f)}
-    index = [first[t] for t, _ in steps]
-    waits = {i: waits[index[i]] for i in range(len(index)) if index[i] in waits}
+            measured = {int(r["step"]): float(r["wait_s"]) for r in csv.DictReader(f) if r.get("wait_s")}
+    # by position in `steps`, as reports() and offline_noise() count them
+    waits = {i: measured[step] for i, (step, _, _) in enumerate(kept) if step in measured}
     counter, samples = [], []
     with gzip.open(folder / f"{job}_nvml.csv.gz", "rt") as f:
         for r in csv.DictReader(f):

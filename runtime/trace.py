@@ -1,6 +1,6 @@
 """Workload from a torch.profiler kernel trace (CSV: seq, name, start_us, duration_us).
 
-- `load_trace`: finds the period of the repeating kernel sequence, keeps one step, averages
+- `load_trace` (a CSV file) / `trace_workload` (rows already read): finds the period of the repeating kernel sequence, keeps one step, averages
   each position's duration over the steps, drops profiler annotations, and tags each
   kernel's pass;
 - `classify` / `KernelClass`: a kernel name's short name, kind (`KINDS`) and tensor-core use
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -130,6 +131,12 @@ def load_trace(path: str | Path) -> Workload:
     path = Path(path)
     header, rows = read_csv(path)
     require_columns(path, header, TRACE_COLUMNS)
+    return trace_workload(path, path.stem, rows)
+
+
+def trace_workload(path: Path, name: str, rows: Sequence[CsvRow]) -> Workload:
+    """One training step of a kernel trace's rows (cells TRACE_COLUMNS; `path` is the file
+    they came from, named in errors and the meta) as the Workload `name`."""
     if not rows:
         raise KdvfsError(f"{path}: no data rows")
     trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
@@ -152,7 +159,7 @@ def load_trace(path: str | Path) -> Workload:
         ("kernels_per_step", str(period)),
         ("dropped_annotations", ";".join(sorted({a.name for a in annotations}))),
     )
-    return Workload(path.stem, workload_kernels, meta=meta)
+    return Workload(name, workload_kernels, meta=meta)
 
 
 def _parse(path: Path, row: CsvRow) -> _TraceRow:

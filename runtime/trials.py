@@ -139,9 +139,9 @@ class StallFilter:
         if len(recent) >= self.min_steps:
             typical_s = statistics.median(recent)
             if typical_s > 0.0 and busy_s > self.ratio * typical_s:
-                self.stalls += 1
-                self.stall_s += busy_s - typical_s
                 excess_s = busy_s - typical_s
+                self.stalls += 1
+                self.stall_s += excess_s
                 return dataclasses.replace(report, wait_s=report.wait_s + excess_s, stall_s=excess_s)
         recent.append(busy_s)
         return report
@@ -344,7 +344,7 @@ class PooledWindow:
 
     @property
     def longest_busy_s_left_out(self) -> tuple[float, int]:
-        """Every rank's busy time and steps, each less its longest step (Window's)."""
+        """Every rank's busy time and steps, each less its longest steps (Window's)."""
         parts = [w.longest_busy_s_left_out for w in self.windows]
         return float(sum(b for b, _ in parts)), sum(n for _, n in parts)
 

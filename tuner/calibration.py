@@ -7,7 +7,7 @@
 - `step_rows` -> `StepRow`: whole training steps recorded on the card (data/h200/steps/: a
   steps_summary.json with each step's measured time and energy from the counter, and the
   kernel trace of its profiled steps in steps_kernels.csv.gz). Each step's kernels become a
-  `trace:` workload (runtime/trace.py: load_trace) that the simulated card runs at stock,
+  `trace:` workload (runtime/trace.py: trace_workload) that the simulated card runs at stock,
   noiselessly at its steady temperature (`expected_step`); time and energy per step are
   compared with the measured ones.
 """
@@ -18,15 +18,14 @@ import csv
 import gzip
 import json
 import math
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
-from kdvfs.runtime.tables import number, positive, read_csv, require_columns
-from kdvfs.runtime.trace import load_trace
+from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
+from kdvfs.runtime.trace import trace_workload
 from kdvfs.runtime.types import KdvfsError
 
 #: Columns a probe table must have.
@@ -127,9 +126,17 @@ def step_rows(device: SimulatedDevice, folder: Path) -> Iterator[StepRow]:
     try:
         shapes = json.loads(summary_path.read_text())["shapes"]
         with gzip.open(kernels_path, "rt", newline="") as f:
-            events: dict[str, list[dict[str, str]]] = {}
-            for row in csv.DictReader(f):
-                events.setdefault(row["shape"], []).append(row)
+            events: dict[str, list[CsvRow]] = {}
+            reader = csv.DictReader(f)
+            for row in reader:
+                rows = events.setdefault(row["shape"], [])
+                cells = {
+                    "seq": str(len(rows)),
+                    "name": row["name"],
+                    "start_us": row["start_us"],
+                    "duration_us": row["duration_us"],
+                }
+                rows.append(CsvRow(len(rows) + 1, reader.line_num, cells))
     except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
         raise KdvfsError(
             f"--against-steps {folder}: unreadable recording ({type(e).__name__}: {e})"
@@ -146,13 +153,6 @@ def step_rows(device: SimulatedDevice, folder: Path) -> Iterator[StepRow]:
             raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no positive time and energy")
         if shape not in events:
             raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no kernels in {STEPS_KERNELS}")
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = Path(tmp) / f"{shape}.csv"
-            with trace.open("w", newline="") as f:
-                out = csv.writer(f)
-                out.writerow(["seq", "name", "start_us", "duration_us"])
-                for i, row in enumerate(events[shape]):
-                    out.writerow([i, row["name"], row["start_us"], row["duration_us"]])
-            workload = load_trace(trace)
+        workload = trace_workload(kernels_path, shape, events[shape])  # seq: the events' order
         time_s, sim_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
         yield StepRow(shape, len(workload.kernels), step_s, step_s * busy, energy_j, power_w, time_s, sim_j)

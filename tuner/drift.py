@@ -287,8 +287,9 @@ class ConditionWatch:
 
     update(now_s, temp_c, power_limit_w) takes one reading and returns the inputs that moved
     ("power_limit": at once; "temperature": the median of the last confirm_s of readings left
-    the settled band, so an idle dip of a few seconds does not count); after an alarm it learns the new conditions afresh (the
-    limit at once, the temperature once the card has settled again).
+    the settled band, so an idle dip of a few seconds does not count); after an alarm it
+    learns the new conditions afresh (the limit at once, the temperature once the card has
+    settled again).
 
     Args:
         settle_s: span of readings that must be flat before their mean is the centre, s.

@@ -998,11 +998,10 @@ class StepTuner:
         self._trial_ended(ex.trial, outcome)
         if outcome.undecided:
             ex.undecided += 1
-        if outcome.blocks > 0 and not outcome.abandoned:
-            ex.completed += 1
         if outcome.abandoned:
             ex.abandoned += 1
         if outcome.blocks > 0 and not outcome.abandoned:
+            ex.completed += 1
             energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
         else:
             b = [w for w in ex.trial.b_windows() if w.steps]
