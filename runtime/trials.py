@@ -128,23 +128,37 @@ class StallFilter:
     stalls: int = 0
     stall_s: float = 0.0
     _recent: dict[Schedule, deque[float]] = field(default_factory=dict)
+    _last_typical_s: float = 0.0  # the typical busy step of the schedule judged last, s
 
-    def apply(self, report: StepReport, schedule: Schedule) -> StepReport:
+    def apply(self, report: StepReport, schedule: Schedule, worst_ratio: float = math.inf) -> StepReport:
         """The report of one step run under `schedule`, its stall's excess moved into its
-        wait (a report standing for several steps passes unchanged)."""
+        wait (a report standing for several steps passes unchanged). A schedule with fewer
+        than min_steps seen (a candidate's first steps) is judged against the typical busy
+        step of the schedule judged before it, times `worst_ratio` (the most the new
+        schedule can slow a step; infinite: no judgement), and a stall keeps that bound."""
         if report.steps != 1:
             return report
         busy_s = report.step_time_s - report.wait_s
         recent = self._recent.setdefault(schedule, deque(maxlen=STALL_HISTORY_STEPS))
         if len(recent) >= self.min_steps:
             typical_s = statistics.median(recent)
-            if typical_s > 0.0 and busy_s > self.ratio * typical_s:
-                excess_s = busy_s - typical_s
-                self.stalls += 1
-                self.stall_s += excess_s
-                return dataclasses.replace(report, wait_s=report.wait_s + excess_s, stall_s=excess_s)
+            self._last_typical_s = typical_s
+            kept_s = typical_s
+        else:
+            typical_s = self._last_typical_s * worst_ratio if self._last_typical_s > 0.0 else 0.0
+            kept_s = typical_s
+        if math.isfinite(typical_s) and typical_s > 0.0 and busy_s > self.ratio * typical_s:
+            excess_s = busy_s - kept_s
+            self.stalls += 1
+            self.stall_s += excess_s
+            return dataclasses.replace(report, wait_s=report.wait_s + excess_s, stall_s=excess_s)
         recent.append(busy_s)
         return report
+
+    def is_fresh(self, schedule: Schedule) -> bool:
+        """True while `schedule` has fewer than min_steps busy steps seen."""
+        recent = self._recent.get(schedule)
+        return recent is None or len(recent) < self.min_steps
 
     def step_cv(self, schedule: Schedule) -> float:
         """The relative s.d. of single busy steps of `schedule` among its latest (stalls left

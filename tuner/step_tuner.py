@@ -615,7 +615,9 @@ class StepTuner:
     def on_step_end(self, report: StepReport) -> Schedule:
         """Take one step's report; the schedule for the next steps (pooled: every rank calls
         it each step, a collective)."""
-        report = self.stalls.apply(report, self._answered)  # a stall's excess: the job's wait
+        fresh = self.stalls.is_fresh(self._answered)  # its first steps: judged by the bound
+        worst_ratio = 1.0 + self._worst_slowdown(self._answered) if fresh else math.inf
+        report = self.stalls.apply(report, self._answered, worst_ratio)  # a stall's excess: the job's wait
         self.report = report
         self._answered = self._step(report)
         return self._answered

@@ -207,6 +207,18 @@ def test_a_new_schedules_first_steps_and_a_stretch_of_steps_are_never_stalls():
     assert stalls.apply(stretch, slow) is stretch and stalls.stalls == 0
 
 
+def test_a_candidates_first_steps_are_judged_against_the_step_before_times_its_worst_slowdown():
+    stalls, stock, candidate = StallFilter(), Schedule.stock(), Schedule(((0, (1000, 5000)),))
+    for r in _reports([STEP_S] * 40):
+        stalls.apply(r, stock)
+    assert stalls.is_fresh(candidate) and not stalls.is_fresh(stock)
+    evaluation, slower = list(_reports([8 * STEP_S, 1.3 * STEP_S]))
+    out = stalls.apply(evaluation, candidate, worst_ratio=1.1)
+    assert out.step_time_s - out.wait_s == pytest.approx(1.1 * STEP_S)  # busy: the bound, not 8x
+    assert stalls.stalls == 1 and out.stall_s == pytest.approx(6.9 * STEP_S)
+    assert stalls.apply(slower, candidate, worst_ratio=1.1).wait_s == 0.0  # under 3x the bound
+
+
 def test_the_spread_of_single_steps_is_each_schedules_own_and_unknown_before_enough_steps():
     stalls, stock = StallFilter(), Schedule.stock()
     for r in _reports([STEP_S, 1.2 * STEP_S] * 3):
