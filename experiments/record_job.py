@@ -49,6 +49,7 @@ import logging
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -862,6 +863,29 @@ def noise_pairs_per_root_s(rows: list[tuple], window_s: float) -> float:
     return 1.4826 * quantile([abs(d - mid) for d in diffs], 0.5)
 
 
+STALL_RATIO = 3.0  # regular_steps: a busy step over this x the median of the steps before is a stall
+STALL_HISTORY = 31  # regular_steps: the latest regular steps the median is taken over
+STALL_MIN = 8  # regular_steps: steps seen before one may count as a stall
+
+
+def regular_steps(rows: list[tuple]) -> list[tuple]:
+    """The rows (step, host start s, busy s) with each stall's busy time replaced by the median
+    of the regular steps before it: a step over STALL_RATIO x the median of the latest
+    STALL_HISTORY regular steps (after STALL_MIN). The same rule as the tuner's StallFilter,
+    written here again over the whole series, so the offline noise does not take the tuner's word."""
+    out, recent = [], collections.deque(maxlen=STALL_HISTORY)
+    for r in rows:
+        busy_s = r[2]
+        if len(recent) >= STALL_MIN:
+            typical_s = statistics.median(recent)
+            if typical_s > 0.0 and busy_s > STALL_RATIO * typical_s:
+                out.append((r[0], r[1], typical_s))
+                continue
+        recent.append(busy_s)
+        out.append(r)
+    return out
+
+
 def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmup_end_s: float) -> dict:
     """What the tuner measured against the same run's per-step GPU times (the recorder's
     events): its step times step by step, its time noise against the noise of the GPU times
@@ -878,6 +902,7 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
     # the tuner's own series, the job's waits for its host left out (what the clocks set)
     busy = [(rep[0], rep[1], rep[2] - rep[4]) for rep in reports if len(rep) > 4 and rep[1] >= warmup_end_s]
     offline_busy = noise_pairs_per_root_s(busy, window_s)
+    offline_regular = noise_pairs_per_root_s(regular_steps(busy), window_s)  # stalls as the tuner takes them
     outcomes = summary.get("outcomes") or []
     trials = [o for o in outcomes if o.get("kind") == "trial"]
     completed = [o for o in trials if not o.get("abandoned") and (o.get("blocks") or 0) > 0]
@@ -907,6 +932,10 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
             "offline_pairs_of_windows_busy": offline_busy,
             "ratio_tuner_to_offline_busy": noise / offline_busy
             if noise and offline_busy and math.isfinite(offline_busy)
+            else None,
+            "offline_pairs_of_windows_regular": offline_regular,
+            "ratio_tuner_to_offline_regular": noise / offline_regular
+            if noise and offline_regular and math.isfinite(offline_regular)
             else None,
             "offline_pairs_of_windows_reference_span": noise_pairs_per_root_s(reference, window_s),
             "offline_sd_of_window_means": noise_per_root_s(tuned, window_s),

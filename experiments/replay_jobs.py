@@ -17,7 +17,9 @@ clock carried on ("looped").
 Per job: completed and abandoned trials with their standard errors, adoptions (a null test: 0
 expected, the clocks never changed), the run's measured saving, the tuner's time noise against
 the same series' noise computed offline by the tuner's own estimator (NoiseMeter over
-consecutive 2-s windows of whole steps), and what the job allows (the run's summary).
+consecutive 2-s windows of whole steps; `noise_ratio` against the regular steps, each stall at
+its typical step as the tuner's StallFilter takes it, `noise_ratio_all_steps` against every
+step as recorded), and what the job allows (the run's summary).
 
 Every figure is replayed from recorded data (H200, 2026-12-02), prior none, yardstick: none (a
 null test: the right answer is no change).
@@ -135,11 +137,13 @@ def reports(rec: Recording, seconds: float) -> Iterator:
         lap += 1
 
 
-def offline_noise(rec: Recording, seconds: float) -> float:
+def offline_noise(rec: Recording, seconds: float) -> tuple[float, float]:
     """The series' time noise per root s by the tuner's estimator (record_job's
     noise_pairs_per_root_s: consecutive WINDOW_S windows of whole steps, each with the next),
-    over the steps' GPU times less the waits kdvfs.tune measured (a tuned recording's)."""
-    from kdvfs.experiments.record_job import noise_pairs_per_root_s
+    over the steps' GPU times less the waits kdvfs.tune measured (a tuned recording's): over all
+    steps, and over the regular steps (record_job's regular_steps: each stall at its typical
+    step, as the tuner's StallFilter takes it)."""
+    from kdvfs.experiments.record_job import noise_pairs_per_root_s, regular_steps
 
     t0 = rec.steps[0][0]
     rows = [  # busy: a tuned recording's measured waits left out
@@ -147,7 +151,7 @@ def offline_noise(rec: Recording, seconds: float) -> float:
         for i, (a, b) in enumerate(zip(rec.steps, rec.steps[1:]))
         if b[0] - t0 <= seconds
     ]
-    return noise_pairs_per_root_s(rows, WINDOW_S)
+    return noise_pairs_per_root_s(rows, WINDOW_S), noise_pairs_per_root_s(regular_steps(rows), WINDOW_S)
 
 
 def replay(job: str, args: Args) -> dict:
@@ -182,7 +186,7 @@ def replay(job: str, args: Args) -> dict:
     outcomes = summary["outcomes"]
     done = [o for o in outcomes if o["kind"] == "trial" and not o["abandoned"]]
     tuner_noise = summary["job_noise"]["time_cv_per_root_s"]
-    offline = offline_noise(rec, args.seconds)
+    offline, regular = offline_noise(rec, args.seconds)
     return {
         "job": job,
         "seconds": round(run.seconds, 1),
@@ -203,7 +207,11 @@ def replay(job: str, args: Args) -> dict:
         "max_cumulative_slowdown": summary["max_cumulative_slowdown"],
         "time_noise_tuner_per_root_s": tuner_noise,
         "time_noise_offline_per_root_s": offline,
-        "noise_ratio": tuner_noise / offline if tuner_noise and offline and math.isfinite(offline) else None,
+        "time_noise_offline_regular_per_root_s": regular,
+        "noise_ratio": tuner_noise / regular if tuner_noise and regular and math.isfinite(regular) else None,
+        "noise_ratio_all_steps": tuner_noise / offline
+        if tuner_noise and offline and math.isfinite(offline)
+        else None,
         "job_noise": summary["job_noise"],
         "source": "replayed",
         "prior": "none",

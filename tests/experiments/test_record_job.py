@@ -28,6 +28,16 @@ def test_summary_leaves_out_the_warm_up_and_the_last_step_and_times_the_counter_
     assert 0.4 < summary["throttle_share_any_but_idle"] < 0.6
 
 
+def test_regular_steps_put_a_stall_at_the_typical_step_and_leave_the_first_steps_and_slower_steps_alone():
+    rows = [(i, 0.1 * i, 0.1) for i in range(40)]
+    rows[3] = (3, 0.3, 1.0)  # under STALL_MIN steps seen: kept
+    rows[20] = (20, 2.0, 0.8)  # an evaluation inside the step: the typical 0.1 s
+    rows[30] = (30, 3.0, 0.25)  # 2.5x: a slow step, not a stall
+    out = record_job.regular_steps(rows)
+    assert out[3][2] == 1.0 and out[20][2] == pytest.approx(0.1) and out[30][2] == 0.25
+    assert [r[:2] for r in out] == [r[:2] for r in rows]  # every step kept, in order
+
+
 def test_an_unknown_option_is_refused_with_one_line():
     with pytest.raises(SystemExit, match="unknown option --colour"):
         record_job.parse_args(["--colour", "red"])
