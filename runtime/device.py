@@ -78,7 +78,14 @@ class RunnableDevice(KernelRunner, Protocol):
         """Noiseless (time_s, energy_j) of one launch at a locked pair, or at the reference
         (pair=None: stock auto mode on a simulated card, the highest pair on a table)."""
 
-    def expected_step(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+    def expected_step(
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        waits: Sequence[Sequence[tuple[float, ClockPair | None]]] = (),
+        rare_idle: Sequence[tuple[float, ClockPair | None]] = (),
+    ) -> tuple[float, float]:
         """Noiseless (time_s, energy_j) of one training step run over and over: items are
-        (kernel, pair, launches). Unlike a sum of expected(), this is at the temperature the
-        step itself settles at (a plan that draws less power runs cooler)."""
+        (kernel, pair, launches); waits: equally likely waits for the job's host each step ends
+        with, each as (s, clocks held) parts, and rare_idle: (s, clocks) per step on average in
+        long waits (a checkpoint), both included. Unlike a sum of expected(), this is at the
+        temperature the step itself settles at (a plan that draws less power runs cooler)."""

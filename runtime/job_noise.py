@@ -23,7 +23,8 @@ enough to ship as a few numbers:
 fitted parameters of the three recordings that ship with kdvfs (`vision`, `hf`, `sync`:
 job_noise.json, written by `python -m kdvfs.experiments.fit_job_noise`) or a JSON file of
 the same form; `JobNoiseSampler(noise, seed)` draws each step's wait, deterministic under
-its seed. Design: docs/design-runtime.md ("Job noise").
+its seed; `mean_wait_rel`, `wait_rel_strata` and `mean_periodic_wait_s` are a noise's wait
+per step as the yardstick (tuner/oracle.py's InStep) charges it. Design: docs/design-runtime.md ("Job noise").
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ PERIODIC_OUTLIER_REL = 3.0
 
 PERIOD_HIT_SHARE = 0.8
 """A period is kept when at least this share of its multiples in the recording are outliers."""
+
+WAIT_STRATA = 10
+"""Equally likely strata of the relative wait that JobNoise.wait_rel_strata gives (count)."""
 
 BUILTIN_JSON = "job_noise.json"
 """The fitted parameters of the recordings that ship with kdvfs (in kdvfs.runtime)."""
@@ -128,6 +132,33 @@ class JobNoise:
             raise KdvfsError(f"job noise {self.name!r}: one wait per period expected")
         if any(p < 1 for p in self.period_steps) or any(w < 0.0 for w in self.period_wait_s):
             raise KdvfsError(f"job noise {self.name!r}: periods must be >= 1 step and waits >= 0 s")
+
+    @property
+    def mean_wait_rel(self) -> float:
+        """The mean relative wait per step (a share of the GPU's own step, >= 0): the mean of
+        the distribution the sampler draws from (the quantiles read linearly between levels)."""
+        return float(np.trapezoid(self.wait_rel_quantiles, WAIT_QUANTILE_LEVELS))
+
+    @property
+    def mean_periodic_wait_s(self) -> float:
+        """The periodic syncs' wait per step on average, s: each period's wait over its period,
+        summed (the waits of coinciding periods add up, as the sampler adds them)."""
+        return float(sum(w / p for p, w in zip(self.period_steps, self.period_wait_s)))
+
+    def wait_rel_strata(self, strata: int = WAIT_STRATA) -> tuple[float, ...]:
+        """The relative wait's mean in each of `strata` equally likely strata of its
+        distribution (levels i/strata to (i + 1)/strata), fractions, low to high: their mean is
+        mean_wait_rel. What the yardstick (InStep's wait_rel_strata) evaluates a schedule at
+        where a switch in flight lands in long waits and not in short ones."""
+        if strata < 1:
+            raise KdvfsError(f"job noise {self.name!r}: strata must be >= 1, got {strata}")
+        levels, quantiles = np.asarray(WAIT_QUANTILE_LEVELS), np.asarray(self.wait_rel_quantiles)
+        out = []
+        for i in range(strata):
+            lo, hi = i / strata, (i + 1) / strata
+            x = np.unique(np.concatenate(([lo, hi], levels[(levels > lo) & (levels < hi)])))
+            out.append(float(np.trapezoid(np.interp(x, levels, quantiles), x) / (hi - lo)))
+        return tuple(out)
 
     def to_dict(self) -> dict:
         return asdict(self)

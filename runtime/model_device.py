@@ -198,13 +198,30 @@ class ModelDevice:
             raise KdvfsError(f"{self.name}: unsupported clock pair {pair}")
         return self._launch_cost(kernel, pair)
 
-    def expected_step(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+    def expected_step(
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        waits: Sequence[Sequence[tuple[float, ClockPair | None]]] = (),
+        rare_idle: Sequence[tuple[float, ClockPair | None]] = (),
+    ) -> tuple[float, float]:
+        """The items' noiseless time and energy, then the job's waits at idle_power_at: the
+        mean of `waits` (equally likely, each as (s, clocks) parts) and `rare_idle` ((s, clocks)
+        per step on average)."""
         time_s = energy_j = 0.0
         for kernel, pair, launches in items:
             t, e = self.expected(kernel, pair)
             time_s += t * launches
             energy_j += e * launches
+        parts = [(s / len(waits), pair) for wait in waits for s, pair in wait]
+        for idle_s, pair in [*parts, *rare_idle]:
+            time_s += idle_s
+            energy_j += idle_s * self.idle_power_at(pair)
         return time_s, energy_j
+
+    def idle_power_at(self, pair: ClockPair | None, temp_c: float | None = None) -> float:
+        """Power with no kernel running while the clocks are held at `pair` (None: stock), W,
+        at temp_c (C; None: the card's temperature now): the subclass's model."""
+        raise NotImplementedError
 
     # --- a whole step at once -----------------------------------------------------------
     def step_cost_key(self, idle_s: float = 0.0) -> Any:

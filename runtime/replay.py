@@ -3,7 +3,8 @@
 Kernels run at the recorded (time_s, energy_j) of their clock pair, with optional noise,
 a clock-switch latency and an NVML-like stepped energy counter (all from ModelDevice).
 Stock clocks ("auto") cannot be replayed from a table, so the reference is the table's
-highest clock pair, as architecture.md prescribes for recorded tables.
+highest clock pair, as architecture.md prescribes for recorded tables. Idle power
+(`idle_power_at`) is the table's lowest recorded power, whatever the clocks.
 """
 
 from __future__ import annotations
@@ -82,5 +83,15 @@ class ReplayDevice(ModelDevice):
     def _launch_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         return self.table.cost(kernel.name, self.grid.highest() if pair is None else pair)
 
-    def _idle_power_w(self) -> float:
+    def idle_power_at(self, pair: ClockPair | None, temp_c: float | None = None) -> float:
+        """Power with no kernel running, W: the table's lowest recorded power whatever the clocks
+        and temperature (the table holds no idle reading; see the class).
+
+        Args:
+            pair: the clocks held, or None for stock (the same figure).
+            temp_c: the card's temperature, C (not recorded: ignored).
+        """
         return self._idle_w
+
+    def _idle_power_w(self) -> float:
+        return self.idle_power_at(self._clocks)

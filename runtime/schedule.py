@@ -5,7 +5,9 @@
   requesting a group's clocks at its first kernel only when they differ from the last
   request, so a switch lands switch_latency_s later, as tuner/grouping.py models it;
 - `schedule_figures`: a schedule's noiseless (energy saving, slowdown) against stock, as the
-  card runs it (`schedule_items`: each kernel with the pair in effect when it starts);
+  card runs it (`schedule_items`: each kernel with the pair in effect when it starts;
+  `steady_step` / `SteadyStep`: the same with the job's wait after each step, and the clocks
+  and the switch in flight at the kernels' end);
 - `StepPattern` / `StepRunner.pattern`: the pairs one step's kernels run at from a given
   switch state (clocks in effect, a switch in flight), for a stretch of steps simulated at
   once (SimulatedJob.step_until_update); its noiseless costs (ModelDevice.step_cost) cached.
@@ -222,13 +224,54 @@ def schedule_items(
     device: ModelDevice, workload: Workload, schedule: Schedule
 ) -> list[tuple[Kernel, ClockPair | None, int]]:
     """(kernel, pair in effect, launches) of one steady-state step of a schedule (see
-    schedule_figures)."""
+    schedule_figures; steady_step with no wait)."""
+    return steady_step(device, workload, schedule).items
+
+
+@dataclass(frozen=True)
+class SteadyStep:
+    """One steady-state step of a schedule as the card runs it (steady_step).
+
+    Attributes:
+        items: (kernel, pair in effect when it starts, launches) of each kernel.
+        end_pair: the clocks in effect when the step's kernels end (None: stock).
+        in_flight: the switch still in flight then, as (s after the kernels' end it lands,
+            pair), or None: in a wait after the kernels it lands that long into it.
+    """
+
+    items: list[tuple[Kernel, ClockPair | None, int]]
+    end_pair: ClockPair | None
+    in_flight: tuple[float, ClockPair | None] | None
+
+
+def steady_step(
+    device: ModelDevice,
+    workload: Workload,
+    schedule: Schedule,
+    wait_rel: float = 0.0,
+    wait_fixed_s: float = 0.0,
+) -> SteadyStep:
+    """The second of two steps of a schedule run back to back (it starts in steady state), each
+    followed by the job's wait for its host: each kernel at the pair in effect when it starts, a
+    switch landing switch_latency_s after its group's first kernel starts, the kernels timed by
+    the card's isolated noiseless figures (expected); a switch still in flight at a step's end
+    lands in the wait, or in the next step when the wait is shorter.
+
+    Args:
+        device: the card (expected, switch_latency_s).
+        workload: the kernels of one step.
+        schedule: the clock requests.
+        wait_rel: the wait after each step's kernels as a share of their time, a fraction.
+        wait_fixed_s: the wait's part that does not scale with the step, s.
+    """
     requested = schedule.pair_per_kernel(len(workload))
     starts = {s for s, _ in schedule.groups}
     in_effect, pending, clock_s = requested[-1], None, 0.0
-    items = []
+    items: list[tuple[Kernel, ClockPair | None, int]] = []
+    kernels_end_s = 0.0
     for _ in range(2):  # the second step starts in steady state
         items = []
+        start_s = clock_s
         for k, kernel in enumerate(workload.kernels):
             if pending is not None and clock_s >= pending[0]:
                 in_effect, pending = pending[1], None
@@ -238,4 +281,8 @@ def schedule_items(
                     in_effect, pending = requested[k], None
             items.append((kernel, in_effect, kernel.launches))
             clock_s += device.expected(kernel, in_effect)[0] * kernel.launches
-    return items
+        kernels_end_s = clock_s
+        clock_s += wait_rel * (clock_s - start_s) + wait_fixed_s  # a switch in flight runs on
+    if pending is not None and pending[0] <= kernels_end_s:  # landed as the last kernel ran
+        return SteadyStep(items, pending[1], None)
+    return SteadyStep(items, in_effect, None if pending is None else (pending[0] - kernels_end_s, pending[1]))

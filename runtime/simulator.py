@@ -9,13 +9,14 @@
   `window_control` (the control that holds a window's mean power at the cap),
   `controlled_point`, `windows`; `control_level` / `level_control` (a control as one number).
 - `SimulatedDevice`: a ModelDevice (source "simulated") over a preset: noiseless figures at
-  the step's own steady temperature (`expected`, `expected_step`, the latter with
-  the cap held per window), timed launches with a first-order thermal state and a controller
-  whose level is carried from window to window (`_close_window`), operator changes (`set_ambient_c`,
-  `set_power_cap_w`) and the sensors NVML would give (temperature, power limit, SM clock,
-  throttle reasons); a whole step at once (`step_cost`: each kernel under the control that holds
-  its window at the cap, as a settled controller does; `_after_step`: the temperature moves
-  and the controller is left settled there).
+  the step's own steady temperature (`expected`, `expected_step`, the latter with the cap held
+  per window and a job's waits after the kernels), its idle power at held clocks
+  (`idle_power_at`), timed launches with a first-order thermal state and a controller whose
+  level is carried from window to window (`_close_window`), operator changes
+  (`set_ambient_c`, `set_power_cap_w`) and the sensors NVML would give (temperature, power
+  limit, SM clock, throttle reasons); a whole step at once (`step_cost`: each kernel under the
+  control that holds its window at the cap, as a settled controller does; `_after_step`: the
+  temperature moves and the controller is left settled there).
 The constants and their sources: presets.py. The model's equations and reasoning:
 docs/design-runtime.md#simulatorpy-presetspy-workloadspy-probe_kernelspy; its fidelity:
 docs/benchmarks.md ("The simulator's calibration").
@@ -200,6 +201,8 @@ def controlled_point(
 
 WindowEntry = tuple[Kernel, ClockPair | None, float]
 """(kernel, clocks or None for stock, launches) of one stretch of a window."""
+IdlePart = tuple[float, ClockPair | None]
+"""(s, clocks held or None for stock) of a stretch the card idles after a step's kernels."""
 
 
 def window_control(
@@ -434,23 +437,41 @@ class SimulatedDevice(ModelDevice):
         op = self.point(kernel, pair)
         return op.time_s, op.energy_j
 
-    def expected_step(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> tuple[float, float]:
+    def expected_step(
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        waits: Sequence[Sequence[IdlePart]] = (),
+        rare_idle: Sequence[IdlePart] = (),
+    ) -> tuple[float, float]:
         """Noiseless time and energy of the items run over and over, at their own steady
-        temperature (steady_temperature_c)."""
-        return self._figures(items, self.steady_temperature_c(items))
+        temperature (steady_temperature_c). A job's waits for its host, at the idle power of
+        the clocks held (idle_power_at), included in the time, energy and temperature: `waits`,
+        equally likely waits each step ends with (each as (s, clocks) parts in order; the
+        figures their mean), in the cap's window that holds the kernels' end (a controller
+        lets more through a window that idles, as step_cost places a step's idle); `rare_idle`,
+        (s, clocks) of idle per step on average in long waits of their own (a checkpoint
+        every N steps), whose windows hold no kernel."""
+        return self._figures(items, self.steady_temperature_c(items, waits, rare_idle), waits, rare_idle)
 
-    def steady_temperature_c(self, items: Sequence[tuple[Kernel, ClockPair | None, float]]) -> float:
-        """The steady temperature T = ambient + R_th x mean power(T) of the items run over and
-        over. The gap ambient + R_th x P(T) - T falls as T rises (leakage adds far less than a
-        degree per degree; above the thermal limit the cap pulls power down), so its root is
-        unique and bisection finds it, where plain step oscillates at the thermal limit."""
-        for pair in {pair for _, pair, _ in items} - {None}:
+    def steady_temperature_c(
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        waits: Sequence[Sequence[IdlePart]] = (),
+        rare_idle: Sequence[IdlePart] = (),
+    ) -> float:
+        """The steady temperature T = ambient + R_th x mean power(T) of the items (and the
+        waits after them, expected_step) run over and over. The gap ambient + R_th x P(T) - T
+        falls as T rises (leakage adds far less than a degree per degree; above the thermal
+        limit the cap pulls power down), so its root is unique and bisection finds it, where
+        plain step oscillates at the thermal limit."""
+        idle_pairs = {pair for wait in waits for _, pair in wait} | {pair for _, pair in rare_idle}
+        for pair in ({pair for _, pair, _ in items} | idle_pairs) - {None}:
             self.grid.index(pair)
         lo = self.ambient_c
         hi = self.ambient_c + self.preset.r_th_c_per_w * self.power_cap_w * 1.5
         for _ in range(THERMAL_BISECTION_STEPS):
             mid = 0.5 * (lo + hi)
-            time_s, energy_j = self._figures(items, mid)
+            time_s, energy_j = self._figures(items, mid, waits, rare_idle)
             if self.ambient_c + self.preset.r_th_c_per_w * energy_j / time_s > mid:
                 lo = mid
             else:
@@ -465,26 +486,65 @@ class SimulatedDevice(ModelDevice):
         return op.time_s, op.energy_j
 
     def _figures(
-        self, items: Sequence[tuple[Kernel, ClockPair | None, float]], temp_c: float
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        temp_c: float,
+        waits: Sequence[Sequence[IdlePart]] = (),
+        rare_idle: Sequence[IdlePart] = (),
     ) -> tuple[float, float]:
         """Time and energy of the items in order, the cap held over windows of the preset's
-        power_window_s (a window of one kernel: that kernel's own capped point)."""
+        power_window_s (a window of one kernel: that kernel's own capped point), then the
+        waits (expected_step): each wait's start in the room the kernels leave in their last
+        window, the mean over the waits; the rare idle on its own."""
         temp_c = round(temp_c * 2.0) / 2.0
+        waits = [[(s, pair) for s, pair in wait if s > 0.0] for wait in waits] or [[]]
+        wait_s = [sum(s for s, _ in wait) for wait in waits]
+        wait_j = [sum(s * self.idle_power_at(pair, temp_c) for s, pair in wait) for wait in waits]
+        idle_s = sum(wait_s) / len(waits) + sum(s for s, _ in rare_idle if s > 0.0)
+        idle_j = sum(wait_j) / len(waits)
+        idle_j += sum(s * self.idle_power_at(pair, temp_c) for s, pair in rare_idle if s > 0.0)
         if self.preset.power_window_s <= 0.0:
             points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
-            return sum(op.time_s * n for op, n in points), sum(op.energy_j * n for op, n in points)
+            return (
+                sum(op.time_s * n for op, n in points) + idle_s,
+                sum(op.energy_j * n for op, n in points) + idle_j,
+            )
         free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        cut = windows(free_s, self.preset.power_window_s)
         time_s = energy_j = 0.0
-        for window in windows(free_s, self.preset.power_window_s):
-            entries = [(items[i][0], items[i][1], items[i][2] * share) for i, share in window]
-            if len(entries) == 1:
-                ops = [self.point(entries[0][0], entries[0][1], temp_c)]
-            else:
-                control = self._window_control(entries, temp_c)
-                ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
-            time_s += sum(op.time_s * n for op, (_, _, n) in zip(ops, entries, strict=True))
-            energy_j += sum(op.energy_j * n for op, (_, _, n) in zip(ops, entries, strict=True))
-        return time_s, energy_j
+        for window in cut[:-1]:
+            t, e = self._window_cost(items, window, temp_c)
+            time_s += t
+            energy_j += e
+        room_s = self.preset.power_window_s - sum(free_s[i] * share for i, share in cut[-1])
+        last_s = last_j = 0.0
+        for s, j in zip(wait_s, wait_j, strict=True):
+            idle_in_s = min(s, room_s) if room_s > 1e-12 else 0.0
+            fixed = (round(idle_in_s, 6), round(j / s, 1)) if idle_in_s > 0.0 else (0.0, 0.0)
+            t, e = self._window_cost(items, cut[-1], temp_c, fixed)
+            last_s += t / len(waits)
+            last_j += e / len(waits)
+        return time_s + last_s + idle_s, energy_j + last_j + idle_j
+
+    def _window_cost(
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        window: list[tuple[int, float]],
+        temp_c: float,
+        fixed: tuple[float, float] = (0.0, 0.0),
+    ) -> tuple[float, float]:
+        """Time and energy of one window's share of the items (windows), `fixed` its idle
+        (s, W) as the controller sees it."""
+        entries = [(items[i][0], items[i][1], items[i][2] * share) for i, share in window]
+        if len(entries) == 1 and fixed[0] == 0.0:
+            ops = [self.point(entries[0][0], entries[0][1], temp_c)]
+        else:
+            control = self._window_control(entries, temp_c, fixed)
+            ops = [self._controlled(k, pair, temp_c, control) for k, pair, _ in entries]
+        return (
+            sum(op.time_s * n for op, (_, _, n) in zip(ops, entries, strict=True)),
+            sum(op.energy_j * n for op, (_, _, n) in zip(ops, entries, strict=True)),
+        )
 
     def step_cost_key(self, idle_s: float = 0.0) -> tuple[float, float, float]:
         """(temperature to 0.5 C, power cap W, the idle after the kernels that a window sees,
@@ -523,14 +583,8 @@ class SimulatedDevice(ModelDevice):
                 (ops[-1], UNCAPPED),
             )
         idle_s = self._idle_bucket_s(idle_s)
-        pair = items[-1][1]
         p = self.preset
-        idle_w = idle_power_w(
-            p,
-            float(min(p.core_levels_mhz)) if pair is None else float(pair.core_mhz),
-            p.max_mem_mhz if pair is None else pair.mem_mhz,
-            temp_c,
-        )
+        idle_w = self.idle_power_at(items[-1][1], temp_c)
         times_s, energies_j = [0.0] * len(items), [0.0] * len(items)
         free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
         control, last = None, None
@@ -765,11 +819,21 @@ class SimulatedDevice(ModelDevice):
             self._controls[key] = control
         return control
 
+    def idle_power_at(self, pair: ClockPair | None, temp_c: float | None = None) -> float:
+        """Board power with no kernel running while the clocks are held at `pair`, W.
+
+        Args:
+            pair: the clocks held, or None for stock (which idles at the lowest core clock and
+                the highest memory clock).
+            temp_c: the card's temperature, C; None: its temperature now.
+        """
+        p = self.preset
+        core_mhz = float(min(p.core_levels_mhz)) if pair is None else float(pair.core_mhz)
+        mem_mhz = p.max_mem_mhz if pair is None else pair.mem_mhz
+        return idle_power_w(p, core_mhz, mem_mhz, self._temp_c if temp_c is None else temp_c)
+
     def _idle_power_w(self) -> float:
-        pair = self._clocks
-        core = float(min(self.preset.core_levels_mhz)) if pair is None else float(pair.core_mhz)
-        mem = self.preset.max_mem_mhz if pair is None else pair.mem_mhz
-        return idle_power_w(self.preset, core, mem, self._temp_c)
+        return self.idle_power_at(self._clocks)
 
     def _on_advance(self, duration_s: float, power_w: float) -> None:
         p = self.preset

@@ -192,3 +192,32 @@ def test_tune_with_job_noise_names_it_in_the_json_and_the_label(tmp_path, capsys
     assert main([*args, "--seconds", "3", "--job-noise", "no-such-noise"]) == 2
     assert "no-such-noise" in capsys.readouterr().err
     assert not math.isnan(doc["job_noise_fit"]["wait_power_w"])
+
+
+def test_the_mean_wait_is_a_share_below_one_and_larger_for_a_waiting_job_than_a_quiet_one():
+    means = {name: job_noise(name).mean_wait_rel for name in ("vision", "hf", "sync")}
+    assert all(0.0 <= m < 1.0 for m in means.values())
+    assert means["vision"] > means["hf"] > means["sync"]
+    assert means["vision"] == pytest.approx(0.47, abs=0.01)
+
+
+def test_the_wait_strata_are_equally_likely_shares_of_what_the_sampler_draws():
+    noise = job_noise("vision")
+    strata = noise.wait_rel_strata()
+    assert len(strata) == 10 and list(strata) == sorted(strata)
+    assert sum(strata) / len(strata) == pytest.approx(noise.mean_wait_rel, rel=1e-12)
+    sampler = JobNoiseSampler(noise, seed=3)
+    rels = np.array([sampler.wait_parts(step)[0] for step in range(50_000)])
+    assert rels.mean() == pytest.approx(noise.mean_wait_rel, rel=0.03)
+    assert np.quantile(rels, 0.05) < strata[0] < strata[-1] < np.quantile(rels, 0.97)
+    with pytest.raises(KdvfsError, match="strata must be >= 1"):
+        noise.wait_rel_strata(0)
+
+
+def test_the_periodic_wait_per_step_is_each_syncs_wait_over_its_period():
+    noise = job_noise("sync")
+    assert noise.mean_periodic_wait_s == pytest.approx(0.4065 / 200 + 1.4815 / 500)
+    sampler = JobNoiseSampler(noise, seed=0)
+    fixed_s = [sampler.wait_parts(step)[1] for step in range(1000)]  # one whole cycle of both
+    assert sum(fixed_s) / 1000 == pytest.approx(noise.mean_periodic_wait_s, rel=1e-12)
+    assert job_noise("vision").mean_periodic_wait_s == 0.0

@@ -127,3 +127,12 @@ def test_switch_latency_keeps_old_clocks_running(csv_path: Path) -> None:
     assert device.run(GEMM, launches=5) == pytest.approx(0.010)  # still at stock: 5 x 2 ms
     assert device.run(GEMM) == pytest.approx(0.004)
     assert device.clocks_in_effect() == LOW
+
+
+def test_idle_power_at_any_clocks_is_the_lowest_recorded_power(csv_path: Path) -> None:
+    device = ReplayDevice.from_csv(csv_path)
+    assert (
+        device.idle_power_at(None) == device.idle_power_at(LOW) == device.idle_power_at(HIGH, 30.0) == 100.0
+    )
+    step = [(GEMM, None, 1), (LN, None, 1)]  # stock: the highest pair
+    assert device.expected_step(step, [[(0.01, LOW)], [(0.03, None)]]) == pytest.approx((0.0245, 3.0))

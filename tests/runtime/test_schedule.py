@@ -2,7 +2,7 @@
 
 import pytest
 
-from kdvfs.runtime.schedule import Schedule, StepRunner
+from kdvfs.runtime.schedule import Schedule, StepRunner, schedule_items, steady_step
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.types import ClockPair, Workload
 from kdvfs.runtime.workloads import gpt3_xl_layer
@@ -35,3 +35,15 @@ def test_a_chunk_after_an_isolated_measurement_does_not_repeat_the_step_its_swit
     _, total_s = runner.run(Schedule.stock(), 2_000)  # back to stock: lands during the third step
     stock_s = device.expected_step([(k, None, k.launches) for k in SIX.kernels])[0]
     assert total_s == pytest.approx(2_000 * stock_s, rel=0.01)
+
+
+def test_a_switch_still_in_flight_at_the_steps_end_lands_in_a_wait_long_enough():
+    device = SimulatedDevice("rtx3080ti", noise=0.0)  # a 30-ms switch; SIX runs ~15 ms
+    low, high = ClockPair(210, 405), ClockPair(1680, 9501)
+    schedule = Schedule(((0, high), (5, low)))  # the last kernel's request lands after the step
+    quiet = steady_step(device, SIX, schedule)
+    assert quiet.end_pair == high and quiet.in_flight[1] == low and quiet.in_flight[0] > 0.02
+    assert quiet.items == schedule_items(device, SIX, schedule)
+    assert [pair for _, pair, _ in quiet.items] == [high] * 6  # replaced by the next step's request
+    waited = steady_step(device, SIX, schedule, wait_rel=3.0)  # a ~46-ms wait: it lands in it
+    assert waited.items[0][1] == low  # and the next step starts at it, until its own lands

@@ -144,3 +144,48 @@ def test_same_seed_same_results():
 
     assert trace(3) == trace(3)
     assert trace(3) != trace(4)
+
+
+def test_idle_power_at_stock_is_the_lowest_core_clock_at_the_highest_memory_clock_as_idle_draws_it():
+    dev = SimulatedDevice("rtx3080ti", noise=0)
+    p = dev.preset
+    stock_w = dev.idle_power_at(None)
+    assert stock_w == idle_power_w(p, min(p.core_levels_mhz), p.max_mem_mhz, dev.temperature_c())
+    assert dev.idle_power_at(None, 40.0) < stock_w  # cooler: less leakage
+    dev.idle(0.5)
+    assert dev.true_energy_j() == pytest.approx(0.5 * stock_w)
+
+
+def test_a_lower_pair_idles_at_no_more_power_and_a_locked_top_pair_above_stock():
+    dev = SimulatedDevice("h200", noise=0)
+    for pair in dev.grid.pairs:
+        for lower in dev.grid.pairs:
+            if lower.core_mhz <= pair.core_mhz and lower.mem_mhz <= pair.mem_mhz:
+                assert dev.idle_power_at(lower) <= dev.idle_power_at(pair)
+    top = ClockPair(max(dev.grid.core_levels_mhz), max(dev.grid.mem_levels_mhz))
+    assert dev.idle_power_at(top) > dev.idle_power_at(None) + 30.0
+
+
+def test_a_steps_wait_adds_its_time_and_idle_energy_and_cools_the_card():
+    dev = SimulatedDevice("rtx3080ti", noise=0)
+    pair = ClockPair(1680, 9501)
+    step = [(k, pair, k.launches) for k in gpt3_xl_layer().kernels]
+    time_s, energy_j = dev.expected_step(step)
+    wait = [(0.02, pair)]
+    waited_s, waited_j = dev.expected_step(step, [wait])
+    assert dev.steady_temperature_c(step, [wait]) < dev.steady_temperature_c(step) - 3.0
+    # the wait's time, the kernels no slower for running cooler (their per-launch cap)
+    assert time_s + 0.02 >= waited_s > 0.99 * (time_s + 0.02)
+    idle_j = waited_j - energy_j  # the wait's idle, less the leakage the cooler kernels save
+    assert 0.5 * 0.02 * dev.idle_power_at(pair) < idle_j < 0.02 * dev.idle_power_at(pair)
+    assert dev.expected_step(step, [wait, wait]) == (waited_s, waited_j)  # a mean of equal waits
+
+
+def test_a_wait_in_the_window_that_holds_the_steps_end_lets_a_capped_stock_step_run_faster():
+    dev = SimulatedDevice("h200", noise=0)  # the cap held over 10-ms windows
+    step = [(k, None, k.launches) for k in gpt3_xl_layer().kernels]
+    time_s, _ = dev.expected_step(step)
+    waited_s, _ = dev.expected_step(step, [[(0.003, None)]])
+    rare_s, _ = dev.expected_step(step, rare_idle=[(0.003, None)])  # in windows of its own
+    assert waited_s - 0.003 < time_s * 0.99
+    assert rare_s - 0.003 == pytest.approx(time_s, rel=0.005)  # only cooler
