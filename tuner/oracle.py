@@ -4,6 +4,9 @@ A simulated (or replayed) card evaluates any schedule noiselessly inside the ste
 at the pair in effect when it starts, the power cap held over its windows, at the step's own
 steady temperature (`device.expected_step`). Every figure here is that evaluation against the
 stock step's, held to the budget (slowdown <= budget); none comes from isolated measurements.
+A job that waits for its host (runtime/job_noise.py) is charged its wait after every step, the
+card idling at the clocks in effect (`InStep`'s wait_rel, wait_fixed_s, wait_rel_strata; none
+by default): a locked card idles at the pair it holds, a stock one at its lowest core clock.
 - `one_knob_oracle`: every pair of the grid for the whole step (what a one-knob peer such as
   EnvPipe or Zeus could at best reach).
 - `realisable_oracle`: a pair per group between the job's switch sites, switch latency included;
@@ -11,7 +14,9 @@ stock step's, held to the budget (slowdown <= budget); none comes from isolated 
   starts (the one-knob optimum, the realisable oracle's pairs in effect, the plan of the card's
   isolated per-kernel figures) by `_Search`: rounds of in-step probes of every kind of group or
   kernel at candidate pairs, combined by a knapsack over the probed changes, until no round
-  improves. Searched, not proven optimal; by construction ideal >= realisable >= one-knob.
+  improves. Searched, not proven optimal; by construction ideal >= realisable >= one-knob
+  (with a wait, the ideal's own unit, the realisable's only as searched: its last switch may
+  land in the wait, which a plan per kernel does not copy exactly).
 - `oracles` -> `Oracles` (the three, each an `OracleFigures` with its `method`); `oracle` /
   `Oracle`: the same under the names tuner/run.py has always had.
 Design: docs/design-step-tuner.md ("The yardstick"); figures: docs/benchmarks.md.
@@ -27,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.runtime.schedule import Schedule, schedule_items
+from kdvfs.runtime.schedule import Schedule, schedule_items, steady_step
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.step_priors import model_prior, prior_schedule
@@ -60,6 +65,8 @@ LOCAL_STEPS, BROAD_STEPS = (1, 2), (4,)
 COMBINE_RETRIES = 4
 
 Pair = ClockPair | None
+LAST = "last"
+"""InStep.per_kernel's wait_pair for the wait at the last kernel's pair."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,10 @@ class OracleFigures:
 class Oracles:
     """The three yardsticks of one card, workload and budget (each held to the budget in the
     step); `schedule`, `energy_saving`, `slowdown`, `ideal_energy_saving` and `ideal_slowdown`
-    are the names tuner/run.py's Oracle always had (the realisable oracle and the ideal)."""
+    are the names tuner/run.py's Oracle always had (the realisable oracle and the ideal).
+    stock_step_s and stock_energy_j include the job's wait; wait_rel (a fraction of the step),
+    wait_fixed_s (s) and wait_rel_strata (fractions) are the wait charged after each step
+    (InStep)."""
 
     one_knob: OracleFigures
     realisable: OracleFigures
@@ -109,6 +119,9 @@ class Oracles:
     budget: float
     stock_step_s: float
     stock_energy_j: float
+    wait_rel: float = 0.0
+    wait_fixed_s: float = 0.0
+    wait_rel_strata: tuple[float, ...] = ()
 
     @property
     def schedule(self) -> Schedule:
@@ -136,6 +149,9 @@ class Oracles:
             "stock_step_s": self.stock_step_s,
             "stock_energy_per_step_j": self.stock_energy_j,
             "evaluated": IN_STEP,
+            "job_wait_rel": self.wait_rel,
+            "job_wait_fixed_s": self.wait_fixed_s,
+            "job_wait_rel_strata": list(self.wait_rel_strata),
             "one_knob": self.one_knob.json(),
             "realisable": self.realisable.json(),
             "ideal_per_kernel": self.ideal.json(),
@@ -154,43 +170,142 @@ IN_STEP = (
 
 # --- the card's in-step truth ------------------------------------------------------------------
 class InStep:
-    """Noiseless in-step figures of a card's schedules against stock, cached and counted.
+    """Noiseless in-step figures of a card's schedules against stock, cached and counted, the
+    job's waits for its host charged.
+
+    Each evaluated step (stock's and every schedule's) is followed by the job's wait: wait_rel
+    x the step's own time (its kernels' at their own steady temperature) + wait_fixed_s, the
+    card idling through it at the clocks in effect (device.idle_power_at): those the kernels
+    ended at, then, when a schedule's last switch is still in flight, its pair from when it
+    lands; stock idles at stock, a plan per kernel at its last kernel's pair. Time and energy
+    include the wait, as a job's step from one start to the next does, and so do the card's
+    steady temperature and the power cap's window that holds the kernels' end
+    (device.expected_step's waits). The relative wait is taken at each of `wait_rel_strata`
+    (equally likely; JobNoise.wait_rel_strata), since a switch lands in a long wait and not in
+    a short one: each schedule runs from the start each previous wait leaves it in
+    (runtime/schedule.py's steady_step), the figures averaged. wait_fixed_s stands for long
+    periodic waits (a checkpoint every N steps), amortised per step: their windows hold no
+    kernel, the switch in flight has landed in them, and the rare steps after them are left
+    out of the starts. With no wait the figures are the card's expected_step as they are.
 
     Args:
-        device: the card (a simulated or replayed ModelDevice: expected_step, switch_latency_s).
+        device: the card (a simulated or replayed ModelDevice: expected_step, switch_latency_s,
+            and idle_power_at when a wait is charged).
         workload: the kernels of one step.
         budget: the largest slowdown against stock, a fraction.
+        wait_rel: the job's mean wait per step as a share of the step's own time, a fraction
+            (>= 0; JobNoise.mean_wait_rel).
+        wait_fixed_s: the job's mean wait per step that does not scale with the step, s (>= 0;
+            JobNoise.mean_periodic_wait_s).
+        wait_rel_strata: equally likely relative waits whose mean is wait_rel, fractions
+            (JobNoise.wait_rel_strata); empty: every step waits wait_rel.
     """
 
-    def __init__(self, device: Any, workload: Workload, budget: float) -> None:
+    def __init__(
+        self,
+        device: Any,
+        workload: Workload,
+        budget: float,
+        wait_rel: float = 0.0,
+        wait_fixed_s: float = 0.0,
+        wait_rel_strata: Sequence[float] = (),
+    ) -> None:
         if not (budget >= 0.0 and math.isfinite(budget)):
             raise KdvfsError(f"budget must be a finite fraction >= 0, got {budget}")
+        for name, value in (("wait_rel", wait_rel), ("wait_fixed_s", wait_fixed_s), *_named(wait_rel_strata)):
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise KdvfsError(f"the job's wait {name} must be finite and >= 0, got {value}")
+        strata = tuple(float(r) for r in wait_rel_strata)
+        if strata and not math.isclose(sum(strata) / len(strata), wait_rel, rel_tol=1e-9, abs_tol=1e-12):
+            raise KdvfsError(
+                f"the job's wait_rel ({wait_rel}) must be the mean of its wait_rel_strata "
+                f"({sum(strata) / len(strata)})"
+            )
         self.device = device
         self.workload = workload
         self.budget = budget
-        self.stock_s, self.stock_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
-        self.limit_s = (1.0 + budget) * self.stock_s * (1.0 + 1e-12)
+        self.wait_rel = float(wait_rel)
+        self.wait_fixed_s = float(wait_fixed_s)
+        self.wait_rel_strata = strata
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self.stock_s, self.stock_j = self._waited([(k, None, k.launches) for k in workload.kernels], None)
+        self.limit_s = (1.0 + budget) * self.stock_s * (1.0 + 1e-12)
+
+    @property
+    def waits(self) -> bool:
+        """Whether a wait is charged after each step."""
+        return self.wait_rel > 0.0 or self.wait_fixed_s > 0.0
+
+    @property
+    def wait_note(self) -> str:
+        """The wait charged, in words for an oracle's method ("" when none)."""
+        if not self.waits:
+            return ""
+        spread = f" ({len(self.wait_rel_strata)} equally likely strata)" if self.wait_rel_strata else ""
+        return (
+            f"; job waits charged: {self.wait_rel:.1%} of the step{spread} + {self.wait_fixed_s * 1e3:.1f} ms, "
+            f"idling at the clocks in effect (a switch in flight landing in the wait)"
+        )
 
     @property
     def evaluations(self) -> int:
         return len(self._cache)
 
-    def per_kernel(self, pairs: Sequence[Pair]) -> tuple[float, float]:
-        """(time s, energy J) of one step with kernel k at pairs[k], switches free."""
-        key = ("kernels", tuple(pairs))
+    def per_kernel(self, pairs: Sequence[Pair], wait_pair: Pair | str = LAST) -> tuple[float, float]:
+        """(time s, energy J) of one step with kernel k at pairs[k], switches free, and the
+        job's wait after it, idle at wait_pair (LAST: the last kernel's)."""
+        key = ("kernels", tuple(pairs), wait_pair)
         if key not in self._cache:
             items = [(k, p, k.launches) for k, p in zip(self.workload.kernels, pairs, strict=True)]
-            self._cache[key] = self.device.expected_step(items)
+            self._cache[key] = self._waited(items, items[-1][1] if wait_pair == LAST else wait_pair)
         return self._cache[key]
 
     def schedule(self, schedule: Schedule) -> tuple[float, float]:
         """(time s, energy J) of one steady step of a schedule, each switch landing after the
-        card's switch latency (schedule_items)."""
+        card's switch latency, and the job's wait after it (steady_step: a switch still in flight
+        at the kernels' end lands in the wait, or in the next step)."""
         key = ("schedule", schedule.groups)
         if key not in self._cache:
-            self._cache[key] = self.device.expected_step(schedule_items(self.device, self.workload, schedule))
+            if not self.waits:
+                self._cache[key] = self.device.expected_step(
+                    schedule_items(self.device, self.workload, schedule)
+                )
+                return self._cache[key]
+            starts: dict[tuple, int] = {}  # the steps the previous step's waits leave, and how many
+            for rel in self.strata:
+                steady = steady_step(self.device, self.workload, schedule, rel)
+                state = (tuple(steady.items), steady.end_pair, steady.in_flight)
+                starts[state] = starts.get(state, 0) + 1
+            total = sum(starts.values())
+            figures = [
+                (n / total, self._waited(list(items), end, in_flight))
+                for (items, end, in_flight), n in starts.items()
+            ]
+            self._cache[key] = (sum(w * t for w, (t, _) in figures), sum(w * e for w, (_, e) in figures))
         return self._cache[key]
+
+    @property
+    def strata(self) -> tuple[float, ...]:
+        """The equally likely relative waits evaluated (wait_rel alone when none were given)."""
+        return self.wait_rel_strata or (self.wait_rel,)
+
+    def _waited(
+        self, items: list[tuple[Any, Pair, float]], end: Pair, in_flight: tuple[float, Pair] | None = None
+    ) -> tuple[float, float]:
+        """(time s, energy J) of the items and the job's wait after them: each stratum's wait
+        (its share of the items' own time), the card idle at `end` until the switch in flight
+        (s after the kernels' end, pair) lands and at its pair after; the periodic part
+        (wait_fixed_s, long waits of their own) at the pair the clocks land at."""
+        if not self.waits:
+            return self.device.expected_step(items)
+        kernels_s = self.device.expected_step(items)[0]
+        waits = []
+        for rel in self.strata:
+            wait_s = rel * kernels_s
+            first_s = wait_s if in_flight is None else min(max(in_flight[0], 0.0), wait_s)
+            waits.append([(first_s, end), (wait_s - first_s, None if in_flight is None else in_flight[1])])
+        landed = end if in_flight is None else in_flight[1]
+        return self.device.expected_step(items, waits, [(self.wait_fixed_s, landed)])
 
     def figures(self, time_s: float, energy_j: float) -> tuple[float, float]:
         """(energy saving, slowdown) against stock."""
@@ -200,13 +315,45 @@ class InStep:
         return time_s <= self.limit_s
 
 
+def _named(strata: Sequence[float]) -> list[tuple[str, float]]:
+    return [(f"wait_rel_strata[{i}]", float(r)) for i, r in enumerate(strata)]
+
+
+@dataclass(frozen=True)
+class _Waits:
+    """The job's waits an oracle function was given (InStep's wait_rel, wait_fixed_s,
+    wait_rel_strata)."""
+
+    rel: float = 0.0
+    fixed_s: float = 0.0
+    strata: tuple[float, ...] = ()
+
+
+def _step_of(step: InStep | None, device: Any, workload: Workload, budget: float, waits: _Waits) -> InStep:
+    """The given InStep (whose waits must be these, when any are given), or a new one."""
+    if step is None:
+        return InStep(device, workload, budget, waits.rel, waits.fixed_s, waits.strata)
+    if waits != _Waits() and waits != _Waits(step.wait_rel, step.wait_fixed_s, step.wait_rel_strata):
+        raise KdvfsError("the job's waits are the given InStep's: pass them to it, not beside it")
+    return step
+
+
 # --- the one-knob oracle -----------------------------------------------------------------------
 def one_knob_oracle(
-    device: Any, workload: Workload, budget: float, *, step: InStep | None = None
+    device: Any,
+    workload: Workload,
+    budget: float,
+    *,
+    step: InStep | None = None,
+    wait_rel: float = 0.0,
+    wait_fixed_s: float = 0.0,
+    wait_rel_strata: Sequence[float] = (),
 ) -> OracleFigures:
     """The best single pair for the whole step within the budget: every pair of the grid
-    evaluated in the step (stock where none holds the budget)."""
-    step = step or InStep(device, workload, budget)
+    evaluated in the step (stock where none holds the budget). wait_rel (a fraction of the
+    step), wait_fixed_s (s) and wait_rel_strata (fractions): the job's waits charged after
+    each step (InStep; a given step carries its own)."""
+    step = _step_of(step, device, workload, budget, _Waits(wait_rel, wait_fixed_s, tuple(wait_rel_strata)))
     best: tuple[float, Pair, float] = (step.stock_j, None, step.stock_s)
     for pair in device.grid.pairs:
         t, e = step.schedule(Schedule(((0, pair),)))
@@ -220,7 +367,7 @@ def one_knob_oracle(
         slowdown,
         0.0,
         f"every pair of the grid ({len(device.grid.pairs)}) locked for the whole step, each evaluated in "
-        f"the step; the least energy within the budget",
+        f"the step; the least energy within the budget{step.wait_note}",
         step.evaluations,
     )
 
@@ -476,14 +623,19 @@ def realisable_oracle(
     step: InStep | None = None,
     one_knob: OracleFigures | None = None,
     say: Callable[[str], None] | None = None,
+    wait_rel: float = 0.0,
+    wait_fixed_s: float = 0.0,
+    wait_rel_strata: Sequence[float] = (),
 ) -> OracleFigures:
     """The best schedule found with a pair per group between switch sites (switch latency
     included), in the step, within the budget: searched (_Search) from the best of the
     one-knob optimum, the plan of the card's isolated per-kernel figures at the sites (held to
     the budget in the step) and `starts` (schedules carried onto the sites: each group at the
     pair its first kernel requests), kinds of group tied, then (at most MAX_UNTIED_UNITS
-    groups) each group alone. At least the one-knob optimum. say: progress lines."""
-    step = step or InStep(device, workload, budget)
+    groups) each group alone. At least the one-knob optimum. say: progress lines; wait_rel (a
+    fraction of the step), wait_fixed_s (s) and wait_rel_strata (fractions): the job's waits
+    charged after each step (InStep; a given step carries its own)."""
+    step = _step_of(step, device, workload, budget, _Waits(wait_rel, wait_fixed_s, tuple(wait_rel_strata)))
     sites = _checked_sites(sites, len(workload))
     one_knob = one_knob or one_knob_oracle(device, workload, budget, step=step)
     ends = [*sites[1:], len(workload)]
@@ -532,7 +684,8 @@ def realisable_oracle(
         device.switch_latency_s,
         f"a pair per group between the job's {len(sites)} switch sites, each switch landing "
         f"{device.switch_latency_s * 1e3:g} ms after its request, evaluated in the step; searched from "
-        f"{start_name} (the best start of: {', '.join(name for name, _ in candidates)}), {words}",
+        f"{start_name} (the best start of: {', '.join(name for name, _ in candidates)}), {words}"
+        f"{step.wait_note}",
         step.evaluations,
     )
 
@@ -546,14 +699,20 @@ def ideal_oracle(
     starts: Sequence[Schedule] = (),
     step: InStep | None = None,
     say: Callable[[str], None] | None = None,
+    wait_rel: float = 0.0,
+    wait_fixed_s: float = 0.0,
+    wait_rel_strata: Sequence[float] = (),
 ) -> OracleFigures:
     """The best plan found with a pair per kernel and free switches (latency 0), in the step,
     within the budget: searched (_Search) from the best of the realisable oracle's pairs in
     effect (so that it is at least the realisable oracle), the per-kernel plan of the card's
     isolated figures (held to the budget in the step) and `starts` (each kernel at the pair
     its group requests: another card's ideal), kernels doing the same work tied, then (at most
-    MAX_UNTIED_UNITS kernels) each kernel alone. say: progress lines."""
-    step = step or InStep(device, workload, budget)
+    MAX_UNTIED_UNITS kernels) each kernel alone. say: progress lines; wait_rel (a fraction of
+    the step), wait_fixed_s (s) and wait_rel_strata (fractions): the job's waits charged after
+    each step (InStep; a given step carries its own), the wait then a unit of the search of its
+    own (free switches: the card idles at the pair the plan sets for it)."""
+    step = _step_of(step, device, workload, budget, _Waits(wait_rel, wait_fixed_s, tuple(wait_rel_strata)))
     n = len(workload)
     isolated = model_prior(device, workload)
     limit_s = (1.0 + budget) * float(isolated.time_s[:, -1].sum())
@@ -566,33 +725,57 @@ def ideal_oracle(
         return _Planned(state, *step.figures(*step.per_kernel(state)))
 
     planned = held_to_budget(planned_at, lambda: _Planned((None,) * n, 0.0, 0.0), budget).plan
-    candidates = [("the per-kernel plan of the isolated figures", planned.state)]
+    candidates = [("the per-kernel plan of the isolated figures", _with_wait(step, planned.state))]
     if realisable is not None:
-        in_effect = tuple(p for _, p, _ in schedule_items(device, workload, realisable.schedule))
-        candidates.insert(0, ("the realisable oracle's pairs in effect", in_effect))
-    candidates.extend((f"given plan {i + 1}", tuple(s.pair_per_kernel(n))) for i, s in enumerate(starts))
-    start_name, start = _best_start(step, step.per_kernel, candidates)
+        steady = steady_step(device, workload, realisable.schedule)
+        in_effect = tuple(p for _, p, _ in steady.items)
+        landed = steady.end_pair if steady.in_flight is None else steady.in_flight[1]
+        candidates.insert(0, ("the realisable oracle's pairs in effect", _with_wait(step, in_effect, landed)))
+    candidates.extend(
+        (f"given plan {i + 1}", _with_wait(step, tuple(s.pair_per_kernel(n)))) for i, s in enumerate(starts)
+    )
+
+    def evaluate(state: tuple[Pair, ...]) -> tuple[float, float]:
+        return step.per_kernel(state[:n], state[n]) if step.waits else step.per_kernel(state)
+
+    units = [*sources(device, workload), *(["the wait"] if step.waits else [])]
+    start_name, start = _best_start(step, evaluate, candidates)
     state, words = _searched(
         step,
-        step.per_kernel,
+        evaluate,
         start,
-        _kinds(sources(device, workload)),
-        lambda u: _front(isolated.time_s[u, :-1], isolated.energy_j[u, :-1], isolated.pairs),
+        _kinds(units),
+        lambda u: (
+            [] if u == n else _front(isolated.time_s[u, :-1], isolated.energy_j[u, :-1], isolated.pairs)
+        ),
         device.grid.pairs,
         "kernel",
         say,
     )
-    saving, slowdown = step.figures(*step.per_kernel(state))
+    saving, slowdown = step.figures(*evaluate(state))
+    wait_words = ""
+    if step.waits:
+        wait_words = (
+            f"; the job's wait a unit of its own, idling at {'stock' if state[n] is None else state[n]}"
+        )
     return OracleFigures(
         "ideal per-kernel",
-        _schedule_of(range(n), state),
+        _schedule_of(range(n), state[:n]),
         saving,
         slowdown,
         0.0,
         f"a pair per kernel, switches free (latency 0), evaluated in the step; searched from {start_name} "
-        f"(the best start of: {', '.join(name for name, _ in candidates)}), {words}",
+        f"(the best start of: {', '.join(name for name, _ in candidates)}), {words}{step.wait_note}{wait_words}",
         step.evaluations,
     )
+
+
+def _with_wait(step: InStep, state: tuple[Pair, ...], wait_pair: Pair | str = LAST) -> tuple[Pair, ...]:
+    """A per-kernel state with, when the step charges a wait, the wait's pair as one unit more
+    (LAST: the last kernel's)."""
+    if not step.waits:
+        return state
+    return (*state, state[-1] if wait_pair == LAST else wait_pair)
 
 
 def _best_start(
@@ -621,21 +804,38 @@ def oracles(
     starts: Sequence[Schedule] = (),
     ideal_starts: Sequence[Schedule] = (),
     say: Callable[[str], None] | None = None,
+    wait_rel: float = 0.0,
+    wait_fixed_s: float = 0.0,
+    wait_rel_strata: Sequence[float] = (),
 ) -> Oracles:
     """The one-knob, realisable and ideal per-kernel oracles of a noiseless card (a simulated
     card opened with noise 0, or a replayed one), in the step, each within the budget.
     sites: where the job switches clocks (None: tuner/run.py's job_sites, "auto"); starts:
     schedules the realisable search also starts from; ideal_starts: plans the ideal search
-    also starts from (the ideal of the same card with another switch latency); say: progress."""
+    also starts from (the ideal of the same card with another switch latency); say: progress;
+    wait_rel (a fraction of the step), wait_fixed_s (s) and wait_rel_strata (fractions): the
+    job's waits for its host per step (JobNoise.mean_wait_rel, mean_periodic_wait_s,
+    wait_rel_strata), charged after every step with the card idle at the clocks in effect
+    (InStep)."""
     if sites is None:
         from kdvfs.tuner.run import job_sites
 
         sites = job_sites(workload, device.switch_latency_s)
-    step = InStep(device, workload, budget)
+    step = InStep(device, workload, budget, wait_rel, wait_fixed_s, wait_rel_strata)
     one = one_knob_oracle(device, workload, budget, step=step)
     best = realisable_oracle(device, workload, budget, sites, starts=starts, step=step, one_knob=one, say=say)
     ideal = ideal_oracle(device, workload, budget, realisable=best, starts=ideal_starts, step=step, say=say)
-    return Oracles(one, best, ideal, budget, step.stock_s, step.stock_j)
+    return Oracles(
+        one,
+        best,
+        ideal,
+        budget,
+        step.stock_s,
+        step.stock_j,
+        step.wait_rel,
+        step.wait_fixed_s,
+        step.wait_rel_strata,
+    )
 
 
 def oracle(noiseless: Any, workload: Workload, budget: float, sites: Sequence[int] | None = None) -> Oracles:
