@@ -9,12 +9,16 @@ as `kdvfs tune` picks them) for --seconds of training, stretches of steps simula
 to each energy-counter update (TuneSession(aggregate_steps=True)). The tuner is told how long
 the run is (expected_run_s).
 
-The yardstick: the realisable oracle of a noiseless copy of the card at the job's sites,
-evaluated in the step (tuner/oracle.py: realisable_oracle; the one-knob optimum beside it). A run "reached" 90% of it at the training second from which
-every schedule it ran saves at least 90% of the oracle's saving (the card's noiseless figures
-of each schedule), and stayed there to the end. Per row: the median over seeds of that time
-(None when under half the seeds reached it), the final plan's share of the oracle, the
-largest cumulative slowdown the tuner measured, the job's noise as the tuner measured it.
+The yardstick, per row (`in_step`, `oracle_of`): the realisable oracle of a noiseless copy of
+the card at the job's sites, evaluated in the step with the row's job waits charged (the
+noise's relative wait, over equally likely strata, and periodic syncs per step, the card idling
+at the clocks in effect: tuner/oracle.py's InStep, realisable_oracle; the one-knob optimum beside it). A run's
+schedules are measured by the same InStep (`saving_of`), so the run and its yardstick count
+the waits alike. A run "reached" 90% of the oracle at the training second from which every
+schedule it ran saves at least 90% of the oracle's saving, and stayed there to the end. Per
+row: the median over seeds of that time (None when under half the seeds reached it), the final
+plan's share of the oracle, the largest cumulative slowdown the tuner measured, the job's
+noise as the tuner measured it.
 
 --null: the same runs in dry run (clock requests recorded, none applied): adoptions and the
 run's measured saving must stay at zero.
@@ -36,6 +40,12 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kdvfs.runtime.job_noise import JobNoise
+    from kdvfs.runtime.schedule import Schedule
+    from kdvfs.tuner.oracle import InStep
 
 DEFAULT_ROWS = [
     f"{preset}:{workload}:{noise}"
@@ -47,15 +57,57 @@ DEFAULT_ROWS = [
 LEVEL = 0.9
 
 
-def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, oracle: dict | None) -> dict:
-    """One tuned (or dry-run) job; its figures (against the oracle, when given and saving)."""
+def noise_of(spec: str) -> JobNoise | None:
+    """The row's job noise (PRESET:WORKLOAD:NOISE), or None for `none`."""
     from kdvfs.runtime.job_noise import job_noise
+
+    name = spec.split(":")[2]
+    return None if name == "none" else job_noise(name)
+
+
+def in_step(spec: str, budget: float) -> InStep:
+    """The row's in-step truth (tuner/oracle.py's InStep) on a noiseless copy of the card: the
+    row's job waits (JobNoise.mean_wait_rel of the step over its wait_rel_strata,
+    mean_periodic_wait_s s) charged after each step, the card idle at the clocks in effect.
+
+    Args:
+        spec: PRESET:WORKLOAD:NOISE.
+        budget: the allowed slowdown, a fraction.
+    """
     from kdvfs.runtime.registry import open_device, open_workload
-    from kdvfs.runtime.schedule import schedule_figures
+    from kdvfs.tuner.oracle import InStep
+
+    preset, workload_name, _ = spec.split(":")
+    noiseless = open_device(f"sim:{preset}", noise=0.0)
+    workload = open_workload(workload_name, noiseless)
+    noise = noise_of(spec)
+    if noise is None:
+        return InStep(noiseless, workload, budget)
+    return InStep(
+        noiseless,
+        workload,
+        budget,
+        noise.mean_wait_rel,
+        noise.mean_periodic_wait_s,
+        noise.wait_rel_strata(),
+    )
+
+
+def saving_of(step: InStep, schedule: Schedule) -> float:
+    """A schedule's energy saving against stock in the row's in-step truth (its waits
+    included), a fraction."""
+    return step.figures(*step.schedule(schedule))[0]
+
+
+def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, oracle: dict | None) -> dict:
+    """One tuned (or dry-run) job; its figures (against the oracle, when given and saving),
+    its schedules measured by the row's in-step truth (in_step)."""
+    from kdvfs.runtime.registry import open_device, open_workload
     from kdvfs.tuner.run import NO_PRIOR, job_sites, reached_after
     from kdvfs.tuner.session import TuneSession
 
-    preset, workload_name, noise_name = spec.split(":")
+    preset, workload_name, _ = spec.split(":")
+    noise = noise_of(spec)
     device = open_device(f"sim:{preset}", seed=seed)
     workload = open_workload(workload_name, device)
     session = TuneSession(
@@ -66,7 +118,7 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, ora
         prior=NO_PRIOR,
         dry_run=null,
         sites=job_sites(workload, device.switch_latency_s),
-        job_noise=None if noise_name == "none" else job_noise(noise_name),
+        job_noise=noise,
         aggregate_steps=True,
     )
     session.tuner.expected_run_s = seconds
@@ -74,20 +126,17 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, ora
     session.run_until(seconds)
     cpu_s = time.process_time() - start
     summary = session.run.summary()
-    noiseless = open_device(f"sim:{preset}", seed=seed, noise=0.0)
-    cache: dict = {}
+    step = in_step(spec, budget)
 
-    def saving_of(schedule) -> float:
-        if schedule not in cache:
-            cache[schedule] = schedule_figures(noiseless, workload, schedule)[0]
-        return cache[schedule]
+    def saving(schedule: Schedule) -> float:
+        return saving_of(step, schedule)
 
     figures = {
         "seed": seed,
         "cpu_s": round(cpu_s, 1),
         "trials": summary["trials"],
         "adopted": summary["adopted"],
-        "plan_saving": saving_of(session.tuner.incumbent),
+        "plan_saving": saving(session.tuner.incumbent),
         "reached": None,
         "run_energy_saving": summary["run"]["energy_saving"],
         "run_slowdown": summary["run"]["slowdown"],
@@ -96,29 +145,42 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, ora
         "phases": summary["phases"],
     }
     if oracle is not None and oracle["energy_saving"] > 0:
-        figures["reached"] = reached_after(session.schedule_log, saving_of, LEVEL * oracle["energy_saving"])
+        figures["reached"] = reached_after(session.schedule_log, saving, LEVEL * oracle["energy_saving"])
         figures["share_of_oracle"] = figures["plan_saving"] / oracle["energy_saving"]
     return figures
 
 
-def oracle_of(card: str, budget: float) -> dict:
-    """The in-step realisable oracle (tuner/oracle.py) of PRESET:WORKLOAD at the job's sites."""
-    from kdvfs.runtime.registry import open_device, open_workload
+def oracle_of(spec: str, budget: float) -> dict:
+    """The in-step realisable oracle (tuner/oracle.py) of PRESET:WORKLOAD:NOISE at the job's
+    sites, the row's job waits charged (in_step), and the one-knob optimum beside it: each
+    one's saving, slowdown and schedule (the one-knob's pair), the waits charged."""
     from kdvfs.tuner.oracle import one_knob_oracle, realisable_oracle
     from kdvfs.tuner.run import job_sites
 
-    preset, workload_name = card.split(":")
-    noiseless = open_device(f"sim:{preset}", noise=0.0)
-    workload = open_workload(workload_name, noiseless)
-    sites = job_sites(workload, noiseless.switch_latency_s)
-    one_knob = one_knob_oracle(noiseless, workload, budget)
-    best = realisable_oracle(noiseless, workload, budget, sites, one_knob=one_knob)
+    step = in_step(spec, budget)
+    device, workload = step.device, step.workload
+    sites = job_sites(workload, device.switch_latency_s)
+    one_knob = one_knob_oracle(device, workload, budget, step=step)
+    best = realisable_oracle(device, workload, budget, sites, one_knob=one_knob, step=step)
+    pair = one_knob.schedule.one_pair()
     return {
         "energy_saving": best.energy_saving,
         "slowdown": best.slowdown,
         "groups": len(best.schedule.groups),
+        "schedule": best.json()["schedule"],
         "method": best.method,
-        "one_knob": {"energy_saving": one_knob.energy_saving, "slowdown": one_knob.slowdown},
+        "one_knob": {
+            "energy_saving": one_knob.energy_saving,
+            "slowdown": one_knob.slowdown,
+            "pair": None if pair is None else pair.as_list(),
+        },
+        "job_waits": {
+            "noise": spec.split(":")[2],
+            "wait_rel": step.wait_rel,
+            "wait_fixed_s": step.wait_fixed_s,
+            "wait_rel_strata": list(step.wait_rel_strata),
+            "idle": "the card idles through each wait at the clocks in effect (a switch in flight landing in it)",
+        },
     }
 
 
@@ -165,9 +227,8 @@ if __name__ == "__main__":
     ).stdout.strip()
     start = time.time()
     with ProcessPoolExecutor(args.workers) as pool:
-        cards = [] if args.null else sorted({row.rsplit(":", 1)[0] for row in args.rows})
-        by_card = dict(zip(cards, pool.map(oracle_of, cards, [args.budget] * len(cards))))
-        oracles = {row: by_card.get(row.rsplit(":", 1)[0]) for row in args.rows}
+        measured = [] if args.null else list(args.rows)
+        oracles = dict(zip(measured, pool.map(oracle_of, measured, [args.budget] * len(measured))))
         rows = list(
             pool.map(
                 row_figures,
@@ -183,7 +244,11 @@ if __name__ == "__main__":
         "what": "null test (dry run)" if args.null else "share of the realisable oracle reached",
         "source": "simulated",
         "prior": "none",
-        "yardstick": "the in-step realisable oracle of a noiseless copy of the card at the job's sites (tuner/oracle.py)",
+        "yardstick": (
+            "per row, the in-step realisable oracle of a noiseless copy of the card at the job's sites, the "
+            "row's job waits charged after each step with the card idle at the clocks in effect "
+            "(tuner/oracle.py's InStep); the runs' schedules measured by the same InStep"
+        ),
         "level": LEVEL,
         "seconds": args.seconds,
         "seeds": args.seeds,
