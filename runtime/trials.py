@@ -548,7 +548,9 @@ class Trial:
             for ea1, eb1, eb2, ea2 in zip(
                 a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j
             ):
-                e_diff.append(0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0)
+                diff = 0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0
+                if math.isfinite(diff):  # a window whose counter span was all stall has no energy
+                    e_diff.append(diff)
             # time: one sample a block, the ranks' mean (their steps end together at every
             # all-reduce, so n ranks' times are one measurement, not n)
             rank_t_diff = [
@@ -671,7 +673,11 @@ def resolvable(sd_per_root_s: float, trial_s: float, z: float = ADOPT_Z) -> floa
 # --- budget -----------------------------------------------------------------------------------
 @dataclass
 class StepAccount:
-    """Time allowed, (1 + budget) x stock x steps, against the steps' measured time.
+    """Time allowed against the steps' measured time: a step run at stock clocks is allowed
+    (1 + budget) x its own time (it is stock); any other step (1 + budget) x the stock
+    estimate (`stock_step_s`, refined as stock is measured). A job whose stock steps drift
+    (a host that starves the GPU more as it runs) then cannot overdraw the account by
+    running stock.
 
     Args:
         budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
@@ -681,37 +687,48 @@ class StepAccount:
     stock_step_s: float = math.nan
     steps: int = 0
     spent_s: float = 0.0
+    at_stock_s: float = 0.0  # the measured time of the steps run at stock, s
 
-    before_allowed_s: float = 0.0  # allowed time of the steps before the last rebase, s
+    before_allowed_s: float = 0.0  # allowed time of the other steps before the last rebase, s
     before_steps: int = 0
+    other_steps: int = 0  # steps not run at stock
 
-    def charge(self, step_s: float, steps: int = 1) -> None:
-        """Count `steps` steps of step_s each (a report may stand for several), s."""
+    def charge(self, step_s: float, steps: int = 1, *, at_stock: bool = False) -> None:
+        """Count `steps` steps of step_s each (a report may stand for several), s; `at_stock`:
+        they ran at stock clocks."""
         self.steps += steps
         self.spent_s += step_s * steps
+        if at_stock:
+            self.at_stock_s += step_s * steps
+        else:
+            self.other_steps += steps
 
     def slack_s(self) -> float:
         """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
         if math.isnan(self.stock_step_s):
             return math.inf
-        since = self.steps - self.before_steps
-        return self.before_allowed_s + (1.0 + self.budget) * self.stock_step_s * since - self.spent_s
+        return (1.0 + self.budget) * self._stock_equivalent_s() - self.spent_s
 
     def rebase(self) -> None:
-        """Stock is to be measured again (after an alarm): the steps so far keep the allowance
-        of the stock they ran against; the next ones are allowed against the new stock."""
+        """Stock is to be measured again (after an alarm, or when stock itself moved): the steps
+        so far keep the allowance of the stock they ran against; the next ones are allowed
+        against the new stock."""
         if not math.isnan(self.stock_step_s):
             self.before_allowed_s += (
-                (1.0 + self.budget) * self.stock_step_s * (self.steps - self.before_steps)
+                (1.0 + self.budget) * self.stock_step_s * (self.other_steps - self.before_steps)
             )
-        self.before_steps = self.steps
+        self.before_steps = self.other_steps
         self.stock_step_s = math.nan
 
     def slowdown(self) -> float:
         """The run's slowdown against the stock steps it was allowed against."""
-        since = self.steps - self.before_steps
-        stock_s = self.before_allowed_s / (1.0 + self.budget) + self.stock_step_s * since
-        return self.spent_s / stock_s - 1.0
+        return self.spent_s / self._stock_equivalent_s() - 1.0
+
+    def _stock_equivalent_s(self) -> float:
+        """What the steps so far would have taken at stock, s."""
+        since = self.other_steps - self.before_steps
+        stock_s = self.stock_step_s * since if since else 0.0
+        return self.before_allowed_s / (1.0 + self.budget) + self.at_stock_s + stock_s
 
 
 # --- the reference and the judgement -------------------------------------------------------

@@ -630,7 +630,9 @@ class StepTuner:
         else:
             self._feed, self._now = report, report.end_s
         # the clocks' account: busy time (the job's own waits for its host are not the clocks')
-        self.account.charge(report.step_time_s - report.wait_s, report.steps)
+        self.account.charge(
+            report.step_time_s - report.wait_s, report.steps, at_stock=self._answered.is_stock
+        )
         self._now_s = report.end_s
         phase = self.phase
         if math.isfinite(report.temperature_c):
@@ -1030,8 +1032,8 @@ class StepTuner:
 
     def _maybe_abandon(self, trial: Trial) -> None:
         """Stop the candidate when the account's guard is reached (its decision left open), or
-        when its measured time already shows it over the budget (each window's longest eighth
-        of steps left out)."""
+        when its measured time already shows it over the budget against the trial's latest A
+        window (each window's longest eighth of steps left out)."""
         if trial.arm != "B" or trial.done:
             return
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self._worst_slowdown(
@@ -1047,10 +1049,18 @@ class StepTuner:
         ran_s = busy_s / self._ranks  # training time: the ranks' steps end together
         if ran_s < ABANDON_MIN_S or steps == 0:
             return
-        slowdown = busy_s / steps / self.stock_step_s - 1.0
+        # against the trial's latest A window (the incumbent now, scaled as the account's stock
+        # is to the incumbent's): a job whose stock drifts is not taken for a slow candidate
+        a = [w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "A" and w.steps]
+        if a:
+            a_s = a[-1].settled_s / self._ranks
+            reference_s = a[-1].busy_sum_s / a[-1].steps * self.stock_step_s / self.incumbent_step_s
+        else:
+            a_s, reference_s = math.inf, self.stock_step_s
+        slowdown = busy_s / steps / reference_s - 1.0
         # the error of a few steps' mean: the job's noise per root s, or the spread of single
         # steps at short spans where that is larger (a job whose steps vary one by one)
-        se = self.time_sd_per_root_s / math.sqrt(ran_s)
+        se = self.time_sd_per_root_s * math.sqrt(1.0 / ran_s + 1.0 / a_s)
         step_cv = self.stalls.step_cv(trial.incumbent)
         if math.isfinite(step_cv):
             se = max(se, step_cv / math.sqrt(steps / self._ranks))

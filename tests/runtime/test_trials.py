@@ -8,7 +8,15 @@ import pytest
 
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
-from kdvfs.runtime.trials import NoiseMeter, Outcome, StallFilter, StockReference, Trial, robust_mean_se
+from kdvfs.runtime.trials import (
+    NoiseMeter,
+    Outcome,
+    StallFilter,
+    StepAccount,
+    StockReference,
+    Trial,
+    robust_mean_se,
+)
 
 STEP_S = 0.010
 POWER_W = 300.0
@@ -228,3 +236,29 @@ def test_the_spread_of_single_steps_is_each_schedules_own_and_unknown_before_eno
         stalls.apply(r, stock)
     assert stalls.step_cv(stock) == pytest.approx(0.1 / 1.1, rel=0.05)
     assert np.isnan(stalls.step_cv(Schedule(((0, (1000, 5000)),))))  # another schedule: none seen
+
+
+def test_steps_run_at_stock_are_allowed_their_own_time_so_a_drifting_stock_never_overdraws_the_account():
+    account = StepAccount(budget=0.01, stock_step_s=0.030)  # stock as the reference measured it
+    for _ in range(1000):
+        account.charge(0.040, at_stock=True)  # later, the host starves the GPU: stock is slower
+    assert account.slack_s() == pytest.approx(0.01 * 40.0)  # the budget on what stock took
+    assert account.slowdown() == pytest.approx(0.0)
+    account.charge(0.0303, steps=100)  # a candidate's steps count against the stock estimate
+    assert account.slack_s() == pytest.approx(0.01 * 40.0 + 100 * (1.01 * 0.030 - 0.0303))
+    account.rebase()  # stock to be measured again: the steps so far keep their allowance
+    account.stock_step_s = 0.040
+    account.charge(0.0404, steps=10)
+    assert account.slack_s() == pytest.approx(0.01 * 40.0 + 100 * (1.01 * 0.030 - 0.0303), abs=1e-9)
+
+
+def test_a_block_whose_window_has_no_energy_is_left_out_of_the_trials_energy_not_made_nan():
+    trial = Trial(Schedule.stock(), Schedule.stock(), 2, 0.5, 0.0)
+    _trial_reports(1.10, seed=3, noise=0.01, trial=trial)
+    whole = trial.outcome()
+    b1 = trial.closed[5]  # the second block's first B window: its counter span all a stall
+    b1.gap_j, b1.gap_s = b1.last[1] - b1.first[1], b1.span_s
+    assert np.isnan(b1.energy_per_step_j)
+    part = trial.outcome()
+    assert part.blocks == 2 and part.time_diff == whole.time_diff
+    assert part.energy_diff == pytest.approx(0.10, abs=0.02) and np.isinf(part.energy_se)  # one block left
