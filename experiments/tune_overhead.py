@@ -1,0 +1,378 @@
+"""What kdvfs.tune costs a host-bound training job per step: bare and tuned runs, alternated.
+
+    python -m kdvfs.experiments.tune_overhead                                (CPU, fake NVML)
+    python -m kdvfs.experiments.tune_overhead --device cuda --job hf         (a card, dry run)
+
+Map, top to bottom:
+  Args          every knob, one line each, with its unit
+  make_mlp      job "mlp": a deep, narrow network (Linear, GELU, LayerNorm blocks) and AdamW at
+                a small batch, a plain loop: a step of many small operations, paced by the host
+  fake_card     on the CPU, the tests' fake NVML card (tests/runtime/fake_pynvml.py) as the NVML
+                module; each energy read takes `fake_read_ms` with the GIL released, as a card's
+                NVML call does, so the counter poller reads as often as on a card
+  timed_steps   host time of each step (perf_counter), and each thread's CPU time and context
+                switches per step (/proc, on Linux): where the tuned step's time goes
+  mlp_arm       the plain loop for `arm_s`: bare, or under kdvfs.tune after its `warmup_s`,
+                driven through the Hugging Face callback's hooks or `tuning.step()`
+  hf_arm        job "hf": GPT-2 small under a Hugging Face Trainer (transformers), as the H200
+                recordings ran it (experiments/record_job.py), bare or with
+                hf_callback(kdvfs.tune(...)); a step is the time between two step starts, timed
+                after `warmup_s`
+  main          `rounds` of a bare arm then a tuned one; prints JSON: both per-step medians, the
+                overhead (tuned over bare, less 1), each round's, and the threads' figures
+kdvfs.tune runs as the recorded jobs used it: NvmlDevice in dry run (no clock is changed), no
+plan store, no MLflow run; the tuner stays in its Reference phase (its default timing measures
+stock for the first minute). Arms alternate because a shared host's speed drifts by tens of
+percent over seconds: read the rounds beside the medians.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import itertools
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import kdvfs
+from kdvfs.runtime.nvml_device import NVML_MODULE_ENV, NvmlDevice
+from kdvfs.runtime.torch_integration import HFTrainerHooks
+
+FAKE_NVML_DIR = Path(__file__).resolve().parents[1] / "tests" / "runtime"
+
+
+@dataclasses.dataclass
+class Args:
+    job: str = "mlp"  # mlp: the narrow network in a plain loop; hf: GPT-2 small under a Hugging Face Trainer
+    device: str = "cpu"  # cpu: the fake NVML card; cuda: the real card of `index` through NVML, dry run
+    index: int = 0  # NVML index and CUDA device of the card; index
+    rounds: int = 5  # bare-then-tuned pairs; pairs
+    arm_s: float = 3.0  # steps timed in each arm; s
+    warmup_s: float = 1.0  # each arm's first seconds, not timed (under kdvfs.tune: its warm-up); s
+    driver: str = (
+        "hf"  # mlp: hf drives it through the Hugging Face callback's hooks, step through tuning.step()
+    )
+    layers: int = 24  # blocks of the mlp network, transformer layers of GPT-2 (12: GPT-2 small); layers
+    width: int = 128  # mlp: features of each block; features
+    batch: int = 16  # rows (mlp) or sequences (hf) of a step; rows
+    seq_len: int = 512  # hf: tokens of a sequence; tokens
+    workers: int = 4  # hf: data-loader worker processes; processes
+    threads: int = 1  # torch CPU threads; threads
+    fake_read_ms: float = 4.0  # CPU: one fake energy read, the GIL released (an H200's NVML read: ~4 ms); ms
+    seed: int = 0  # seeds the weights and the data
+    out: str = ""  # also write the JSON to this file; "": print only
+
+
+def parse_args(argv: list[str]) -> Args:
+    """`--name value` pairs (dashes or underscores) onto Args; `--help` lists the knobs."""
+    fields = {f.name: f for f in dataclasses.fields(Args)}
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        for f in fields.values():
+            print(f"  --{f.name.replace('_', '-')} (default {f.default!r})")
+        sys.exit(0)
+    if len(argv) % 2:
+        sys.exit(f"tune_overhead: expected --name value pairs, got {argv}")
+    values: dict[str, Any] = {}
+    for key, raw in zip(argv[::2], argv[1::2]):
+        name = key.lstrip("-").replace("-", "_")
+        if not key.startswith("--") or name not in fields:
+            sys.exit(f"tune_overhead: unknown option {key}")
+        values[name] = type(fields[name].default)(raw)
+    args = Args(**values)
+    if (
+        args.job not in ("mlp", "hf")
+        or args.device not in ("cpu", "cuda")
+        or args.driver not in ("hf", "step")
+    ):
+        sys.exit("tune_overhead: --job is mlp or hf, --device cpu or cuda, --driver hf or step")
+    return args
+
+
+# --- the job and the card ----------------------------------------------------------------------
+def make_mlp(args: Args, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None]]:
+    """The network, its optimizer and one training step (forward, backward, optimizer step)."""
+    torch.manual_seed(args.seed)
+    blocks = [
+        m
+        for _ in range(args.layers)
+        for m in (nn.Linear(args.width, args.width), nn.GELU(), nn.LayerNorm(args.width))
+    ]
+    model = nn.Sequential(*blocks).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(args.batch, args.width, device=device)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    return model, optimizer, step
+
+
+@contextlib.contextmanager
+def fake_card(read_ms: float) -> Iterator[None]:
+    """The fake NVML card as the NVML module NvmlDevice loads, its energy reads taking read_ms."""
+    if str(FAKE_NVML_DIR) not in sys.path:
+        sys.path.append(str(FAKE_NVML_DIR))
+    fake = importlib.import_module("fake_pynvml")
+    fake.configure()  # a counter that moves every 100 ms, as a card's
+    read = fake.nvmlDeviceGetTotalEnergyConsumption
+
+    def slow_read(handle: Any) -> int:
+        time.sleep(read_ms / 1e3)  # a C call's time, the GIL released
+        return read(handle)
+
+    previous = os.environ.get(NVML_MODULE_ENV)
+    os.environ[NVML_MODULE_ENV] = "fake_pynvml"
+    fake.nvmlDeviceGetTotalEnergyConsumption = slow_read
+    try:
+        yield
+    finally:
+        fake.nvmlDeviceGetTotalEnergyConsumption = read
+        if previous is None:
+            os.environ.pop(NVML_MODULE_ENV, None)
+        else:
+            os.environ[NVML_MODULE_ENV] = previous
+
+
+def open_tuning(args: Args, model: nn.Module | None = None, optimizer: Any = None) -> tuple[Any, NvmlDevice]:
+    """kdvfs.tune as the recorded jobs opened it: the card in dry run, no plan store, no MLflow."""
+    card = NvmlDevice(
+        args.index, dry_run=True, lease_dir=tempfile.mkdtemp() if args.device == "cpu" else None
+    )
+    tuning = kdvfs.tune(
+        model, optimizer, device=card, dry_run=True, plan_store=False, track=False, warmup_s=args.warmup_s
+    )
+    return tuning, card
+
+
+# --- timing ------------------------------------------------------------------------------------
+def thread_figures() -> dict[str, tuple[float, int]]:
+    """Each thread of this process by name: (CPU time in ms, context switches); {} off Linux."""
+    figures = {}
+    for thread in threading.enumerate():
+        task = Path(f"/proc/self/task/{thread.native_id}")
+        try:
+            run_ms = int((task / "schedstat").read_text().split()[0]) / 1e6
+            status = (task / "status").read_text().splitlines()
+        except (OSError, ValueError, IndexError):
+            continue
+        switches = sum(int(line.split()[1]) for line in status if "ctxt_switches" in line)
+        figures["training" if thread is threading.main_thread() else thread.name] = (run_ms, switches)
+    return figures
+
+
+def arm_figures(times_s: list[float], wall_s: float, before: dict, after: dict) -> dict[str, Any]:
+    """The per-step median, the mean step over the arm, and kdvfs's and the training thread's
+    CPU time and context switches per step."""
+    n = len(times_s)
+    threads = {
+        name: {
+            "cpu_ms_per_step": round((after[name][0] - before[name][0]) / n, 4),
+            "switches_per_step": round((after[name][1] - before[name][1]) / n, 3),
+        }
+        for name in after
+        if name in before and (name == "training" or name.startswith("kdvfs"))
+    }
+    if "training" in threads:  # waiting for the GIL, or for a core
+        threads["training"]["off_cpu_ms_per_step"] = round(
+            1e3 * wall_s / n - threads["training"]["cpu_ms_per_step"], 4
+        )
+    return {
+        "steps": n,
+        "step_ms": 1e3 * statistics.median(times_s),
+        "mean_step_ms": 1e3 * wall_s / n,
+        "threads": threads,
+    }
+
+
+def timed_steps(seconds: float, step: Callable[[], None], sync: Callable[[], None]) -> dict[str, Any]:
+    """Steps for `seconds`, each timed on the host (the mean step synchronised at both ends)."""
+    sync()
+    before = thread_figures()
+    times_s = []
+    start_s = time.perf_counter()
+    while time.perf_counter() - start_s < seconds:
+        t0_s = time.perf_counter()
+        step()
+        times_s.append(time.perf_counter() - t0_s)
+    sync()
+    wall_s = time.perf_counter() - start_s
+    return arm_figures(times_s, wall_s, before, thread_figures())
+
+
+def tuner_figures(tuning: Any) -> dict[str, Any]:
+    summary = tuning.summary()
+    answer_s = summary["tuner_answer_s"]["median"]
+    return {
+        "phase": summary["phase"],
+        "counter_reads_per_s": (summary["counter_polling"] or {}).get("reads_per_s"),
+        "answer_median_ms": None if answer_s is None else 1e3 * answer_s,
+        "mismatched_steps": summary["mismatched_steps"],
+    }
+
+
+# --- the arms ----------------------------------------------------------------------------------
+def mlp_arm(args: Args, tuned: bool, job: tuple, sync: Callable[[], None]) -> dict[str, Any]:
+    """The plain loop, bare or under kdvfs.tune (its warm-up first, then timed)."""
+    model, optimizer, step = job
+    if not tuned:
+        timed_steps(args.warmup_s, step, sync)
+        return timed_steps(args.arm_s, step, sync)
+    if (
+        args.driver == "hf"
+    ):  # as hf_callback(kdvfs.tune()) under a Trainer: the hooks hand model and optimizer over
+        tuning, card = open_tuning(args)
+        hooks = HFTrainerHooks(tuning)
+        hooks.on_train_begin(None, None, None, model=model, optimizer=optimizer)
+
+        def tuned_step() -> None:
+            hooks.on_step_begin(None, None, None)
+            step()
+            hooks.on_step_end(None, None, None)
+
+    else:
+        tuning, card = open_tuning(args, model, optimizer)
+
+        def tuned_step() -> None:
+            with tuning.step():
+                step()
+
+    try:
+        with tuning:
+            timed_steps(args.warmup_s, tuned_step, sync)
+            arm = timed_steps(args.arm_s, tuned_step, sync)
+    finally:
+        card.close()
+    return arm | {"tuner": tuner_figures(tuning)}
+
+
+def hf_arm(args: Args, tuned: bool, model: nn.Module, sync: Callable[[], None]) -> dict[str, Any]:
+    """GPT-2 under a fresh Hugging Face Trainer, bare or with hf_callback(kdvfs.tune()): the
+    time between step starts after warmup_s, for arm_s."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from kdvfs.experiments.record_job import RandomTokens
+
+    starts_s: list[float] = []
+    figures: list[dict] = []
+
+    class Timer(TrainerCallback):  # first in the list: its step start comes before kdvfs's
+        def on_step_begin(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            now_s = time.perf_counter()
+            if not starts_s:
+                starts_s.append(now_s)
+            elif now_s - starts_s[0] >= args.warmup_s:
+                if not figures:
+                    sync()
+                    figures.append(thread_figures())
+                    now_s = time.perf_counter()
+                starts_s.append(now_s)
+                if now_s - starts_s[1] >= args.arm_s:
+                    figures.append(thread_figures())
+                    control.should_training_stop = True
+
+    cuda = args.device == "cuda"
+    out_dir = tempfile.mkdtemp(prefix="tune_overhead_hf_")
+    targs = TrainingArguments(
+        output_dir=out_dir,
+        per_device_train_batch_size=args.batch,
+        max_steps=10**7,
+        learning_rate=3e-4,
+        bf16=cuda,
+        dataloader_num_workers=args.workers,
+        dataloader_pin_memory=cuda,
+        logging_steps=10,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not cuda,
+        seed=args.seed,
+    )
+    callbacks: list[Any] = [Timer()]
+    tuning = card = None
+    if tuned:
+        tuning, card = open_tuning(args)
+        callbacks.append(kdvfs.hf_callback(tuning))
+    data = RandomTokens(10**7, args.seq_len, model.config.vocab_size, args.seed)
+    try:
+        Trainer(model=model, args=targs, train_dataset=data, callbacks=callbacks).train()
+    finally:
+        if tuning is not None:
+            tuning.close()
+            card.close()
+        shutil.rmtree(out_dir, ignore_errors=True)
+    steps_s = [b - a for a, b in itertools.pairwise(starts_s[1:])]
+    arm = arm_figures(steps_s, starts_s[-1] - starts_s[1], figures[0], figures[-1])
+    return arm | ({"tuner": tuner_figures(tuning)} if tuning is not None else {})
+
+
+# --- main --------------------------------------------------------------------------------------
+def main(argv: list[str]) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("tune_overhead: --device cuda, but CUDA is unavailable")
+    device = torch.device("cuda", args.index) if cuda else torch.device("cpu")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    if args.job == "hf":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(args.seed)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=args.layers, n_positions=max(1024, args.seq_len)))
+
+        def arm(tuned: bool) -> dict[str, Any]:
+            return hf_arm(args, tuned, model, sync)
+
+    else:
+        job = make_mlp(args, device)
+
+        def arm(tuned: bool) -> dict[str, Any]:
+            return mlp_arm(args, tuned, job, sync)
+
+    with contextlib.ExitStack() as stack:
+        if not cuda:
+            stack.enter_context(fake_card(args.fake_read_ms))
+        rounds = [{"bare": arm(False), "tuned": arm(True)} for _ in range(args.rounds)]
+    bare_ms = statistics.median(r["bare"]["step_ms"] for r in rounds)
+    tuned_ms = statistics.median(r["tuned"]["step_ms"] for r in rounds)
+    if cuda:
+        measured_on = f"{torch.cuda.get_device_name(device)} (NVML index {args.index}, dry run)"
+    else:
+        measured_on = f"measured on CPU, fake NVML (energy reads of {args.fake_read_ms} ms)"
+    result = {
+        "measured_on": measured_on,
+        "host": platform.processor() or platform.machine(),
+        "args": dataclasses.asdict(args),
+        "bare_step_ms": round(bare_ms, 4),
+        "tuned_step_ms": round(tuned_ms, 4),
+        "overhead": round(tuned_ms / bare_ms - 1.0, 4),
+        "overhead_per_round": [round(r["tuned"]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds],
+        "rounds": rounds,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

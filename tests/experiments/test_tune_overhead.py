@@ -1,0 +1,37 @@
+"""The per-step overhead benchmark of kdvfs.tune (experiments/tune_overhead.py) on the CPU and the
+fake NVML card, briefly: what it prints, not what it measures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kdvfs.experiments import tune_overhead
+
+pytestmark = pytest.mark.usefixtures("lease_registry")  # kdvfs.tune holds its restore there
+
+
+@pytest.mark.parametrize("driver", ["hf", "step"])
+def test_a_short_run_prints_bare_and_tuned_step_times_with_the_overhead_between_them(
+    driver, tmp_path, capsys
+):
+    out = tmp_path / "overhead.json"
+    result = tune_overhead.main([
+        "--rounds", "1", "--arm-s", "0.4", "--warmup-s", "0.2", "--layers", "2", "--driver", driver,
+        "--out", str(out),
+    ])  # fmt: skip
+    assert json.loads(capsys.readouterr().out) == result == json.loads(out.read_text())
+    assert result["measured_on"].startswith("measured on CPU, fake NVML")
+    (round_,) = result["rounds"]
+    bare, tuned = round_["bare"], round_["tuned"]
+    assert bare["steps"] > 0 and tuned["steps"] > 0
+    assert result["bare_step_ms"] > 0 and result["tuned_step_ms"] > 0
+    assert result["overhead"] == pytest.approx(result["tuned_step_ms"] / result["bare_step_ms"] - 1, abs=1e-3)
+    assert tuned["tuner"]["mismatched_steps"] == 0  # the job's sites were the tuner's every step
+    assert "kdvfs-clock-controller" in tuned["threads"] and "kdvfs-clock-controller" not in bare["threads"]
+
+
+def test_an_unknown_option_is_refused_with_one_line():
+    with pytest.raises(SystemExit, match="unknown option --colour"):
+        tune_overhead.parse_args(["--colour", "red"])
