@@ -201,7 +201,10 @@ class _CudaStamp:
         self._pending = False
 
     def wait(self) -> None:
-        self.event.synchronize()
+        # synchronize() gives up the GIL, which a host-bound training thread then has to hand
+        # back; an event already reached needs no wait (query() keeps the GIL)
+        if not self.event.query():
+            self.event.synchronize()
 
     def reached_s(self, waited_s: float) -> float | None:
         """Host time at which the GPU reached it, where known: the end of a wait that began
@@ -231,6 +234,12 @@ class ClockController:
     from the workload's (another code path) requests no clocks from the first difference on,
     nor does any step after it until one has matched again: the clocks in effect stay. It is
     listed in mismatched_steps, as is a step that ends before all the workload's sites fired.
+
+    Each wake of this thread takes the GIL from a training thread that is busy on the host,
+    which costs that thread more than the wake's own work (experiments/tune_overhead.py). So a
+    step's start wakes it as it is marked, the step's other marks only where one of them may
+    request clocks (the schedule changes clocks after the step's start) or the device runs
+    kernels itself; otherwise they wait, in order, for the next wake.
 
     Args:
         device: where the clocks are requested.
@@ -292,7 +301,10 @@ class ClockController:
         self._shares: list[float] | None = None  # each group's share of the last matched step
         self._runnable = isinstance(device, RunnableDevice)
         self._stamp = _CudaStamp if torch.cuda.is_available() else _CpuStamp
-        self._queue: queue.SimpleQueue[tuple[str, int, str, Any] | None] = queue.SimpleQueue()
+        # the marks, in order (None: stop), and one token for each mark that wakes the thread
+        self._marks: deque[tuple[str, int, str, Any] | None] = deque()
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._attentive = True  # site and end marks wake the thread (the step may request clocks)
         self._lock = threading.Lock()
         self._halted = False
         self._thread = threading.Thread(target=self._follow, name="kdvfs-clock-controller", daemon=True)
@@ -340,7 +352,7 @@ class ClockController:
         """Let the thread work through what is queued (waits for the GPU to get there), close
         the last energy window, end the thread."""
         if self._thread.is_alive():
-            self._queue.put(None)
+            self._post(None, wake=True)
             self._thread.join()
         if self.poller is not None:
             self.poller.stop()
@@ -368,18 +380,26 @@ class ClockController:
         if not self._open:
             self._step += 1
             self._open = True
-            self._queue.put(("begin", self._step, STEP_SITE, self._stamp(True)))
+            self._post(("begin", self._step, STEP_SITE, self._stamp(True)), wake=True)
         return self._step
 
     def site(self, name: str) -> None:
         if self._open:
-            self._queue.put(("site", self._step, name, self._stamp(self.tuner is not None)))
+            self._post(("site", self._step, name, self._stamp(self.tuner is not None)), wake=False)
 
     def end_step(self) -> None:
         if self._open:
             self._open = False
-            self._queue.put(("end", self._step, "", self._stamp(True)))
+            self._post(("end", self._step, "", self._stamp(True)), wake=False)
         self.raise_error()
+
+    def _post(self, mark: tuple[str, int, str, Any] | None, *, wake: bool) -> None:
+        """Queue a mark; wake the controller for it when asked to or while it is attentive.
+        (The mark is queued before the flag is read, and the controller sets the flag before
+        it looks for marks: no mark that should wake it is left waiting.)"""
+        self._marks.append(mark)
+        if wake or self._attentive:
+            self._wake.put(None)
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -388,8 +408,14 @@ class ClockController:
             ) from self.error
 
     # --- controller thread ----------------------------------------------------------------
+    def _next_mark(self) -> tuple[str, int, str, Any] | None:
+        """The next mark, in order; asleep until a wake while there is none."""
+        while not self._marks:
+            self._wake.get()
+        return self._marks.popleft()
+
     def _follow(self) -> None:
-        while (mark := self._queue.get()) is not None:
+        while (mark := self._next_mark()) is not None:
             if self.error is not None:
                 continue  # drain: the training thread raises at its next step
             kind, step, name, stamp = mark
@@ -426,6 +452,7 @@ class ClockController:
                 self._mismatched(step)
             elif 0 in self._site_pair:
                 self._request(step, name, self._site_pair[0])
+            self._attentive = self._runnable or self._requests_ahead()
         elif kind == "site":
             self._at_site(step, name, stamp)
         else:
@@ -455,6 +482,13 @@ class ClockController:
             self.repeated_sites += 1
         else:
             self._mismatched(step)
+
+    def _requests_ahead(self) -> bool:
+        """Whether a site after the step's start may request clocks: one whose pair differs
+        from the pair in effect (none can while on probation or halted)."""
+        if self._probation or self._halted:
+            return False
+        return any(pair != self._requested for site, pair in self._site_pair.items() if site > 0)
 
     def _mismatched(self, step: int) -> None:
         """The step's sites are not the workload's (another code path): from here on nothing

@@ -271,6 +271,33 @@ def test_dry_run_nvml_device_records_the_calls_and_a_real_one_is_refused(mlp, mo
     assert tuner.energy_per_step_j() is not None
 
 
+def test_on_a_card_a_site_that_changes_clocks_is_requested_as_it_fires_not_at_the_next_step(
+    mlp, monkeypatch, tmp_path
+):
+    model, optimizer, step, workload = mlp
+    fake_pynvml.configure()
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    monkeypatch.delenv(nvml_device.NVML_MODULE_ENV, raising=False)
+    schedule = site_schedule(workload, {"forward": None, "optimizer": OPT})  # stock, then OPT
+    with (
+        NvmlDevice(0, dry_run=True, lease_dir=tmp_path) as device,
+        KdvfsTrainer(device, workload, schedule, model=model, optimizer=optimizer) as tuner,
+    ):
+        for _ in range(3):
+            with tuner.step() as number:
+                step()  # its optimizer step fires the site
+                deadline_s = time.monotonic() + 30.0  # a loaded host: the thread may run late
+                while (number, "optimizer", OPT) not in [
+                    (r.step, r.site, r.pair) for r in tuner.controller.requests
+                ]:
+                    assert time.monotonic() < deadline_s, "no request while the step was open"
+                    time.sleep(0.001)
+    assert [(r.site, r.pair) for r in tuner.controller.requests] == [
+        ("forward", None),
+        ("optimizer", OPT),
+    ] * 3
+
+
 def test_lightning_and_hugging_face_hooks_drive_the_trainer(mlp):
     model, optimizer, step, workload = mlp
     for hooks_class in (LightningHooks, HFTrainerHooks):
