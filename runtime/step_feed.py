@@ -4,14 +4,17 @@
   sees, as (host time it was seen, J): back to back until it has the counter's period (the
   median gap of observed updates), then asleep until `UPDATE_GUARD_S` before the next
   expected update and back to back from there until it comes (an H200 read takes ~4 ms: this
-  cut ~200 reads a second to 26 on the H200); an update already there at the wake is not
-  handed out (its time is not known: the window closes at the next one), and the guard
-  doubles (a busy host wakes the thread late; at most half the period) and shrinks back by
-  `GUARD_SHRINK` with each update seen after its wake; the sensors (temperature, throttle reasons, enforced power
-  limit) every `sensor_period_s`. The controller takes the updates
-  seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
-  windows close at observed updates (data/h200-window-noise/README.md: polling
-  sees an update within ~2 ms; the NVML field-value timestamp is no better a clock).
+  cut ~200 reads a second to 26 on the H200). Back to back, a read starts `COUNTER_POLL_S`
+  after the last one started, or at once after a longer read (an H200's): the thread then
+  takes the GIL once a read, and each time it takes it costs a training thread busy on the
+  host more than its own work. An update already there at the wake is not handed out (its
+  time is not known: the window closes at the next one), and the guard doubles (a busy host
+  wakes the thread late; at most half the period) and shrinks back by `GUARD_SHRINK` with
+  each update seen after its wake; the sensors (temperature, throttle reasons, enforced power
+  limit) every `sensor_period_s`. The controller takes the updates seen up to a step's end
+  into that step's StepReport (runtime/steps.py), so the tuner's windows close at observed
+  updates (data/h200-window-noise/README.md: polling sees an update within ~2 ms; the NVML
+  field-value timestamp is no better a clock).
 - `site_groups`: which schedule group each step site's time belongs to.
 - `site_workload`: a workload of one segment per site, for a job whose kernels were not
   discovered (kdvfs.tune does not need them: clocks change only at sites).
@@ -35,7 +38,8 @@ from kdvfs.runtime.types import PASSES, Kernel, Workload
 
 log = logging.getLogger(__name__)
 
-#: Pause between two counter reads, s (an H200 read itself takes ~4 ms).
+#: Least time from one counter read's start to the next's while reading back to back, s (an
+#: H200 read itself takes ~4 ms: the next follows at once).
 COUNTER_POLL_S = 0.001
 #: Time between two reads of temperature, throttle reasons and power limit, s.
 SENSOR_PERIOD_S = 0.5
@@ -67,7 +71,7 @@ class MonotonicClock:
         return time.monotonic()
 
     def wait(self, stop: threading.Event, timeout_s: float) -> bool:
-        return stop.wait(timeout_s)
+        return stop.wait(timeout_s) if timeout_s > 0 else stop.is_set()
 
 
 #: The clock of a real training loop.
@@ -79,7 +83,8 @@ class CounterPoller:
 
     Args:
         device: the card (energy_j; temperature_c, throttle_reasons, power_limit_w where it has them).
-        poll_s: pause between two counter reads while reading back to back, s.
+        poll_s: least time from one counter read's start to the next's while reading back to
+            back, s (a read that takes longer is followed at once).
         sensor_period_s: time between two sensor reads, s.
         guard_s: how long before an expected update the poller wakes at least, s (it widens
             while updates come before the wake); None: never sleeps between updates (reads
@@ -162,9 +167,12 @@ class CounterPoller:
         self._started_s = self._started_s or self.clock.now_s()
         try:
             wake_s = seen_s = None  # the next planned wake; when the last update was seen
-            while not self.clock.wait(self._stop, self._pause_s(wake_s)):
+            read_s = 0.0  # how long the last read took
+            while not self.clock.wait(self._stop, self._pause_s(wake_s, read_s)):
+                asked_s = self.clock.now_s()
                 value_j = self.device.energy_j()
                 now = self.clock.now_s()
+                read_s = now - asked_s
                 self.reads += 1
                 first_after_sleep = wake_s is not None
                 wake_s = None
@@ -190,10 +198,11 @@ class CounterPoller:
             self.error = exc
             log.warning("kdvfs: energy counter poller stopped: %s", exc)
 
-    def _pause_s(self, wake_s: float | None) -> float:
-        """poll_s while reading back to back, else the time to the planned wake."""
+    def _pause_s(self, wake_s: float | None, read_s: float) -> float:
+        """Reading back to back, what is left of poll_s after the last read took read_s (none:
+        the next read at once); else the time to the planned wake."""
         if wake_s is None:
-            return self.poll_s
+            return max(self.poll_s - read_s, 0.0)
         return max(wake_s - self.clock.now_s(), self.poll_s)
 
     def _read_sensors(self) -> tuple[float, frozenset[str], float]:

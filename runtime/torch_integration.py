@@ -250,7 +250,7 @@ class ClockController:
         tuner: answers each step's StepReport with the schedule of the next steps (a
             tuner.step_tuner.StepTuner); None: the schedule stays. With a tuner, every site
             is timed and the counter is polled on its own thread (CounterPoller).
-        poll_s: pause between two counter reads of the poller, s.
+        poll_s: least time between the starts of two counter reads of the poller, s.
     """
 
     def __init__(
@@ -652,7 +652,7 @@ class KdvfsTrainer:
         dry_run: refuse a device that would change a real card's clocks (the default).
         tuner: answers each step's report with the next steps' schedule (ClockController);
             kdvfs.tune builds one.
-        poll_s: pause between two energy-counter reads while a tuner is fed, s.
+        poll_s: least time between the starts of two energy-counter reads while a tuner is fed, s.
     """
 
     def __init__(

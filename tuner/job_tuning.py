@@ -118,7 +118,7 @@ class JobTuning:
             ops:FILE): where no plan is stored, its pass-level plan is verified first
             (step_priors.sweep_prior).
         progress_s: time between two progress lines in the log, s.
-        poll_s: pause between two energy-counter reads, s (runtime/step_feed.py).
+        poll_s: least time between the starts of two energy-counter reads, s (runtime/step_feed.py).
         warmup_s: the first seconds of training, at stock and not reported to the tuner, s.
         run_name: the MLflow run's name.
         pool: the job's data-parallel ranks (runtime/ranks.py: RankPool, e.g.

@@ -171,3 +171,23 @@ def test_the_poller_reads_on_a_thread_of_its_own_until_stopped(open_card):
     assert len(updates) >= 3 and poller.error is None
     assert all(b[1] > a[1] for a, b in itertools.pairwise(updates))  # each a new counter value
     assert poller.reads == reads  # it stopped reading
+
+
+def test_a_read_that_takes_longer_than_the_poll_is_followed_at_once_by_the_next(card, host):
+    _, device = card
+    waits_s = []
+    wait = host.wait
+
+    def timed_wait(stop, timeout_s):
+        waits_s.append(timeout_s)
+        return wait(stop, timeout_s)
+
+    def slow_read():  # a card's read: 4 ms of host time, as on an H200
+        host.t += 0.004
+        return read()
+
+    read, device.energy_j = device.energy_j, slow_read
+    host.wait = timed_wait
+    poller = _poll_for(device, host, 1.0, guard_s=None)  # back to back throughout
+    assert 240 <= poller.reads <= 250  # one every 4 ms, not one every 4 ms + POLL_S
+    assert set(waits_s[1:]) == {0.0}
