@@ -184,7 +184,7 @@ class Window:
     time_sum_s: float = 0.0
     wait_sum_s: float = 0.0
     longest_busy_s: list[float] = field(default_factory=list)  # a min-heap of the longest steps, s
-    group_sums_s: np.ndarray | None = None
+    group_sums_s: list[float] | None = None  # each group's busy time summed over the steps, s
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
     stall_steps: int = 0
@@ -220,9 +220,12 @@ class Window:
                 heapq.heappush(self.longest_busy_s, busy_s)
             elif busy_s > self.longest_busy_s[0]:
                 heapq.heapreplace(self.longest_busy_s, busy_s)
-            g = np.asarray(report.group_times_s, dtype=float) * n
+            # plain floats, not numpy: each step's few numbers cost numpy ~4x more once the
+            # training step between two reports has left the caches cold
+            g = [t * n for t in report.group_times_s]
             g[-1] = max(g[-1] - n * report.wait_s, 0.0)  # busy: the job's wait is not the last group's
-            self.group_sums_s = g if self.group_sums_s is None else self.group_sums_s + g
+            sums = self.group_sums_s
+            self.group_sums_s = g if sums is None else [a + b for a, b in zip(sums, g, strict=True)]
         for reading in readings:
             self.first = self.first or reading
             self.last = reading
@@ -262,7 +265,7 @@ class Window:
     @property
     def group_times_s(self) -> np.ndarray:
         """Each group's mean busy time per step (the job's waits left out), s."""
-        return self.group_sums_s / self.steps
+        return np.asarray(self.group_sums_s, dtype=float) / self.steps
 
     @property
     def power_w(self) -> float:
@@ -376,7 +379,7 @@ class PooledWindow:
 
     @property
     def group_times_s(self) -> np.ndarray:
-        return sum(w.group_sums_s for w in self.windows) / self.steps
+        return sum(np.asarray(w.group_sums_s, dtype=float) for w in self.windows) / self.steps
 
     @property
     def power_w(self) -> float:

@@ -14,6 +14,7 @@ measured on a real H200): docs/design-tuner.md#drift-is-the-settled-plan-still-r
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
@@ -358,7 +359,7 @@ class ConditionWatch:
         while now_s - recent[0][0] > self.confirm_s:
             recent.popleft()
         if self.centre_c is not None:
-            typical_c = float(np.median([t for _, t in recent]))
+            typical_c = float(statistics.median([t for _, t in recent]))  # numpy's: ~10x dearer a step
             if abs(typical_c - self.centre_c) > self.half_width_c:
                 moved.append("temperature")
                 self.step_c = typical_c - self.centre_c
