@@ -562,6 +562,8 @@ class ClockController:
         """Each group's time in this step, from its sites' events; a step whose sites did not
         match the workload's, split as the last matched step was."""
         groups = len(self.schedule.groups)
+        if groups == 1:  # the whole step, whatever its sites' times (no GPU timings read)
+            return (step_s,)
         if not self._mismatch:
             stamps = [*self._site_stamps, end]
             times = [0.0] * groups
