@@ -6,7 +6,7 @@
 
 Figures of schedules (the running plan, the prior, the oracle) are the device's noiseless
 evaluation as the card runs them (runtime/schedule.py: schedule_figures, switches
-included); figures of the run are the tuner's own measurements (step times and the energy
+included; with a job noise's waits, tuner/oracle.py's InStep charging them as the oracles do); figures of the run are the tuner's own measurements (step times and the energy
 counter). Every one is of a simulated or replayed card: the caller labels them.
 """
 
@@ -147,13 +147,26 @@ class TuneReport:
         return [("plots/convergence.png", fig)]
 
 
-def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> TuneReport:
-    """The figures of a tuning run (oracle: from tuner/session.py's oracle, None to leave out)."""
+def tune_report(
+    session: TuneSession, oracle: Oracle | None, strategy: str, *, waits: dict[str, Any] | None = None
+) -> TuneReport:
+    """The figures of a tuning run (oracle: from tuner/session.py's oracle, None to leave out).
+    waits: the job's waits for its host charged after each step (tuner/oracle.py InStep's
+    wait_rel, wait_fixed_s, wait_rel_strata), so a run carrying a job noise measures its
+    running plan and prior as its oracles were computed; None: the step alone."""
     s, t = session, session.tuner
     device, workload = s.device, s.workload
+    if waits:
+        from kdvfs.tuner.oracle import InStep
 
-    def figures(schedule: Schedule) -> tuple[float, float]:
-        return schedule_figures(device, workload, schedule)
+        step = InStep(device, workload, s.budget, **waits)
+
+        def figures(schedule: Schedule) -> tuple[float, float]:
+            return step.figures(*step.schedule(schedule))
+    else:
+
+        def figures(schedule: Schedule) -> tuple[float, float]:
+            return schedule_figures(device, workload, schedule)
 
     saving, slowdown = figures(t.incumbent)
     summary = s.run.summary()  # what the tuner measured, as kdvfs.tune reports it
@@ -180,6 +193,7 @@ def tune_report(session: TuneSession, oracle: Oracle | None, strategy: str) -> T
         "tuner_claimed_saving": t.plan_energy_saving(),
         "converged_after_s": summary["converged_after_s"],
         "reached_95pct_oracle_after_s": reached,
+        "job_waits_charged": dict(waits) if waits else None,
         "realisable_oracle": None
         if oracle is None
         else {

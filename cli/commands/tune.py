@@ -150,6 +150,16 @@ class _Tune:
 
         self.args = args
         self.job_noise = job_noise(args.job_noise) if args.job_noise is not None else None
+        # the job's waits for its host, charged by the yardstick and the plan's figures alike
+        self.waits = (
+            None
+            if self.job_noise is None
+            else {
+                "wait_rel": self.job_noise.mean_wait_rel,
+                "wait_fixed_s": self.job_noise.mean_periodic_wait_s,
+                "wait_rel_strata": tuple(self.job_noise.wait_rel_strata()),
+            }
+        )
         self.device, self.workload = open_from_args(args)
         self.label = SOURCE_LABEL[self.device.source]
         # the steps' label: the noiseless figures (prior, oracle, plan) carry no job noise
@@ -262,7 +272,7 @@ class _Tune:
                     self.service_strategy.end()  # what waits in the outbox goes now, if the service answers
         if not args.no_sweep:
             self.phase = "computing the oracles (the card's noiseless in-step evaluation)"
-            self.oracle = oracles(noiseless, self.workload, args.budget, sites=sites)
+            self.oracle = oracles(noiseless, self.workload, args.budget, sites=sites, **(self.waits or {}))
 
     def _open_service(self) -> None:
         """The service's strategy for this job and its plan store (the local one behind it)."""
@@ -327,7 +337,7 @@ class _Tune:
 
         if self.session is None:
             return None
-        report = tune_report(self.session, self.oracle, self.args.strategy)
+        report = tune_report(self.session, self.oracle, self.args.strategy, waits=self.waits)
         report.doc["partial"] = self.status != "FINISHED"
         report.doc["job_noise"] = self.job_noise.name if self.job_noise is not None else "none"
         if self.job_noise is not None:

@@ -221,3 +221,17 @@ def test_the_periodic_wait_per_step_is_each_syncs_wait_over_its_period():
     fixed_s = [sampler.wait_parts(step)[1] for step in range(1000)]  # one whole cycle of both
     assert sum(fixed_s) / 1000 == pytest.approx(noise.mean_periodic_wait_s, rel=1e-12)
     assert job_noise("vision").mean_periodic_wait_s == 0.0
+
+
+def test_tune_with_job_noise_charges_its_waits_in_the_oracles_and_the_plans_figures(tmp_path):
+    out = tmp_path / "t.json"
+    args = ["tune", "--device", "sim:rtx3080ti", "--workload", "gpt3-xl-layer", "--strategy", "ucb"]
+    args += ["--no-mlflow", "--seconds", "3", "--json", str(out)]
+    assert main([*args, "--job-noise", "vision"]) == 0
+    waited = json.loads(out.read_text())
+    assert waited["job_waits_charged"]["wait_rel"] == pytest.approx(0.47, abs=0.01)
+    assert "job waits charged" in waited["oracles"]["realisable"]["method"]
+    assert main(args) == 0
+    quiet = json.loads(out.read_text())
+    assert quiet["job_waits_charged"] is None
+    assert waited["realisable_oracle"]["energy_saving"] < quiet["realisable_oracle"]["energy_saving"]
