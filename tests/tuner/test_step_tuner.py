@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.schedule import Schedule
-from kdvfs.runtime.steps import SimulatedJob
+from kdvfs.runtime.step_feed import site_workload
+from kdvfs.runtime.steps import SimulatedJob, StepReport
+from kdvfs.tuner.run import DEFAULT_ENERGY_UPDATE_PERIOD_S, DEFAULT_SWITCH_LATENCY_S, Card, TuningRun
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import Exploring, Retuning, Settled, StepTuner, Verifying, switchable_groups
 
@@ -224,3 +227,34 @@ def test_after_a_power_limit_drop_a_plan_replanned_for_the_new_limit_is_verified
     assert seen_limits_w == [job.device.power_cap_w]
     assert isinstance(tuner.phase, Verifying) and tuner.phase.group is None
     assert tuner.phase.trial.candidate == fresh
+
+
+def test_a_dry_run_whose_stock_slows_after_the_reference_still_completes_most_of_its_trials():
+    # A host that starves the GPU more as the job runs (the H200 vision and Lightning
+    # recordings): every step, whatever its schedule, 3% slower after the first minute. The
+    # candidates equal stock (a dry run), so neither the account nor the early time check may
+    # take the drift for a slow candidate.
+    card = Card(
+        name="drifting",
+        grid=open_device("sim:h200").grid,
+        switch_latency_s=DEFAULT_SWITCH_LATENCY_S,
+        energy_update_period_s=DEFAULT_ENERGY_UPDATE_PERIOD_S,
+        source="replayed",
+    )
+    run = TuningRun(card, site_workload(("step",)), budget=0.01, strategy="botorch", seed=0, start_s=0.0)
+    rng = np.random.default_rng(0)
+    end_s, update_s = 0.0, 0.0
+    for i in range(20_000):
+        step_s = 0.030 * (1.03 if end_s > 60.0 else 1.0) * (1.0 + 0.002 * rng.standard_normal())
+        end_s += step_s
+        readings = []
+        while update_s + 0.1 <= end_s:
+            update_s += 0.1
+            readings.append((update_s, 500.0 * update_s))  # 500 W throughout
+        run.on_step_end(StepReport(i, end_s, step_s, (step_s,), tuple(readings), 50.0, frozenset(), 700.0))
+        if end_s > 300.0:
+            break
+    trials = [o for o in run.summary()["outcomes"] if o["kind"] == "trial"]
+    completed = sum(not o["abandoned"] and o["blocks"] > 0 for o in trials)
+    assert completed >= 3 and completed > sum(o["abandoned"] for o in trials)
+    assert run.summary()["adopted"] == 0
