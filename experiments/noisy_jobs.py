@@ -83,14 +83,7 @@ def in_step(spec: str, budget: float) -> InStep:
     noise = noise_of(spec)
     if noise is None:
         return InStep(noiseless, workload, budget)
-    return InStep(
-        noiseless,
-        workload,
-        budget,
-        noise.mean_wait_rel,
-        noise.mean_periodic_wait_s,
-        noise.wait_rel_strata(),
-    )
+    return InStep(noiseless, workload, budget, **noise.yardstick_waits())
 
 
 def saving_of(step: InStep, schedule: Schedule) -> float:

@@ -37,6 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -159,6 +160,16 @@ class JobNoise:
             x = np.unique(np.concatenate(([lo, hi], levels[(levels > lo) & (levels < hi)])))
             out.append(float(np.trapezoid(np.interp(x, levels, quantiles), x) / (hi - lo)))
         return tuple(out)
+
+    def yardstick_waits(self) -> dict[str, Any]:
+        """The waits the yardstick charges after each step, as InStep's and the oracles'
+        keywords (tuner/oracle.py): wait_rel (mean_wait_rel), wait_fixed_s
+        (mean_periodic_wait_s) and wait_rel_strata (wait_rel_strata())."""
+        return {
+            "wait_rel": self.mean_wait_rel,
+            "wait_fixed_s": self.mean_periodic_wait_s,
+            "wait_rel_strata": self.wait_rel_strata(),
+        }
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -141,14 +141,11 @@ class StallFilter:
         busy_s = report.step_time_s - report.wait_s
         recent = self._recent.setdefault(schedule, deque(maxlen=STALL_HISTORY_STEPS))
         if len(recent) >= self.min_steps:
-            typical_s = statistics.median(recent)
-            self._last_typical_s = typical_s
-            kept_s = typical_s
+            typical_s = self._last_typical_s = statistics.median(recent)
         else:
             typical_s = self._last_typical_s * worst_ratio if self._last_typical_s > 0.0 else 0.0
-            kept_s = typical_s
         if math.isfinite(typical_s) and typical_s > 0.0 and busy_s > self.ratio * typical_s:
-            excess_s = busy_s - kept_s
+            excess_s = busy_s - typical_s
             self.stalls += 1
             self.stall_s += excess_s
             return dataclasses.replace(report, wait_s=report.wait_s + excess_s, stall_s=excess_s)
@@ -537,9 +534,13 @@ class Trial:
             ):
                 self.decided = bool(self.decide(self.outcome()))
 
+    def a_windows(self) -> list[Window | PooledWindow]:
+        """The incumbent's closed windows, in order."""
+        return [w for i, w in enumerate(self.closed) if "ABBA"[i % 4] == "A"]
+
     def b_windows(self) -> list[Window | PooledWindow]:
-        arms = ["ABBA"[i % 4] for i in range(len(self.closed))]
-        done = [w for w, a in zip(self.closed, arms) if a == "B"]
+        """The candidate's windows, closed and the one open."""
+        done = [w for i, w in enumerate(self.closed) if "ABBA"[i % 4] == "B"]
         return done + ([self.current] if self.current and self.arm == "B" else [])
 
     def outcome(self) -> Outcome:
@@ -713,9 +714,8 @@ class StepAccount:
         return (1.0 + self.budget) * self._stock_equivalent_s() - self.spent_s
 
     def rebase(self) -> None:
-        """Stock is to be measured again (after an alarm, or when stock itself moved): the steps
-        so far keep the allowance of the stock they ran against; the next ones are allowed
-        against the new stock."""
+        """Stock is to be measured again (after an alarm): the steps so far keep the allowance
+        of the stock they ran against; the next ones are allowed against the new stock."""
         if not math.isnan(self.stock_step_s):
             self.before_allowed_s += (
                 (1.0 + self.budget) * self.stock_step_s * (self.other_steps - self.before_steps)

@@ -989,7 +989,7 @@ class StepTuner:
         """What every ended trial teaches: the job's noise (its pairs of windows), its length."""
         self.noise.add_pairs(outcome.pairs)
         if trial.incumbent.is_stock:
-            self._count_stock([w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "A"])
+            self._count_stock(trial.a_windows())
         else:
             self._update_account_stock()
         self._trial_seconds.append(
@@ -1051,7 +1051,7 @@ class StepTuner:
             return
         # against the trial's latest A window (the incumbent now, scaled as the account's stock
         # is to the incumbent's): a job whose stock drifts is not taken for a slow candidate
-        a = [w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "A" and w.steps]
+        a = [w for w in trial.a_windows() if w.steps]
         if a:
             a_s = a[-1].settled_s / self._ranks
             reference_s = a[-1].busy_sum_s / a[-1].steps * self.stock_step_s / self.incumbent_step_s

@@ -151,15 +151,7 @@ class _Tune:
         self.args = args
         self.job_noise = job_noise(args.job_noise) if args.job_noise is not None else None
         # the job's waits for its host, charged by the yardstick and the plan's figures alike
-        self.waits = (
-            None
-            if self.job_noise is None
-            else {
-                "wait_rel": self.job_noise.mean_wait_rel,
-                "wait_fixed_s": self.job_noise.mean_periodic_wait_s,
-                "wait_rel_strata": tuple(self.job_noise.wait_rel_strata()),
-            }
-        )
+        self.waits = None if self.job_noise is None else self.job_noise.yardstick_waits()
         self.device, self.workload = open_from_args(args)
         self.label = SOURCE_LABEL[self.device.source]
         # the steps' label: the noiseless figures (prior, oracle, plan) carry no job noise
