@@ -55,6 +55,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -90,24 +91,34 @@ class Args:
     bare: str = ""  # tune: a folder with the bare recording of the job (<job>_steps.csv.gz, _meta.json)
 
 
-def parse_args(argv: list[str]) -> Args:
-    """`--name value` pairs (dashes or underscores) onto Args; `--help` lists the knobs."""
-    fields = {f.name: f for f in dataclasses.fields(Args)}
+def parse_fields(cls: type, argv: list[str], prog: str, doc: str) -> Any:
+    """`--name value` pairs (dashes or underscores) onto the dataclass `cls`, each value of its
+    field's default's type; `--help` prints `doc` and lists the knobs. Bad input exits with one
+    line naming `prog` and the option."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     if "-h" in argv or "--help" in argv:
-        print(__doc__)
+        print(doc)
         for f in fields.values():
             print(f"  --{f.name.replace('_', '-')} (default {f.default!r})")
         sys.exit(0)
-    values: dict[str, object] = {}
     if len(argv) % 2:
-        sys.exit(f"record_job: expected --name value pairs, got {argv}")
+        sys.exit(f"{prog}: expected --name value pairs, got {argv}")
+    values: dict[str, Any] = {}
     for key, raw in zip(argv[::2], argv[1::2]):
         name = key.lstrip("-").replace("-", "_")
         if not key.startswith("--") or name not in fields:
-            sys.exit(f"record_job: unknown option {key}")
+            sys.exit(f"{prog}: unknown option {key}")
         kind = type(fields[name].default)
-        values[name] = kind(raw)
-    args = Args(**values)
+        try:
+            values[name] = kind(raw)
+        except ValueError:
+            sys.exit(f"{prog}: {key} takes a {kind.__name__}, got {raw!r}")
+    return cls(**values)
+
+
+def parse_args(argv: list[str]) -> Args:
+    """`--name value` pairs (dashes or underscores) onto Args; `--help` lists the knobs."""
+    args = parse_fields(Args, argv, "record_job", __doc__)
     if args.job not in JOBS:
         sys.exit(f"record_job: --job must be one of {', '.join(JOBS)}, got {args.job!r}")
     return args

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 import kdvfs
+from kdvfs.experiments.record_job import parse_fields
 from kdvfs.runtime.nvml_device import NVML_MODULE_ENV, NvmlDevice
 from kdvfs.runtime.torch_integration import HFTrainerHooks
 
@@ -79,21 +80,7 @@ class Args:
 
 def parse_args(argv: list[str]) -> Args:
     """`--name value` pairs (dashes or underscores) onto Args; `--help` lists the knobs."""
-    fields = {f.name: f for f in dataclasses.fields(Args)}
-    if "-h" in argv or "--help" in argv:
-        print(__doc__)
-        for f in fields.values():
-            print(f"  --{f.name.replace('_', '-')} (default {f.default!r})")
-        sys.exit(0)
-    if len(argv) % 2:
-        sys.exit(f"tune_overhead: expected --name value pairs, got {argv}")
-    values: dict[str, Any] = {}
-    for key, raw in zip(argv[::2], argv[1::2]):
-        name = key.lstrip("-").replace("-", "_")
-        if not key.startswith("--") or name not in fields:
-            sys.exit(f"tune_overhead: unknown option {key}")
-        values[name] = type(fields[name].default)(raw)
-    args = Args(**values)
+    args = parse_fields(Args, argv, "tune_overhead", __doc__)
     if (
         args.job not in ("mlp", "hf")
         or args.device not in ("cpu", "cuda")

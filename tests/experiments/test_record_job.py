@@ -43,6 +43,11 @@ def test_an_unknown_option_is_refused_with_one_line():
         record_job.parse_args(["--colour", "red"])
 
 
+def test_an_option_value_of_the_wrong_type_is_refused_with_one_line():
+    with pytest.raises(SystemExit, match=r"--seconds takes a float, got 'long'"):
+        record_job.parse_args(["--seconds", "long"])
+
+
 def test_the_plain_loop_job_records_its_steps_on_the_cpu_without_nvml(tmp_path):
     record_job.main([
         "--job", "sync", "--device", "cpu", "--seconds", "0.5", "--warmup-s", "0", "--out", str(tmp_path),
