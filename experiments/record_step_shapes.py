@@ -1,15 +1,20 @@
 """Record whole training steps of differently shaped models, read-only, for a simulator's calibration.
 
     python experiments/record_step_shapes.py --out DIR [--warmup-s 6 --window-s 20 --budget-s 270]
+                                             [--shapes NAME,NAME,...]
 
 Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU setting. Map:
   SHAPES        the steps: ResNet-50 bf16 batch 128; GPT-2 small bf16 with SDPA attention and with
-                eager attention; an fp32 MLP with SGD; a large-batch transformer at the power cap
+                eager attention; an fp32 MLP with SGD; a large-batch transformer at the power cap;
+                a ViT-B/16 in fp32 with AdamW; GPT-2 medium bf16 SDPA at 8 x 1024; a small
+                launch-bound ResNet-18 bf16 batch 32 with SGD
+  select_shapes --shapes a,b,c: the named shapes, in SHAPES order (default: all); an unknown name
+                exits with one line naming it
   measure       per shape: warm up for warmup_s, then run window_s between two synchronisations
                 with the NVML sampler on: step time, energy per step from the energy counter,
                 mean power, SM clock, temperature, throttle reasons; then a torch.profiler trace
                 of 3 steps: GPU busy share (union of kernel intervals over the steps' span)
-  main          writes DIR/steps_summary.json (one entry per shape, after each shape) and
+  main          the selected shapes, one after another; writes DIR/steps_summary.json (one entry per shape, after each shape) and
                 DIR/steps_kernels.csv.gz (shape, name, start_us, duration_us per GPU event)
 Data are random tensors already on the GPU: the steps, not a data pipeline, are measured.
 """
@@ -104,13 +109,84 @@ def transformer_large_batch() -> tuple:
     return step, "nn.TransformerEncoder LM d=1024 12 layers, batch 64x512, bf16 autocast, fused AdamW"
 
 
+def vit_b16_fp32() -> tuple:
+    import torchvision
+
+    model = torchvision.models.vit_b_16(weights=None).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    x = torch.randn(64, 3, 224, 224, device=DEVICE)
+    y = torch.randint(0, 1000, (64,), device=DEVICE)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    return step, f"torchvision vit_b_16, batch 64x3x224x224, fp32 (allow_tf32={tf32}), fused AdamW"
+
+
+def gpt2_medium() -> tuple:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, attn_implementation="sdpa")
+    model = GPT2LMHeadModel(config).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    ids = torch.randint(0, 50257, (8, 1024), device=DEVICE)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step, "GPT-2 medium (d 1024, 24 layers), batch 8x1024, bf16 autocast, attention sdpa, fused AdamW"
+
+
+def resnet18_small_batch() -> tuple:
+    import torchvision
+
+    model = torchvision.models.resnet18(weights=None).to(DEVICE, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(32, 3, 224, 224, device=DEVICE).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (32,), device=DEVICE)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step, "torchvision resnet18, batch 32x3x224x224, bf16 autocast, channels_last, SGD momentum"
+
+
 SHAPES = {
     "resnet50_bf16_b128": resnet50_bf16,
     "gpt2_small_sdpa_bf16": lambda: gpt2_small("sdpa"),
     "gpt2_small_eager_bf16": lambda: gpt2_small("eager"),
     "mlp_fp32_sgd": mlp_fp32,
     "transformer_bf16_b64_powercap": transformer_large_batch,
+    "vit_b16_fp32_adamw_b64": vit_b16_fp32,
+    "gpt2_medium_sdpa_bf16_b8x1024": gpt2_medium,
+    "resnet18_bf16_b32_sgd": resnet18_small_batch,
 }
+
+
+def select_shapes(text: str | None) -> list[str]:
+    """The shapes named in `text` (comma-separated), in SHAPES order; None or "": all of them.
+    An unknown name exits with one line naming it and the known ones."""
+    if not text:
+        return list(SHAPES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown or not names:
+        sys.exit(
+            f"record_step_shapes: unknown shape {', '.join(unknown) or repr(text)}; known: {', '.join(SHAPES)}"
+        )
+    return [n for n in SHAPES if n in names]
 
 
 def busy_share(kernels: list[tuple[str, float, float]]) -> tuple[float, float]:
@@ -210,6 +286,7 @@ def main(argv: list[str]) -> None:
     warmup_s = float(opts.get("--warmup-s", 6))  # per shape, before its window; s
     window_s = float(opts.get("--window-s", 20))  # measured window per shape; s
     budget_s = float(opts.get("--budget-s", 270))  # no new shape starts after this; s
+    names = select_shapes(opts.get("--shapes"))  # before the GPU is touched
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     sampler = NvmlSampler(torch.cuda.current_device(), 0.01, t0)
@@ -218,7 +295,8 @@ def main(argv: list[str]) -> None:
     with gzip.open(out / "steps_kernels.csv.gz", "wt", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(("shape", "name", "start_us", "duration_us"))
-        for name, build in SHAPES.items():
+        for name in names:
+            build = SHAPES[name]
             if time.perf_counter() - t0 + warmup_s + window_s + 15 > budget_s:
                 print(f"skipped {name}: budget", flush=True)
                 continue

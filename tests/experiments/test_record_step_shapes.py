@@ -1,0 +1,32 @@
+"""The step-shape recorder's --shapes option (experiments/record_step_shapes.py), on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdvfs.experiments import record_step_shapes
+
+
+def test_no_shapes_named_selects_every_shape_in_order():
+    assert record_step_shapes.select_shapes(None) == list(record_step_shapes.SHAPES)
+    assert record_step_shapes.select_shapes("") == list(record_step_shapes.SHAPES)
+
+
+def test_named_shapes_come_in_the_table_order_once_each():
+    names = record_step_shapes.select_shapes(
+        "resnet18_bf16_b32_sgd, vit_b16_fp32_adamw_b64,resnet18_bf16_b32_sgd"
+    )
+    assert names == ["vit_b16_fp32_adamw_b64", "resnet18_bf16_b32_sgd"]
+
+
+def test_an_unknown_shape_exits_non_zero_with_one_line_naming_it(capsys):
+    with pytest.raises(SystemExit) as stop:
+        record_step_shapes.main(["--out", "unused", "--shapes", "resnet50_bf16_b128,vit_huge"])
+    message = str(stop.value.code)
+    assert "vit_huge" in message and "\n" not in message and stop.value.code != 0
+    assert not capsys.readouterr().out
+
+
+def test_a_list_of_commas_only_is_refused():
+    with pytest.raises(SystemExit):
+        record_step_shapes.select_shapes(",")
