@@ -11,8 +11,9 @@ Gymnasium environment (envs/step_env.py) both measure through it.
   either, `pooled_report` merges the ranks' reports of one step (runtime/ranks.py pools them).
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows, sequential (it
   ends at its first decided block, or at its most blocks undecided); `Outcome`, its means
-  robust to a wrecked block (`robust_mean_se`); `NoiseMeter`: the job's noise per root
-  second, from pairs of windows of one schedule, kept up to date over the run.
+  robust to a wrecked block (`robust_mean_se`), its windows' energies moved to a common wait
+  for the host; `NoiseMeter`: the job's noise per root second, from pairs of windows of one
+  schedule, kept up to date over the run, and how a window's energy follows the job's waits.
 - `StallFilter`: a step far longer than its schedule's typical step (an evaluation pass or a
   checkpoint inside the job's step) counts its excess as the job's wait, not the clocks'.
 - `StepAccount`: the cumulative budget against stock measured in training.
@@ -60,6 +61,8 @@ ADOPT_Z = 3.0
 WINSOR_MADS = 3.0
 #: The smallest noise figure NoiseMeter reports, per root second; a fraction.
 NOISE_FLOOR = 1e-4
+#: Pairs of windows NoiseMeter fits the energy's dependence on the job's waits from; pairs.
+MIN_SLOPE_PAIRS = 8
 #: A step whose busy time exceeds this many times its schedule's typical busy step is a stall
 #: (StallFilter); a ratio (well above any clock pair's slowdown of the same schedule's steps).
 STALL_RATIO = 3.0
@@ -186,6 +189,7 @@ class Window:
     last: tuple[float, float] | None = None
     stall_steps: int = 0
     stall_time_s: float = 0.0
+    stall_wait_s: float = 0.0  # the job's wait (the stall's excess included) in the stalled steps, s
     gap_j: float = 0.0  # the counter's advance over the stalls' spans, J
     gap_s: float = 0.0  # the stalls' spans between counter readings, s
     gap_from: tuple[float, float] | None = None  # the reading before a stall whose span is open
@@ -208,6 +212,7 @@ class Window:
                 self.gap_from = start
                 self.stall_steps += 1
                 self.stall_time_s += report.step_time_s
+                self.stall_wait_s += report.wait_s
         if counted:
             self.steps += n
             self.time_sum_s += n * report.step_time_s
@@ -286,9 +291,30 @@ class Window:
         return self.power_w * (self.time_sum_s - self.stall_time_s) / regular
 
     @property
+    def regular_step_s(self) -> float:
+        """The mean step time of the steps energy_per_step_j counts (the stalls left out), s."""
+        regular = self.steps - self.stall_steps
+        if regular <= 0:
+            return self.step_s
+        return (self.time_sum_s - self.stall_time_s) / regular
+
+    @property
+    def regular_wait_s(self) -> float:
+        """The job's mean wait for its host in those steps (StepReport.wait_s), s."""
+        regular = self.steps - self.stall_steps
+        if regular <= 0:
+            return self.wait_sum_s / self.steps if self.steps else math.nan
+        return (self.wait_sum_s - self.stall_wait_s) / regular
+
+    @property
     def rank_energies_j(self) -> list[float]:
         """Energy per step of each rank's window (one rank: this window's)."""
         return [self.energy_per_step_j]
+
+    @property
+    def rank_waits(self) -> list[tuple[float, float]]:
+        """(regular_wait_s, regular_step_s) of each rank's window (one rank: this window's), s."""
+        return [(self.regular_wait_s, self.regular_step_s)]
 
     @property
     def rank_steps_s(self) -> list[float]:
@@ -301,18 +327,23 @@ class Window:
         return [self.settled_s]
 
 
-def window_pairs(x: Window | PooledWindow, y: Window | PooledWindow) -> list[tuple[float, float, float]]:
+def window_pairs(
+    x: Window | PooledWindow, y: Window | PooledWindow
+) -> list[tuple[float, float, float, float]]:
     """Two windows of one schedule as NoiseMeter pairs, each rank's: (relative energy
-    difference, relative busy-time difference, their mean settled seconds)."""
+    difference, relative busy-time difference, their mean settled seconds, the difference of
+    the job's mean wait for its host per step, over their mean step time)."""
     return [
-        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy))
-        for ex, ey, tx, ty, sx, sy in zip(
+        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / (0.5 * (stx + sty)))
+        for ex, ey, tx, ty, sx, sy, (wx, stx), (wy, sty) in zip(
             x.rank_energies_j,
             y.rank_energies_j,
             x.rank_steps_s,
             y.rank_steps_s,
             x.rank_settled_s,
             y.rank_settled_s,
+            x.rank_waits,
+            y.rank_waits,
         )
     ]
 
@@ -397,6 +428,10 @@ class PooledWindow:
         return [w.busy_s for w in self.windows]
 
     @property
+    def rank_waits(self) -> list[tuple[float, float]]:
+        return [(w.regular_wait_s, w.regular_step_s) for w in self.windows]
+
+    @property
     def rank_settled_s(self) -> list[float]:
         return [w.settled_s for w in self.windows]
 
@@ -458,8 +493,8 @@ class Outcome:
         blocks: completed A-B-B-A blocks.
         abandoned: the candidate was stopped before its blocks completed.
         pairs: two windows of one schedule in a block (A1 and A2, B1 and B2) as (energy
-            difference, time difference, seconds of the windows): what the job's noise is
-            measured from (`NoiseMeter`).
+            difference, time difference, seconds of the windows, wait difference;
+            `window_pairs`): what the job's noise is measured from (`NoiseMeter`).
         undecided: the trial reached its longest length (or was stopped for the budget's
             slack) with its decision still open.
     """
@@ -472,7 +507,7 @@ class Outcome:
     b_group_times_s: np.ndarray
     blocks: int
     abandoned: bool
-    pairs: tuple[tuple[float, float, float], ...] = ()
+    pairs: tuple[tuple[float, float, float, float], ...] = ()
     undecided: bool = False
 
 
@@ -490,6 +525,9 @@ class Trial:
         settle_s: steps that began within this long of a window's opening are not counted, s.
         min_blocks: blocks before `decide` is asked (None: `blocks`, a trial of fixed length).
         decide: the outcome so far -> whether the trial is decided (None: never early).
+        wait_slope: the share of a window's mean power the card draws while the job waits for
+            its host (NoiseMeter.wait_slope): each window's energy per step is moved to its
+            block's mean wait by it (0: as measured); a fraction.
     """
 
     incumbent: Schedule
@@ -499,6 +537,7 @@ class Trial:
     settle_s: float
     min_blocks: int | None = None
     decide: Callable[[Outcome], bool] | None = None
+    wait_slope: float = 0.0
     closed: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     abandoned: bool = False
@@ -548,10 +587,13 @@ class Trial:
         e_diff, t_diff, pairs = [], [], []
         for k in range(blocks):
             a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
-            # energy: each rank's block is a sample (pooled ranks: n a block, each card its own)
-            for ea1, eb1, eb2, ea2 in zip(
-                a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j
+            # energy: each rank's block is a sample (pooled ranks: n a block, each card its own),
+            # each window's energy at the block's mean wait for the host (`_at_mean_wait`)
+            for energies, waits in zip(
+                zip(a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j),
+                zip(a1.rank_waits, b1.rank_waits, b2.rank_waits, a2.rank_waits),
             ):
+                ea1, eb1, eb2, ea2 = _at_mean_wait(energies, waits, self.wait_slope)
                 diff = 0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0
                 if math.isfinite(diff):  # a window whose counter span was all stall has no energy
                     e_diff.append(diff)
@@ -585,6 +627,19 @@ class Trial:
         )
 
 
+def _at_mean_wait(
+    energies_j: Sequence[float], waits: Sequence[tuple[float, float]], slope: float
+) -> list[float]:
+    """A block's windows' energies per step, each moved to the block's mean wait for the host:
+    e x (1 - slope x (wait - mean wait) / step time), the card drawing slope x the window's mean
+    power while the job waits. The waits are the host's, not the clocks': this removes their
+    chance differences between A and B, not what a schedule draws while the job waits."""
+    if slope <= 0.0 or not all(math.isfinite(w) and s > 0.0 for w, s in waits):
+        return list(energies_j)
+    mean_wait_s = sum(w for w, _ in waits) / len(waits)
+    return [e * (1.0 - slope * (w - mean_wait_s) / s) for e, (w, s) in zip(energies_j, waits)]
+
+
 def _se(values: list[float]) -> float:
     return float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.inf
 
@@ -613,6 +668,10 @@ class NoiseMeter:
     relative s.d. of a window's energy per step and of its mean step time, each scaled to a
     window of 1 s (a figure per root second). Robust: the scaled median absolute deviation of
     the pairs' differences, so a stalled step or a sync gap in a few windows does not set it.
+    A job that waits for its host moves a window's energy per step with its waits (the card
+    draws while idle): `wait_slope` is that share of the window's power, fitted over the pairs,
+    and the energy noise is what is left once it is taken out (what a trial's blocks see, their
+    windows moved to a common wait: Trial's wait_slope).
 
     Args:
         floor: the smallest figure it reports, per root s (a perfectly quiet job still has a
@@ -622,18 +681,43 @@ class NoiseMeter:
     floor: float = NOISE_FLOOR
     energy: list[float] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
+    wait: list[float] = field(default_factory=list)
+    _slope: tuple[int, float] = (0, 0.0)  # (pairs it was fitted on, wait_slope)
 
-    def add(self, energy_diff: float, time_diff: float, window_s: float) -> None:
-        """Two windows of one schedule, window_s long each: their relative differences."""
+    def add(self, energy_diff: float, time_diff: float, window_s: float, wait_diff: float = 0.0) -> None:
+        """Two windows of one schedule, window_s long each: their relative differences (the
+        wait's: its difference per step over the mean step time)."""
         if not (math.isfinite(energy_diff) and math.isfinite(time_diff) and window_s > 0):
             return
         scale = math.sqrt(window_s / 2.0)  # a difference of two windows has sqrt(2) x one's s.d.
         self.energy.append(energy_diff * scale)
         self.time.append(time_diff * scale)
+        self.wait.append(wait_diff * scale if math.isfinite(wait_diff) else 0.0)
 
-    def add_pairs(self, pairs: Sequence[tuple[float, float, float]]) -> None:
-        for energy_diff, time_diff, window_s in pairs:
-            self.add(energy_diff, time_diff, window_s)
+    def add_pairs(self, pairs: Sequence[tuple[float, ...]]) -> None:
+        for pair in pairs:
+            self.add(*pair)
+
+    @property
+    def wait_slope(self) -> float:
+        """The share of a window's mean power the card draws while the job waits: the least
+        squares slope of the pairs' energy differences on their wait differences (through 0,
+        each energy difference first clipped to WINSOR_MADS scaled MADs), within [0, 1]; 0
+        under MIN_SLOPE_PAIRS pairs or where the waits never differ."""
+        n = len(self.wait)
+        if self._slope[0] == n:
+            return self._slope[1]
+        slope = 0.0
+        if n >= MIN_SLOPE_PAIRS:
+            x, y = np.asarray(self.wait), np.asarray(self.energy)
+            mad = 1.4826 * float(np.median(np.abs(y - np.median(y))))
+            if mad > 0.0:
+                y = np.clip(y, np.median(y) - WINSOR_MADS * mad, np.median(y) + WINSOR_MADS * mad)
+            sxx = float(x @ x)
+            if sxx > 0.0:
+                slope = min(max(float(x @ y) / sxx, 0.0), 1.0)
+        self._slope = (n, slope)
+        return slope
 
     @property
     def samples(self) -> int:
@@ -649,8 +733,12 @@ class NoiseMeter:
 
     @property
     def energy_sd_per_root_s(self) -> float:
-        """Relative s.d. of a 1-s window's energy per step (NaN under two pairs)."""
-        return self._sd(self.energy, self.floor)
+        """Relative s.d. of a 1-s window's energy per step, the job's waits taken out
+        (wait_slope; NaN under two pairs)."""
+        slope = self.wait_slope
+        if slope == 0.0:
+            return self._sd(self.energy, self.floor)
+        return self._sd([e - slope * w for e, w in zip(self.energy, self.wait)], self.floor)
 
     @property
     def time_sd_per_root_s(self) -> float:
@@ -824,7 +912,16 @@ class StockReference:
         stock_s = float(np.average(steps[kept], weights=weights[kept]))
         # the spread of one rank's windows about its own mean; a pooled window's mean is
         # sqrt(ranks) tighter (ranks may differ a little in level: it cancels in a trial)
-        rank_energy = np.array([w.rank_energies_j for w in windows])  # windows x ranks
+        measured_j = rank_energy = np.array([w.rank_energies_j for w in windows])  # windows x ranks
+        # the spread at the windows' mean wait for the host (NoiseMeter.wait_slope): a trial's
+        # blocks are judged so (Trial's wait_slope)
+        meter = NoiseMeter()
+        meter.add_pairs(self.pairs())
+        slope = meter.wait_slope
+        if slope > 0.0:
+            waits = np.array([w.rank_waits for w in windows])  # windows x ranks x (wait, step)
+            mean_wait_s = np.mean(waits[:, :, 0], axis=0)
+            rank_energy = rank_energy * (1.0 - slope * (waits[:, :, 0] - mean_wait_s) / waits[:, :, 1])
         rank_steps = np.array([w.rank_steps_s for w in windows])
         mean_window_s = float(np.mean([w.rank_settled_s for w in windows]))
         busy = np.array([w.busy_s for w in windows])
@@ -832,7 +929,7 @@ class StockReference:
             step_s=stock_s,
             account_step_s=stock_s * (1.0 - REFERENCE_MARGIN),
             busy_s=float(np.average(busy[kept], weights=weights[kept])),
-            energy_per_step_j=float(np.mean(rank_energy[kept])),
+            energy_per_step_j=float(np.mean(measured_j[kept])),
             window_sd=_rank_sd(rank_energy) / math.sqrt(rank_energy.shape[1]),
             time_sd_per_root_s=max(_rank_sd(rank_steps) * math.sqrt(mean_window_s), 1e-4),
             segment_times_s=np.average(
@@ -841,7 +938,7 @@ class StockReference:
             window_s=self.window_s,
         )
 
-    def pairs(self) -> list[tuple[float, float, float]]:
+    def pairs(self) -> list[tuple[float, float, float, float]]:
         """Consecutive windows as pairs of one schedule (NoiseMeter.add_pairs), each rank's."""
         return [p for x, y in itertools.pairwise(self.windows) for p in window_pairs(x, y)]
 

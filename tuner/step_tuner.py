@@ -954,6 +954,7 @@ class StepTuner:
                 self.settle_s,
                 min_blocks=self.timing.trial_blocks,
                 decide=lambda outcome, w=window_s: self._explore_decided(outcome, w),
+                wait_slope=self.noise.wait_slope,
             )
             ex.trials += 1
             self.trials += 1
@@ -1097,6 +1098,7 @@ class StepTuner:
             self.settle_s,
             min_blocks=blocks,
             decide=self._verify_decided,
+            wait_slope=self.noise.wait_slope,
         )
         self.trials += 1
         self._enter(Verifying(group, trial, search, explored_undecided=undecided))

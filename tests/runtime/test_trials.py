@@ -262,3 +262,67 @@ def test_a_block_whose_window_has_no_energy_is_left_out_of_the_trials_energy_not
     part = trial.outcome()
     assert part.blocks == 2 and part.time_diff == whole.time_diff
     assert part.energy_diff == pytest.approx(0.10, abs=0.02) and np.isinf(part.energy_se)  # one block left
+
+
+# --- a job that waits for its host: the card's idle draw follows the waits -------------------
+IDLE_W = 60.0
+
+
+def _waiting_trial(slope: float, seed: int) -> tuple[Trial, NoiseMeter]:
+    """A trial of a job whose GPU is busy STEP_S a step, then idle at IDLE_W while the host
+    feeds it late (a wait of about STEP_S, its level drawn anew every 20 steps: a host slow
+    for a while); B's kernels draw 3% less at the same time.
+    Each step is busy then idle, the counter read every UPDATE_S. Returns the trial judged with
+    `slope` and a NoiseMeter fed its pairs."""
+    rng = np.random.default_rng(seed)
+    trial = Trial(Schedule.stock(), Schedule.stock(), 12, 0.5, 0.0, wait_slope=slope)
+    end_s, energy_j, next_update_s, i = 0.0, 0.0, UPDATE_S, 0
+    while not trial.done:
+        if trial.current is None:
+            trial.open(end_s)
+        busy_w = POWER_W * (0.97 if trial.arm == "B" else 1.0)
+        if i % 20 == 0:
+            level = rng.uniform(0.5, 1.5)
+        wait_s = STEP_S * level
+        readings = []
+        for span_s, power_w in ((STEP_S, busy_w), (wait_s, IDLE_W)):
+            while next_update_s <= end_s + span_s:
+                readings.append((next_update_s, energy_j + power_w * (next_update_s - end_s)))
+                next_update_s += UPDATE_S
+            end_s += span_s
+            energy_j += power_w * span_s
+        step_s = STEP_S + wait_s
+        trial.add(
+            StepReport(i, end_s, step_s, (step_s,), tuple(readings), 40.0, frozenset(), 700.0, wait_s=wait_s)
+        )
+        i += 1
+    meter = NoiseMeter()
+    meter.add_pairs(trial.outcome().pairs)
+    return trial, meter
+
+
+def test_the_noise_meter_reads_how_a_windows_energy_follows_the_jobs_waits():
+    mean_power_w = (POWER_W * STEP_S + IDLE_W * STEP_S) / (2 * STEP_S)
+    slopes, ratios = [], []
+    for seed in range(6):
+        trial, meter = _waiting_trial(0.0, seed=seed)
+        waits_ignored = NoiseMeter()
+        waits_ignored.add_pairs([(e, t, s) for e, t, s, _ in trial.outcome().pairs])
+        assert waits_ignored.wait_slope == 0.0
+        slopes.append(meter.wait_slope)
+        ratios.append(meter.energy_sd_per_root_s / waits_ignored.energy_sd_per_root_s)
+    assert np.mean(slopes) == pytest.approx(IDLE_W / mean_power_w, rel=0.25)
+    assert np.mean(ratios) < 0.6
+
+
+def test_a_trial_judged_at_its_blocks_mean_wait_reads_the_same_saving_with_a_smaller_error():
+    saving = 0.03 * POWER_W / (POWER_W + IDLE_W)  # B's 3% of the busy energy, of the whole step's
+    errors, z = [], []
+    for seed in range(6):
+        _, meter = _waiting_trial(0.0, seed=seed)
+        plain, _ = _waiting_trial(0.0, seed=seed + 10)
+        adjusted, _ = _waiting_trial(meter.wait_slope, seed=seed + 10)  # the same steps
+        errors.append(adjusted.outcome().energy_se / plain.outcome().energy_se)
+        z.append((adjusted.outcome().energy_diff + saving) / adjusted.outcome().energy_se)
+    assert np.mean(errors) < 0.7
+    assert abs(np.mean(z)) < 1.5  # unbiased: the mean of six z-scores has s.d. 0.41
