@@ -33,6 +33,11 @@ class KindModel:
             in waves of blocks (0: not modelled in waves).
         wave_s: fixed latency of one whole wave of blocks (loading its tiles, writing its
             results), at the highest core clock, in seconds; it scales with 1 / core clock.
+        step_busy: share of the chip (dimensionless, in (0, 1]) a kernel of the kind keeps
+            busy inside a recorded training step, against the ladder's kernels of its kind: a
+            trace kernel's work runs at this share of the kind's rate over its recorded
+            duration, and draws the activity of that share (runtime/trace.py busy_share);
+            kernels whose work is counted (the ladder, the analytic workloads) run at 1.
     """
 
     rate_eff: float = 1.0
@@ -41,6 +46,7 @@ class KindModel:
     act_stream: float | None = None
     block_bytes: float = 0.0
     wave_s: float = 0.0
+    step_busy: float = 1.0
 
 
 GENERIC_KIND = KindModel()
@@ -147,11 +153,30 @@ ATTENTION_BLOCK_BYTES = 4 * 128 * 128 * 2
 """Bytes of input and output one flash-attention thread block covers, B: 128-row tiles of q,
 k, v and the output at head dim 128 in bf16 (FlashAttention-2's block on sm80/sm90)."""
 
+STEP_BUSY_COMPUTE = 0.91
+"""In-step busy share of a GEMM or attention kernel (KindModel.step_busy, dimensionless):
+fitted, with STEP_BUSY_STREAM, to the time and energy of the whole steps STEP_BUSY_FITTED_ON
+recorded at stock on an H200 by `python -m kdvfs.experiments.fit_step_power` (least squares on
+log errors; with shares of 1 the simulated card drew its cap on every step)."""
+STEP_BUSY_STREAM = 0.47
+"""In-step busy share of every other kind (streaming: elementwise, norm, reduce, optimizer,
+memory ops, other, communication; dimensionless): fitted with STEP_BUSY_COMPUTE."""
+STEP_BUSY_FITTED_ON = (
+    "gpt2_small_sdpa_bf16",
+    "mlp_fp32_sgd",
+    "transformer_bf16_b64_powercap",
+    "gpt3xl_block",
+)
+"""The recorded steps the in-step busy shares were fitted to (data/h200/steps, and the probe's
+GPT-3-XL block, data/h200-probe); every other recorded step is held out."""
+
 # Per-kind rates, small-launch floors and streaming activity, fitted to the H200 size ladder
 # (data/h200/kernels_ladder.csv, `kdvfs probe --ladder`) by
-# `python -m kdvfs.experiments.fit_kinds`: one set per kind, never per kernel. The other
-# presets carry the same efficiencies and floors (they describe the kernels' implementations
-# more than the card; no ladder of those cards exists here).
+# `python -m kdvfs.experiments.fit_kinds`: one set per kind, never per kernel; the in-step busy
+# shares (step_busy) to whole steps (data/h200/steps) by `python -m
+# kdvfs.experiments.fit_step_power`, one per group of kinds. The other presets carry the same
+# efficiencies and floors (they describe the kernels' implementations more than the card; no
+# ladder of those cards exists here).
 LADDER_KINDS = (
     (
         "attention",
@@ -161,14 +186,17 @@ LADDER_KINDS = (
             act_stream=0.164,
             block_bytes=ATTENTION_BLOCK_BYTES,
             wave_s=4.58e-06,
+            step_busy=STEP_BUSY_COMPUTE,
         ),
     ),
-    ("elementwise", KindModel(bw_eff=0.718, floor_s=1.9e-06, act_stream=0.335)),
-    ("gemm", KindModel(rate_eff=1.034, floor_s=3.02e-06)),
-    ("memory_op", KindModel(bw_eff=0.802, act_stream=0.149)),
-    ("norm", KindModel(bw_eff=0.575, floor_s=2.23e-06, act_stream=0.345)),
-    ("optimizer", KindModel(bw_eff=0.851, floor_s=2.59e-05, act_stream=0.157)),
-    ("reduce", KindModel(bw_eff=0.983, floor_s=5.42e-06, act_stream=0.221)),
+    ("communication", KindModel(step_busy=STEP_BUSY_STREAM)),
+    ("elementwise", KindModel(bw_eff=0.718, floor_s=1.9e-06, act_stream=0.335, step_busy=STEP_BUSY_STREAM)),
+    ("gemm", KindModel(rate_eff=1.034, floor_s=3.02e-06, step_busy=STEP_BUSY_COMPUTE)),
+    ("memory_op", KindModel(bw_eff=0.802, act_stream=0.149, step_busy=STEP_BUSY_STREAM)),
+    ("norm", KindModel(bw_eff=0.575, floor_s=2.23e-06, act_stream=0.345, step_busy=STEP_BUSY_STREAM)),
+    ("optimizer", KindModel(bw_eff=0.851, floor_s=2.59e-05, act_stream=0.157, step_busy=STEP_BUSY_STREAM)),
+    ("other", KindModel(step_busy=STEP_BUSY_STREAM)),
+    ("reduce", KindModel(bw_eff=0.983, floor_s=5.42e-06, act_stream=0.221, step_busy=STEP_BUSY_STREAM)),
 )
 
 # NVIDIA H200 SXM. mem_w, mem_base_rel: DRAM power at full streaming fitted to the ladder by

@@ -2,7 +2,8 @@
 
 - `operating_point`: one launch at a locked pair or at stock (auto mode under the power cap),
   from `_time_parts` (launch, per-kind rates, L2 residency `l2_resident`, whole waves of
-  blocks `waves`, the work blended with the kind's floor, link waits) and `_power_w`
+  blocks `waves`, a recorded kernel's work at its in-step busy share (Kernel.busy_share), the
+  work blended with the kind's floor, link waits) and `_power_w`
   (leakage, V^2 f x activity, DRAM traffic); `voltage_rel`, `effective_cap_w`,
   `idle_power_w`; `_mix` and `_hunting` for the cap controller's clock swing.
 - The windowed cap: `CapControl` (the controller's clock limit over one window),
@@ -58,8 +59,10 @@ def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[
     """(total time, busy compute time, busy memory time, wave latency time) of one launch.
     The busy times are what the work needs at the kind's full rate; a working set that fits
     in L2 streams from it (at the core clock) rather than from DRAM; a kind that runs in
-    waves of thread blocks pays a fixed latency per whole wave over the SMs; a launch too
-    small to fill the SMs blends into the kind's floor (scaled by the core clock)."""
+    waves of thread blocks pays a fixed latency per whole wave over the SMs; a recorded
+    kernel's work runs at its busy share of the kind's rate (so the busy times over the
+    launch's time fall by that share); a launch too small to fill the SMs blends into the
+    kind's floor (scaled by the core clock)."""
     km = p.kind_model(k.kind)
     core_hz = core_mhz * 1e6
     rate = (p.tensor_flop_per_cycle if k.tensor_core else p.simt_flop_per_cycle) * km.rate_eff
@@ -70,7 +73,7 @@ def _time_parts(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float) -> tuple[
     t_wave = waves(p, k) * km.wave_s * p.max_core_mhz / core_mhz
     floor_s = km.floor_s * p.max_core_mhz / core_mhz
     t_busy = t_comp + t_wave
-    t_work = max(t_busy, t_mem) + (1.0 - p.overlap) * min(t_busy, t_mem)
+    t_work = (max(t_busy, t_mem) + (1.0 - p.overlap) * min(t_busy, t_mem)) / k.busy_share
     t_run = (t_work**p.floor_blend + floor_s**p.floor_blend) ** (1.0 / p.floor_blend)
     return p.launch_latency_s + max(t_run, k.wait_s), t_comp, t_mem, t_wave
 

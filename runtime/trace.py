@@ -1,12 +1,16 @@
 """Workload from a torch.profiler kernel trace (CSV: seq, name, start_us, duration_us).
 
-- `load_trace` (a CSV file) / `trace_workload` (rows already read): finds the period of the repeating kernel sequence, keeps one step, averages
-  each position's duration over the steps, drops profiler annotations, and tags each
-  kernel's pass;
+- `load_trace` (a CSV file) / `trace_workload` (rows already read): finds the period of the
+  repeating kernel sequence, keeps one step, averages each position's duration over the steps,
+  drops profiler annotations, and tags each kernel's pass; the meta keeps the trace's time a
+  step (span_us_per_step, the profiled host's pace where the GPU waited on it);
 - `classify` / `KernelClass`: a kernel name's short name, kind (`KINDS`) and tensor-core use
   (the rules in `_RULES`);
-- `kernel_from_duration`: a Kernel with flops or bytes from its duration at H200 stock rates
-  (`H200_GEMM_FLOPS_PER_S`, `H200_COPY_BYTES_PER_S`), so that a simulated card can run it.
+- `kernel_from_duration` / `work_for_duration`: a Kernel with flops (GEMMs, tensor-core
+  kernels: `computes_flops`) or bytes moved (the rest) that runs its recorded duration on the
+  simulated H200 at stock, the launch gap before it on top, busy for its kind's in-step share
+  of the chip (presets.KindModel.step_busy, `busy_share`); `under_window_cap` re-sets the works
+  under the step's power windows.
 
 The pass rule and why annotations are dropped: docs/design-runtime.md.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +36,9 @@ if TYPE_CHECKING:
 H200_GEMM_FLOPS_PER_S = 656e12
 """bf16 8192^3 GEMM at stock: 656 TFLOP/s (h200-probe/kernels_stock.csv, gemm_bf16_8192); where
 work_for_duration starts its search."""
+H200_SIMT_FLOPS_PER_S = 67e12
+"""FP32 on the CUDA cores at 1980 MHz: 67 TFLOP/s (datasheet); likewise for a GEMM off the
+tensor cores."""
 H200_COPY_BYTES_PER_S = 4.2e12
 """256 MiB device copy at stock: 4.2 TB/s (h200-probe/kernels_stock.csv, copy_256MiB); likewise."""
 
@@ -67,7 +74,13 @@ _RULES = (
     _rule(r"sdpa.*fprop|flash_fwd|fmha.*fwd", "sdpa_fwd", "attention", tensor_core=True),
     _rule(r"compute_dot_do_o", "sdpa_bwd_dot_do_o", "attention"),
     _rule(r"convert_dq_to_16bits", "sdpa_bwd_convert_dq", "attention"),
+    # a GEMM on CUDA cores (fp32 without TF32), or one whose operands are not aligned for
+    # vector loads (align1): bound by its loads and CUDA cores, not the tensor cores
+    _rule(r"simt|sgemm|_ffma_", "gemm_simt", "gemm"),
+    _rule(r"(gemm|cutlass|xmma).*align1\b", "gemm_align1", "gemm"),
     _rule(r"nvjet|gemm|cutlass|xmma", "gemm", "gemm", tensor_core=True),
+    _rule(r"batch_norm", "batchnorm", "norm"),
+    _rule(r"[Ss]oft[Mm]ax", "softmax", "norm"),
     _rule(r"layer_norm_grad_input", "layernorm_bwd_input", "norm"),
     _rule(r"GammaBetaBackward", "layernorm_bwd_gamma_beta", "norm"),
     _rule(r"layer_norm", "layernorm_fwd", "norm"),
@@ -75,7 +88,10 @@ _RULES = (
     _rule(r"multi_tensor_apply", "foreach", "optimizer"),
     _rule(r"GeluBackward", "gelu_bwd", "elementwise"),
     _rule(r"Gelu", "gelu_fwd", "elementwise"),
-    _rule(r"copy_kernel", "elementwise_copy", "elementwise"),
+    _rule(r"copy_kernel|CatArray", "elementwise_copy", "elementwise"),
+    _rule(r"dropout", "dropout", "elementwise"),
+    _rule(r"max_pool|avg_pool", "pool", "elementwise"),
+    _rule(r"nll_loss", "nll_loss", "reduce"),
     _rule(r"FillFunctor", "fill", "elementwise"),
     _rule(r"reduce_kernel.*MeanOps", "reduce_mean", "reduce"),
     _rule(r"reduce_kernel.*sum_functor", "reduce_sum", "reduce"),
@@ -134,9 +150,12 @@ def load_trace(path: str | Path) -> Workload:
     return trace_workload(path, path.stem, rows)
 
 
-def trace_workload(path: Path, name: str, rows: Sequence[CsvRow]) -> Workload:
+def trace_workload(
+    path: Path, name: str, rows: Sequence[CsvRow], busy_shares: Mapping[str, float] | None = None
+) -> Workload:
     """One training step of a kernel trace's rows (cells TRACE_COLUMNS; `path` is the file
-    they came from, named in errors and the meta) as the Workload `name`."""
+    they came from, named in errors and the meta) as the Workload `name`; `busy_shares`: each
+    kind's in-step busy share (kind -> share in (0, 1]; None or a kind left out: busy_share)."""
     if not rows:
         raise KdvfsError(f"{path}: no data rows")
     trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
@@ -150,14 +169,24 @@ def trace_workload(path: Path, name: str, rows: Sequence[CsvRow]) -> Workload:
         fmean(kernels[s * period + i].duration_us for s in range(steps)) * 1e-6 for i in range(period)
     ]
     passes = _passes(classes, [k.name for k in first], _optimizer_start(first, annotations))
+    from kdvfs.runtime.simulator import UNCAPPED
+
+    shares = busy_shares or {}
+    # first works as if uncapped: under_window_cap sets them under their windows' controls
     workload_kernels = under_window_cap(
-        [kernel_from_duration(i, c, passes[i], durations_s[i]) for i, c in enumerate(classes)]
+        [
+            kernel_from_duration(i, c, passes[i], durations_s[i], shares.get(c.kind), UNCAPPED)
+            for i, c in enumerate(classes)
+        ]
     )
+    whole = kernels[: steps * period]
+    span_us = max(k.start_us + k.duration_us for k in whole) - min(k.start_us for k in whole)
     meta = (
         ("source", str(path)),
         ("steps", str(steps)),
         ("kernels_per_step", str(period)),
         ("dropped_annotations", ";".join(sorted({a.name for a in annotations}))),
+        ("span_us_per_step", f"{span_us / steps:.3f}"),  # first start to last end of the whole steps
     )
     return Workload(name, workload_kernels, meta=meta)
 
@@ -212,25 +241,55 @@ def _passes(classes: list[KernelClass], names: list[str], optimizer_start: int) 
     ]
 
 
-def kernel_from_duration(position: int, c: KernelClass, pass_name: str, duration_s: float) -> Kernel:
-    """A trace kernel with the work that takes `duration_s` on the simulated H200 at stock
-    (work_for_duration): flops for tensor-core kernels, bytes moved for the rest."""
+def kernel_from_duration(
+    position: int,
+    c: KernelClass,
+    pass_name: str,
+    duration_s: float,
+    busy: float | None = None,
+    control: CapControl | None = None,
+) -> Kernel:
+    """A trace kernel with the work that runs `duration_s` on the simulated H200 at stock
+    (work_for_duration): flops for a GEMM or a tensor-core kernel, bytes moved for the rest;
+    busy for `busy` of the chip (None: its kind's in-step share, busy_share); capped alone
+    (control None) or under a window's cap control."""
     features = (
         ("duration_s", duration_s),
         *((f"is_{kind}", float(c.kind == kind)) for kind in KINDS),
         ("tensor_core", float(c.tensor_core)),
     )
-    work = work_for_duration(c.kind, c.tensor_core, duration_s)
+    share = busy_share(c.kind) if busy is None else _share(busy)
+    work = work_for_duration(c.kind, c.tensor_core, duration_s, control, share)
+    flops = computes_flops(c.kind, c.tensor_core)
     return Kernel(
         name=f"{position:03d}.{c.short}",
         pass_name=pass_name,
-        flops=work if c.tensor_core else 0.0,
-        bytes_moved=0.0 if c.tensor_core else work,
+        flops=work if flops else 0.0,
+        bytes_moved=0.0 if flops else work,
         tensor_core=c.tensor_core,
         ref_time_s=duration_s,
         features=features,
         kind=c.kind,
+        busy_share=share,
     )
+
+
+def computes_flops(kind: str, tensor_core: bool) -> bool:
+    """Whether a trace kernel's work is flops (a GEMM, on tensor or CUDA cores, or another
+    tensor-core kernel) rather than bytes moved."""
+    return tensor_core or kind == "gemm"
+
+
+def busy_share(kind: str) -> float:
+    """The share of the chip a recorded kernel of this kind keeps busy inside a training step,
+    against the size ladder's kernels of its kind (the H200 preset's KindModel.step_busy)."""
+    return get_preset("h200").kind_model(kind).step_busy
+
+
+def _share(share: float) -> float:
+    if not (math.isfinite(share) and 0.0 < share <= 1.0):
+        raise KdvfsError(f"a kernel's busy share must be in (0, 1], got {share!r}")
+    return float(share)
 
 
 WORK_BISECTION_STEPS = 40  # steps of the bisection on log(work): relative precision ~1e-9
@@ -251,46 +310,55 @@ def under_window_cap(kernels: list[Kernel]) -> tuple[Kernel, ...]:
         return tuple(kernels)
     temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
     durations_s = [k.ref_time_s for k in kernels]
+    launches_s = [d + card.launch_latency_s for d in durations_s]  # each with the gap before it
     for _ in range(WINDOW_FIT_ROUNDS):
         controls = {}
-        for window in windows(durations_s, card.power_window_s):
+        for window in windows(launches_s, card.power_window_s):
             entries = [(kernels[i], None, share) for i, share in window]
             control = window_control(card, entries, temp_c, card.power_cap_w) if len(window) > 1 else None
             controls.update({i: control for i, _ in window})
         for i, k in enumerate(kernels):
-            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i])
-            kernels[i] = replace(
-                k, flops=work if k.tensor_core else 0.0, bytes_moved=0.0 if k.tensor_core else work
-            )
+            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i], k.busy_share)
+            flops = computes_flops(k.kind, k.tensor_core)
+            kernels[i] = replace(k, flops=work if flops else 0.0, bytes_moved=0.0 if flops else work)
     return tuple(kernels)
 
 
 @lru_cache(maxsize=65536)
 def work_for_duration(
-    kind: str, tensor_core: bool, duration_s: float, control: CapControl | None = None
+    kind: str,
+    tensor_core: bool,
+    duration_s: float,
+    control: CapControl | None = None,
+    busy_share: float = 1.0,
 ) -> float:
-    """The work (flops on tensor cores, else bytes) a kernel of this kind needs to run
-    `duration_s` on the simulated H200 at stock, at its training temperature: the recorded
-    kernel, as the simulator costs it, capped alone (control None) or under a window's cap
-    control. A duration under the kind's floor gets no work (the simulated kernel then runs
-    its floor, a little longer than recorded)."""
+    """The work (flops for a GEMM or a tensor-core kernel, else bytes: computes_flops) a kernel
+    of this kind needs to run `duration_s` on the simulated H200 at stock, at its training
+    temperature, busy for `busy_share` of the chip: the recorded kernel, as the simulator costs
+    it, capped alone (control None) or under a window's cap control. A recorded duration is the
+    kernel's own run; the launch before it (the card's launch_latency_s, the gap between
+    kernels back to back) comes on top, as in the step. A duration under the kind's floor gets
+    no work (the simulated kernel then runs its floor, a little longer than recorded)."""
     from kdvfs.runtime.simulator import controlled_point, operating_point
 
     card = get_preset("h200")
     temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
+    flops = computes_flops(kind, tensor_core)
 
     def time_s(work: float) -> float:
-        kernel = Kernel("k", flops=work if tensor_core else 0.0, bytes_moved=0.0 if tensor_core else work,
-                        tensor_core=tensor_core, kind=kind)  # fmt: skip
+        kernel = Kernel("k", flops=work if flops else 0.0, bytes_moved=0.0 if flops else work,
+                        tensor_core=tensor_core, kind=kind, busy_share=busy_share)  # fmt: skip
         if control is None:
             return operating_point(card, kernel, None, temp_c, card.power_cap_w).time_s
         return controlled_point(card, kernel, None, temp_c, control).time_s
 
-    naive = duration_s * (H200_GEMM_FLOPS_PER_S if tensor_core else H200_COPY_BYTES_PER_S)
-    if time_s(0.0) >= duration_s:
+    rate = H200_GEMM_FLOPS_PER_S if tensor_core else H200_SIMT_FLOPS_PER_S if flops else H200_COPY_BYTES_PER_S
+    naive = duration_s * busy_share * rate
+    launch_s = duration_s + card.launch_latency_s
+    if time_s(0.0) >= launch_s:
         return 0.0
     lo, hi = math.log(naive) - 2.0, math.log(naive) + 4.0
     for _ in range(WORK_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if time_s(math.exp(mid)) < duration_s else (lo, mid)
+        lo, hi = (mid, hi) if time_s(math.exp(mid)) < launch_s else (lo, mid)
     return math.exp(0.5 * (lo + hi))

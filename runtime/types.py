@@ -216,6 +216,7 @@ class Kernel:
     features: tuple[tuple[str, float], ...] = ()
     kind: str = ""  # one of KERNEL_KINDS, or "" (unknown): how the simulator costs small sizes
     wait_s: float = 0.0  # s a launch waits on something outside the GPU (a link), at any clock
+    busy_share: float = 1.0  # share of the chip its work keeps busy: 1, or a recorded kernel's in-step share
 
     def feature_dict(self) -> dict[str, float]:
         return dict(self.features)
@@ -244,8 +245,9 @@ class Workload:
         h = hashlib.sha256()
         for k in self.kernels:
             wait = f"\x1f{k.wait_s:.4g}" if k.wait_s else ""  # absent where zero: older signatures stand
+            busy = f"\x1fb{k.busy_share:.4g}" if k.busy_share != 1.0 else ""  # likewise where 1
             h.update(
-                f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1f{k.flops:.4g}\x1f{k.bytes_moved:.4g}{wait}\x1e".encode()
+                f"{k.name}\x1f{k.pass_name}\x1f{k.launches}\x1f{k.flops:.4g}\x1f{k.bytes_moved:.4g}{wait}{busy}\x1e".encode()
             )
         return h.hexdigest()[:16]
 

@@ -1,0 +1,81 @@
+"""A recorded kernel inside a training step: its recorded duration after the launch gap before
+it, busy for its kind's in-step share of the chip (runtime/trace.py kernel_from_duration,
+presets.KindModel.step_busy); kernels whose work is counted run as the size ladder's."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdvfs.runtime.presets import LADDER_KINDS, STEP_BUSY_COMPUTE, STEP_BUSY_STREAM, get_preset
+from kdvfs.runtime.probe_kernels import parse_probe_kernel
+from kdvfs.runtime.simulator import UNCAPPED, SimulatedDevice, controlled_point, operating_point
+from kdvfs.runtime.tables import read_csv
+from kdvfs.runtime.trace import busy_share, classify, kernel_from_duration, trace_workload
+from kdvfs.runtime.types import ClockPair, KdvfsError
+from kdvfs.runtime.workloads import gpt3_xl_layer
+
+GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
+GELU = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl<float>>()"
+H200 = get_preset("h200")
+TEMP_C = 55.0
+
+
+def test_a_recorded_kernel_runs_its_duration_after_the_launch_gap_whatever_its_busy_share():
+    for name in (GEMM, GELU):
+        for share in (1.0, 0.5):
+            kernel = kernel_from_duration(0, classify(name), "forward", 200e-6, share, UNCAPPED)
+            op = controlled_point(H200, kernel, None, TEMP_C, UNCAPPED)
+            assert op.time_s == pytest.approx(200e-6 + H200.launch_latency_s, rel=1e-6)
+            assert kernel.busy_share == share and kernel.ref_time_s == 200e-6
+
+
+@pytest.mark.parametrize("ladder_kernel", ["gemm_bf16_2048", "gelu_32MiB"])
+def test_at_a_busy_share_of_one_a_recorded_kernel_is_the_ladders_kernel_that_ran_as_long(ladder_kernel):
+    # the model reduces to the ladder's where it should: a kernel back to back with itself
+    ladder = parse_probe_kernel(ladder_kernel).kernel()
+    temp_c = SimulatedDevice("h200", noise=0.0).operating_temperature_c()  # where traces are costed
+    run = operating_point(H200, ladder, None, temp_c, H200.power_cap_w)  # capped alone, as replayed
+    name = GEMM if ladder.tensor_core else GELU
+    recorded = kernel_from_duration(0, classify(name), "forward", run.time_s - H200.launch_latency_s, 1.0)
+    assert (recorded.flops, recorded.bytes_moved) == pytest.approx(
+        (ladder.flops, ladder.bytes_moved), rel=1e-6
+    )
+    again = operating_point(H200, recorded, None, temp_c, H200.power_cap_w)
+    assert (again.time_s, again.power_w) == pytest.approx((run.time_s, run.power_w), rel=1e-6)
+
+
+def test_a_less_busy_recorded_kernel_draws_less_and_keeps_its_kinds_memory_clock_dependence():
+    busy, half = (kernel_from_duration(0, classify(GELU), "forward", 200e-6, s, UNCAPPED) for s in (1.0, 0.5))
+    at = {
+        (k, mem): controlled_point(H200, k, ClockPair(1980, mem), TEMP_C, UNCAPPED)
+        for k in (busy, half)
+        for mem in (3201, 2201)
+    }
+    assert at[half, 3201].power_w < at[busy, 3201].power_w - 100.0  # less DRAM traffic, less activity
+    slowdown = [at[k, 2201].time_s / at[k, 3201].time_s for k in (busy, half)]
+    assert slowdown[0] > 1.2 and slowdown[1] == pytest.approx(slowdown[0], rel=1e-9)  # a stream still
+    assert at[half, 2201].power_w < at[half, 3201].power_w  # and DRAM power still follows its clock
+
+
+def test_kinds_that_compute_and_kinds_that_stream_have_their_fitted_in_step_shares():
+    shares = {kind: model.step_busy for kind, model in LADDER_KINDS}
+    assert shares["gemm"] == shares["attention"] == STEP_BUSY_COMPUTE == busy_share("gemm")
+    streaming = [k for k in shares if k not in ("gemm", "attention")]
+    assert streaming and all(shares[k] == STEP_BUSY_STREAM == busy_share(k) for k in streaming)
+    assert 0.0 < STEP_BUSY_STREAM < STEP_BUSY_COMPUTE <= 1.0
+
+
+def test_kernels_whose_work_is_counted_are_as_busy_as_the_ladders():
+    assert all(k.busy_share == 1.0 for k in gpt3_xl_layer().kernels)
+    assert parse_probe_kernel("layernorm_8k_x_2048").kernel().busy_share == 1.0
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.5, float("nan")])
+def test_a_busy_share_outside_zero_to_one_is_refused_in_one_line(share, tmp_path):
+    with pytest.raises(KdvfsError, match=r"^a kernel's busy share must be in \(0, 1\], got "):
+        kernel_from_duration(0, classify(GEMM), "forward", 100e-6, share)
+    trace = tmp_path / "t.csv"
+    trace.write_text("seq,name,start_us,duration_us\n" + "".join(f"{i},{GEMM},{i},50\n" for i in range(2)))
+    _, rows = read_csv(trace)
+    with pytest.raises(KdvfsError, match="busy share must be in"):
+        trace_workload(trace, "t", rows, {"gemm": share})
