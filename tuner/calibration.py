@@ -6,10 +6,15 @@
   clock and time per call.
 - `step_rows` -> `StepRow`: whole training steps recorded on the card (data/h200/steps/: a
   steps_summary.json with each step's measured time and energy from the counter, and the
-  kernel trace of its profiled steps in steps_kernels.csv.gz). Each step's kernels become a
-  `trace:` workload (runtime/trace.py: trace_workload) that the simulated card runs at stock,
-  noiselessly at its steady temperature (`expected_step`); time and energy per step are
-  compared with the measured ones.
+  kernel trace of its profiled steps in steps_kernels.csv.gz; `recorded_steps` reads them as
+  `RecordedStep`s). Each step's kernels become a `trace:` workload (runtime/trace.py:
+  trace_workload: each kernel its recorded duration, the launch gap before it, busy for its
+  kind's in-step share) that the simulated card runs at stock, noiselessly at its steady
+  temperature (`simulate_step`, expected_step); time and energy per step are compared with the
+  measured ones; the step takes the longer of its kernels' time and its host's pace
+  (`host_pace_s`: the profiled trace's time a step less PROFILER_OVERHEAD_S a GPU event), the
+  GPU idle at its boost clocks for the rest. `fit_role`: whether a step was fitted (the in-step
+  busy shares, presets.STEP_BUSY_FITTED_ON; the profiler's overhead, to time only) or held out.
 """
 
 from __future__ import annotations
@@ -18,15 +23,16 @@ import csv
 import gzip
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kdvfs.runtime.presets import STEP_BUSY_FITTED_ON
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
 from kdvfs.runtime.trace import trace_workload
-from kdvfs.runtime.types import KdvfsError
+from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 
 #: Columns a probe table must have.
 REQUIRED = ("kernel", "per_call_us", "avg_power_W", "sm_clock_median", "temp_end")
@@ -117,8 +123,31 @@ class StepRow:
         return self.simulated_energy_j / self.measured_energy_j - 1.0
 
 
-def step_rows(device: SimulatedDevice, folder: Path) -> Iterator[StepRow]:
-    """Each recorded step of `folder` (STEPS_SUMMARY, STEPS_KERNELS) simulated at stock."""
+@dataclass(frozen=True)
+class RecordedStep:
+    """One training step recorded on a real card.
+
+    Attributes:
+        shape: the step's name in the recording.
+        source: the file its kernel trace came from (named in errors).
+        rows: its GPU events (cells seq, name, start_us, duration_us; seq in trace order).
+        step_s: the step's measured time, s.
+        energy_j: its measured energy, J.
+        busy_share: the profiled GPU-busy share of its time (1.0 where not recorded).
+        power_w: its measured mean power, W.
+    """
+
+    shape: str
+    source: Path
+    rows: tuple[CsvRow, ...]
+    step_s: float
+    energy_j: float
+    busy_share: float = 1.0
+    power_w: float = 0.0
+
+
+def recorded_steps(folder: Path) -> list[RecordedStep]:
+    """The recorded steps of `folder` (STEPS_SUMMARY, STEPS_KERNELS), in the summary's order."""
     summary_path, kernels_path = folder / STEPS_SUMMARY, folder / STEPS_KERNELS
     for path in (summary_path, kernels_path):
         if not path.is_file():
@@ -141,18 +170,87 @@ def step_rows(device: SimulatedDevice, folder: Path) -> Iterator[StepRow]:
         raise KdvfsError(
             f"--against-steps {folder}: unreadable recording ({type(e).__name__}: {e})"
         ) from None
+    steps = []
     for entry in shapes:
         try:
             shape = str(entry["shape"])
             step_s, energy_j = float(entry["step_s"]), float(entry["energy_per_step_j"])
             busy = float(entry.get("gpu_busy_share", 1.0))
-            power_w = float(entry.get("counter_power_w", energy_j / step_s))
+            power_w = float(entry.get("counter_power_w", 0.0))
         except (KeyError, TypeError, ValueError) as e:
             raise KdvfsError(f"--against-steps {folder}: a step in {STEPS_SUMMARY} lacks {e}") from None
         if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(energy_j) and energy_j > 0):
             raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no positive time and energy")
+        power_w = power_w or energy_j / step_s
         if shape not in events:
             raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no kernels in {STEPS_KERNELS}")
-        workload = trace_workload(kernels_path, shape, events[shape])  # seq: the events' order
-        time_s, sim_j = device.expected_step([(k, None, k.launches) for k in workload.kernels])
-        yield StepRow(shape, len(workload.kernels), step_s, step_s * busy, energy_j, power_w, time_s, sim_j)
+        steps.append(RecordedStep(shape, kernels_path, tuple(events[shape]), step_s, energy_j, busy, power_w))
+    return steps
+
+
+PROFILER_OVERHEAD_S = 7.52e-6
+"""Host time torch.profiler (CPU and CUDA activities) adds a GPU event, s: a profiled trace's time
+a step, less this for each of its events, is the pace of the unprofiled host. Fitted to the
+recorded steps by experiments/fit_step_power.py (only a step whose GPU waits on its host, the
+ResNet-18 at batch 32, constrains it; every GPU-bound step asks only that it exceed ~4.5 us)."""
+
+
+PROFILER_OVERHEAD_FITTED_ON = ("resnet18_bf16_b32_sgd",)
+"""The recorded steps whose time PROFILER_OVERHEAD_S was fitted to (their energy held out)."""
+
+
+def host_pace_s(workload: Workload, profiler_overhead_s: float = PROFILER_OVERHEAD_S) -> float:
+    """The unprofiled host's time a step from a profiled trace workload: its time a step
+    (first event's start to last event's end, trace_workload's span_us_per_step) less the
+    profiler's overhead for each of its GPU events, s (0 where the trace has no span)."""
+    meta = dict(workload.meta)
+    span_s = float(meta.get("span_us_per_step", 0.0)) * 1e-6
+    return max(0.0, span_s - len(workload.kernels) * profiler_overhead_s)
+
+
+def simulate_step(
+    device: SimulatedDevice,
+    step: RecordedStep,
+    busy_shares: Mapping[str, float] | None = None,
+    profiler_overhead_s: float = PROFILER_OVERHEAD_S,
+) -> StepRow:
+    """A recorded step's kernels (a `trace:` workload, each kind busy for its in-step share:
+    busy_shares, default the H200 preset's) run at stock on the simulated card, noiselessly at
+    their steady temperature, against the measured step. The step takes the longer of the
+    kernels' time and its host's pace (host_pace_s): where the host is slower, the GPU waits
+    out the rest idle at its boost clocks (between a running step's kernels the card keeps
+    them: the host-bound recording's SM clock read 1980 MHz throughout)."""
+    workload = trace_workload(step.source, step.shape, step.rows, busy_shares)  # seq: the events' order
+    items = [(k, None, k.launches) for k in workload.kernels]
+    time_s, sim_j = device.expected_step(items)
+    wait_s = host_pace_s(workload, profiler_overhead_s) - time_s
+    if wait_s > 0.0:
+        p = device.preset
+        boost = ClockPair(p.max_core_mhz, p.max_mem_mhz)
+        time_s, sim_j = device.expected_step(items, waits=[[(wait_s, boost)]])
+    return StepRow(
+        step.shape,
+        len(workload.kernels),
+        step.step_s,
+        step.step_s * step.busy_share,
+        step.energy_j,
+        step.power_w or step.energy_j / step.step_s,
+        time_s,
+        sim_j,
+    )
+
+
+def fit_role(shape: str) -> str:
+    """What the recorded step `shape` was to the fit of the in-step model: "fitted" (the busy
+    shares were fitted to its time and energy: presets.STEP_BUSY_FITTED_ON), "time fitted" (the
+    profiler's overhead to its time, its energy held out: PROFILER_OVERHEAD_FITTED_ON) or "held
+    out"."""
+    if shape in STEP_BUSY_FITTED_ON:
+        return "fitted"
+    return "time fitted" if shape in PROFILER_OVERHEAD_FITTED_ON else "held out"
+
+
+def step_rows(device: SimulatedDevice, folder: Path) -> Iterator[StepRow]:
+    """Each recorded step of `folder` (STEPS_SUMMARY, STEPS_KERNELS) simulated at stock."""
+    for step in recorded_steps(folder):
+        yield simulate_step(device, step)

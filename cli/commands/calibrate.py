@@ -1,6 +1,7 @@
 """`kdvfs calibrate`: the simulated card in auto mode against a stock-clock probe (--against
 kernels_stock.csv), or against whole training steps recorded on the card (--against-steps DIR:
-each step's simulated time and energy against the measured; tuner/calibration.py step_rows).
+each step's simulated time and energy against the measured, and whether the in-step model
+was fitted to it or it is held out; tuner/calibration.py step_rows).
 Interrupted: the rows done so far, the JSON marked partial, exit 130."""
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ STEP_TARGET = 0.05
 
 
 def _run_steps(args: argparse.Namespace, device) -> int:
-    from kdvfs.tuner.calibration import step_rows
+    from kdvfs.tuner.calibration import fit_role, step_rows
 
     phases, rows = Phases("calibrate"), []
     with phases.interruptible():
@@ -79,18 +80,21 @@ def _run_steps(args: argparse.Namespace, device) -> int:
             rows.append(row)
     with deferred_interrupts():
         print(
-            f"{device.name} (simulated, stock clocks, noiseless, each step's kernels back to back) against "
+            f"{device.name} (simulated, stock clocks, noiseless, each step's kernels in order, the launch gap "
+            f"before each, busy for its kind's in-step share, at the host's pace where slower) against "
             f"{args.against_steps} (measured on a real GPU, energy from its counter)"
         )
         print(
             f"  {'step':32s} {'kernels':>7s} {'time ms meas/sim':>20s} {'err':>8s} {'energy J meas/sim':>20s} {'err':>8s}"
+            "  in-step model"
         )
         for r in rows:
             within = abs(r.time_error) <= STEP_TARGET and abs(r.energy_error) <= STEP_TARGET
             print(
                 f"  {r.shape:32s} {r.kernels:7d} {r.measured_step_s * 1e3:9.2f}/{r.simulated_time_s * 1e3:<9.2f} "
                 f"{pct(r.time_error):>8s} {r.measured_energy_j:9.2f}/{r.simulated_energy_j:<9.2f} "
-                f"{pct(r.energy_error):>8s}{'' if within else f'  (beyond {100 * STEP_TARGET:g}%)'}"
+                f"{pct(r.energy_error):>8s}  {fit_role(r.shape)}"
+                f"{'' if within else f'  (beyond {100 * STEP_TARGET:g}%)'}"
             )
         doc = phases.mark(
             {
@@ -110,6 +114,7 @@ def _run_steps(args: argparse.Namespace, device) -> int:
                         "simulated_energy_j": r.simulated_energy_j,
                         "time_error": r.time_error,
                         "energy_error": r.energy_error,
+                        "fit": fit_role(r.shape),
                     }
                     for r in rows
                 ],
