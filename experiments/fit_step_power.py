@@ -1,31 +1,21 @@
 """Fit how busy a recorded kernel keeps the simulated H200 inside a training step.
 
-    python -m kdvfs.experiments.fit_step_power [--steps DIR] [--fit-on a,b,...]     (CPU, ~5 min)
+    python -m kdvfs.experiments.fit_step_power [--steps DIR] [--fit-on a,b,...]     (CPU, ~3 min)
 
 Map, top to bottom:
-  Args          every knob, one line each, with its unit
-  load_steps    the recorded whole steps (data/h200/steps: measured time and energy a step,
-                kernel trace; tuner/calibration.py recorded_steps) and the probe's GPT-3-XL
-                block (its trace, with the real card's time and energy a step); every step
-                not named to fit on is held out
-  shares_of     two of the model's three parameters as each kind's in-step busy share: one
-                for the kinds that compute (gemm, attention), one for those that stream (the
-                rest); the third is the profiler's host overhead a GPU event
-  simulate      every step's kernels as a trace workload with those shares, each kernel its
-                recorded duration and the launch gap before it, run at stock on the simulated
-                H200 at its steady temperature (the windowed power cap acting), the GPU
-                waiting idle where the host's pace (the profiled trace's time a step less the
-                overhead a GPU event) is slower: time, energy (tuner/calibration.py simulate_step)
-  residuals     log errors of time and energy a step of the fitted steps (`fit_on`), and of
-                time alone of the steps whose host sets their pace (`fit_time_on`: the only
-                ones the overhead shows in; their energy is held out)
-  main          least squares over the three (shares in (0, 1], overhead >= 0), from a start;
-                then every step's errors at the fit and at shares of 1 (kernels as busy as the
-                size ladder's), fitted, time-fitted and held-out steps apart; prints JSON
-The model (docs/design-runtime.md): a recorded kernel's work runs at its kind's share of the
-ladder-fitted rate over its duration, so the chip draws the activity and DRAM traffic of that
-share; presets.STEP_BUSY_COMPUTE / STEP_BUSY_STREAM / STEP_BUSY_FITTED_ON and
-tuner/calibration.py PROFILER_OVERHEAD_S cite this run.
+  Args        every knob, one line each, with its unit
+  load_steps  the recorded whole steps (data/h200/steps, tuner/calibration.py recorded_steps)
+              and the probe's GPT-3-XL block with the real card's time and energy a step
+  shares_of   the model's busy shares by kind: one for gemm and attention, one for the rest
+  simulate    each step as calibrate runs it (tuner/calibration.py simulate_step: kernels at
+              their shares after their launch gaps, at the host's pace where slower, at stock
+              on the simulated H200 with its windowed cap): time and energy against measured
+  residuals   log errors of time and energy of the steps fitted (`fit_on`), of time alone of
+              the launch-bound ones (`fit_time_on`, which the profiler's overhead shows in)
+  main        least squares over the two shares and the overhead; every step's errors at the
+              fit and at shares of 1, fitted, time-fitted and held out apart; prints JSON
+Every step not named to fit on is held out. presets.STEP_BUSY_* and tuner/calibration.py
+PROFILER_OVERHEAD_S cite this run; the model: docs/design-runtime.md, "Inside a recorded step".
 """
 
 from __future__ import annotations
@@ -51,26 +41,28 @@ COMPUTE_KINDS = ("gemm", "attention")
 """Kinds whose kernels compute (flops): they share the first busy share; every other kind the second."""
 
 
+FIT_ON = "gpt2_small_sdpa_bf16,mlp_fp32_sgd,transformer_bf16_b64_powercap,gpt3xl_block"
+"""The steps fitted on by default, time and energy: an fp32 MLP (CUDA-core GEMMs), GPT-2 small
+with SDPA, a TransformerEncoder at the cap and the probe's GPT-3-XL block. Held out: ResNet-50
+(convolutions and batch norms, which no fitted step has) and GPT-2 small with eager attention (a
+fitted model on another attention path), both chosen before the fit, and every step recorded
+after it."""
+
+
 @dataclasses.dataclass
 class Args:
-    steps: str = ""  # folder of recorded steps (steps_summary.json, steps_kernels.csv.gz); "": the checkout's data/h200/steps
-    block_trace: str = (
-        ""  # the GPT-3-XL block's kernel trace; "": the checkout's data/h200-probe one; "none": left out
-    )
-    block_step_ms: float = (
-        6.87  # the real H200's time a block step (6.7-7.04 ms in two recordings: the mid); ms
-    )
-    block_energy_j: float = 4.78  # its energy a block step (4.7-4.86 J: the mid); J
-    fit_on: str = "gpt2_small_sdpa_bf16,mlp_fp32_sgd,transformer_bf16_b64_powercap,gpt3xl_block"  # steps whose time and energy are fitted, commas
-    fit_time_on: str = "resnet18_bf16_b32_sgd"  # steps whose time only is fitted (the host's pace), commas; the rest held out
+    steps: str = ""  # recorded steps' folder; "": the checkout's data/h200/steps
+    block_trace: str = ""  # the GPT-3-XL block's trace; "": data/h200-probe's; "none": left out
+    block_step_ms: float = 6.87  # the real H200's block step (6.7-7.04 in two recordings); ms
+    block_energy_j: float = 4.78  # its energy a block step (4.7-4.86); J
+    fit_on: str = FIT_ON  # steps whose time and energy are fitted, commas
+    fit_time_on: str = "resnet18_bf16_b32_sgd"  # steps whose time alone is fitted, commas
     start_compute: float = 0.9  # least squares' start of the compute share; share
     start_stream: float = 0.5  # its start of the stream share; share
     start_overhead_us: float = 5.0  # its start of the profiler's host overhead a GPU event; us
     lowest_share: float = 0.05  # lower bound of either share; share
-    diff_step: float = (
-        0.02  # relative step of the finite differences (window controls are discrete); fraction
-    )
-    baseline: int = 1  # 1: also every step at shares of 1 (as busy as the ladder's kernels); 0: not
+    diff_step: float = 0.02  # finite differences' relative step (the cap's controls are discrete)
+    baseline: int = 1  # 1: also every step at shares of 1 (as busy as the ladder's); 0: not
     out: str = ""  # also write the JSON to this file; "": print only
 
 
@@ -103,7 +95,7 @@ def shares_of(compute: float, stream: float) -> dict[str, float]:
 
 def simulate(steps: list[RecordedStep], shares: dict[str, float], overhead_s: float) -> list[dict]:
     """Each step's simulated time and energy (stock, noiseless, steady temperature; the host's
-    pace with `overhead_s` a GPU event) against its measured ones."""
+    pace with `overhead_s` a GPU event) against its measured ones, unrounded."""
     out = []
     for step in steps:
         row = simulate_step(SimulatedDevice("h200", noise=0.0), step, shares, overhead_s)
@@ -111,14 +103,14 @@ def simulate(steps: list[RecordedStep], shares: dict[str, float], overhead_s: fl
             {
                 "shape": step.shape,
                 "kernels": row.kernels,
-                "measured_step_ms": round(row.measured_step_s * 1e3, 3),
-                "simulated_step_ms": round(row.simulated_time_s * 1e3, 3),
-                "time_error": round(row.time_error, 4),
-                "measured_energy_j": round(row.measured_energy_j, 3),
-                "simulated_energy_j": round(row.simulated_energy_j, 3),
-                "energy_error": round(row.energy_error, 4),
-                "measured_power_w": round(row.measured_energy_j / row.measured_step_s, 1),
-                "simulated_power_w": round(row.simulated_energy_j / row.simulated_time_s, 1),
+                "measured_step_ms": row.measured_step_s * 1e3,
+                "simulated_step_ms": row.simulated_time_s * 1e3,
+                "time_error": row.time_error,
+                "measured_energy_j": row.measured_energy_j,
+                "simulated_energy_j": row.simulated_energy_j,
+                "energy_error": row.energy_error,
+                "measured_power_w": row.measured_energy_j / row.measured_step_s,
+                "simulated_power_w": row.simulated_energy_j / row.simulated_time_s,
             }
         )
     return out
@@ -127,6 +119,13 @@ def simulate(steps: list[RecordedStep], shares: dict[str, float], overhead_s: fl
 def residuals(rows: list[dict]) -> np.ndarray:
     """Log errors of time and of energy a step, in order."""
     return np.array([math.log1p(e) for r in rows for e in (r["time_error"], r["energy_error"])])
+
+
+def rounded(row: dict) -> dict:
+    """A step's row as printed: errors to 4 decimals, the rest to 3."""
+    return {
+        k: round(v, 4 if k.endswith("error") else 3) if isinstance(v, float) else v for k, v in row.items()
+    }
 
 
 def main(argv: list[str]) -> dict:
@@ -180,11 +179,13 @@ def main(argv: list[str]) -> dict:
             rows[s.shape]["energy_error"] for s in time_fitted
         ]
         return {
-            "fitted": [rows[s.shape] for s in fitted],
-            "time_fitted": [rows[s.shape] for s in time_fitted],
-            "held_out": [rows[s.shape] for s in held_out],
-            "largest_error_fitted": max(abs(e) for e in errors_fitted),
-            "largest_error_held_out": max((abs(e) for e in errors_held_out), default=None),
+            "fitted": [rounded(rows[s.shape]) for s in fitted],
+            "time_fitted": [rounded(rows[s.shape]) for s in time_fitted],
+            "held_out": [rounded(rows[s.shape]) for s in held_out],
+            "largest_error_fitted": round(max(abs(e) for e in errors_fitted), 4),
+            "largest_error_held_out": round(max(abs(e) for e in errors_held_out), 4)
+            if errors_held_out
+            else None,
         }
 
     doc = {

@@ -158,7 +158,7 @@ STEP_BUSY_COMPUTE = 0.91
 fitted, with STEP_BUSY_STREAM, to the time and energy of the whole steps STEP_BUSY_FITTED_ON
 recorded at stock on an H200 by `python -m kdvfs.experiments.fit_step_power` (least squares on
 log errors; with shares of 1 the simulated card drew its cap on every step)."""
-STEP_BUSY_STREAM = 0.47
+STEP_BUSY_STREAM = 0.471
 """In-step busy share of every other kind (streaming: elementwise, norm, reduce, optimizer,
 memory ops, other, communication; dimensionless): fitted with STEP_BUSY_COMPUTE."""
 STEP_BUSY_FITTED_ON = (
