@@ -588,6 +588,7 @@ class StepTuner:
         self.phase: Phase = self._new_reference(self.incumbent)
         self.phases: list[str] = ["Reference"]
         self.group_times_s: list[float] = []  # each group's stock time per step, s
+        self.incumbent_group_times_s: list[float] = []  # each group's time under the incumbent, s
         self.conditions = ConditionWatch()
         self.watch: DriftMonitor | None = None
         self.alarms: list[Alarm] = []
@@ -752,6 +753,7 @@ class StepTuner:
             for a, b in zip(starts, ends)
         ]
         self.group_times_s = times
+        self.incumbent_group_times_s = list(times)
         order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
         if ref.explore is not None:
             order = [g for g in order if g in ref.explore]
@@ -868,7 +870,8 @@ class StepTuner:
         if position >= len(search.order):
             return self._settle(search)
         g = search.order[position]
-        group_s = self.incumbent_step_s if g == STEP_GROUP else self.group_times_s[g]
+        # the group's time as the incumbent runs it: the budget left is what it may add to that
+        group_s = self.incumbent_step_s if g == STEP_GROUP else self.incumbent_group_times_s[g]
         extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
         extra_s -= self._proof_s()  # what the verification's time bound will take of the budget
         where = "step" if g == STEP_GROUP else f"group{g}@{self.incumbent.groups[g][0]}"
@@ -1172,6 +1175,7 @@ class StepTuner:
             self.incumbent = ver.trial.candidate
             self.incumbent_energy_j *= 1.0 - saving
             self.incumbent_step_s *= 1.0 + outcome.time_diff
+            self._adopt_group_times(outcome.b_group_times_s)
             adoption = Adoption(
                 self.account.steps,
                 self._now_s,
@@ -1182,6 +1186,19 @@ class StepTuner:
             )
             self.adoptions.append(adoption)
             self._emit(adoption)
+
+    def _adopt_group_times(self, b_group_times_s: np.ndarray) -> None:
+        """Each group's time under the adopted schedule: the verification's B shares of the
+        (new) incumbent step; where B's groups were not measured, the old times scaled alike."""
+        times = np.asarray(b_group_times_s, dtype=float)
+        old = np.asarray(self.incumbent_group_times_s, dtype=float)
+        if times.size == old.size and old.size and np.all(np.isfinite(times)) and times.sum() > 0:
+            shares = times / times.sum()
+        elif old.size and old.sum() > 0:
+            shares = old / old.sum()
+        else:
+            return
+        self.incumbent_group_times_s = [float(x) for x in shares * self.incumbent_step_s]
 
     # --- settled -------------------------------------------------------------------------------
     def _settled(self, settled: Settled, report: StepReport) -> Schedule:

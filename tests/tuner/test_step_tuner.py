@@ -14,9 +14,26 @@ from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.step_feed import site_workload
 from kdvfs.runtime.steps import SimulatedJob, StepReport
-from kdvfs.tuner.run import DEFAULT_ENERGY_UPDATE_PERIOD_S, DEFAULT_SWITCH_LATENCY_S, Card, TuningRun
+from kdvfs.tuner.oracle import InStep
+from kdvfs.tuner.run import (
+    DEFAULT_ENERGY_UPDATE_PERIOD_S,
+    DEFAULT_SWITCH_LATENCY_S,
+    NO_PRIOR,
+    Card,
+    TuningRun,
+    job_sites,
+)
+from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_priors import model_schedule
-from kdvfs.tuner.step_tuner import Exploring, Retuning, Settled, StepTuner, Verifying, switchable_groups
+from kdvfs.tuner.step_tuner import (
+    Exploring,
+    Retuning,
+    Settled,
+    StepTuner,
+    TrialFinished,
+    Verifying,
+    switchable_groups,
+)
 
 BUDGET = 0.01
 SECONDS = 340.0  # reference, exploration and verification of the one group on this card
@@ -258,3 +275,30 @@ def test_a_dry_run_whose_stock_slows_after_the_reference_still_completes_most_of
     completed = sum(not o["abandoned"] and o["blocks"] > 0 for o in trials)
     assert completed >= 3 and completed > sum(o["abandoned"] for o in trials)
     assert run.summary()["adopted"] == 0
+
+
+def test_after_an_adoption_that_made_the_step_faster_only_schedules_within_the_budget_are_verified():
+    # on the simulated H200 a locked pair can run faster than stock (whose cap controller hunts):
+    # the group's budget is what it may add to its time under that faster incumbent, not to
+    # its stock time (seed 0 adopts 1605 MHz, 1.2% faster; it then verified 1380 MHz, +1.5%)
+    device = open_device("sim:h200", seed=0)
+    workload = open_workload("gpt3-xl-layer", device)
+    session = TuneSession(
+        device,
+        workload,
+        seed=0,
+        prior=NO_PRIOR,
+        sites=job_sites(workload, device.switch_latency_s),
+        aggregate_steps=True,
+    )
+    verified = []
+    session.tuner.subscribe(
+        lambda e: (
+            verified.append(e.candidate) if isinstance(e, TrialFinished) and e.kind == "verify" else None
+        )
+    )
+    session.run_until(1500.0)
+    truth = InStep(open_device("sim:h200", noise=0.0), workload, BUDGET)
+    slowdowns = [truth.figures(*truth.schedule(s))[1] for s in verified]
+    assert len(verified) >= 2 and truth.figures(*truth.schedule(verified[0]))[1] < 0.0  # faster first
+    assert max(slowdowns) <= BUDGET
