@@ -70,8 +70,12 @@ _RULES = (
     _rule(r"^Memset", "memset", "memory_op"),
     _rule(r"nccl", "nccl", "communication"),
     _rule(r"^Memcpy", "memcpy", "memory_op"),
-    _rule(r"sdpa.*bprop|flash_bwd|fmha.*bwd", "sdpa_bwd", "attention", tensor_core=True),
-    _rule(r"sdpa.*fprop|flash_fwd|fmha.*fwd", "sdpa_fwd", "attention", tensor_core=True),
+    # PyTorch's memory-efficient attention in fp32 runs on the CUDA cores (its name says
+    # "cutlass", which would make it a tensor-core GEMM below)
+    _rule(r"fmha_cutlassB_f32", "sdpa_bwd_f32", "attention"),
+    _rule(r"fmha_cutlassF_f32", "sdpa_fwd_f32", "attention"),
+    _rule(r"sdpa.*bprop|flash_bwd|fmha.*bwd|fmha_cutlassB", "sdpa_bwd", "attention", tensor_core=True),
+    _rule(r"sdpa.*fprop|flash_fwd|fmha.*fwd|fmha_cutlassF", "sdpa_fwd", "attention", tensor_core=True),
     _rule(r"compute_dot_do_o", "sdpa_bwd_dot_do_o", "attention"),
     _rule(r"convert_dq_to_16bits", "sdpa_bwd_convert_dq", "attention"),
     # a GEMM on CUDA cores (fp32 without TF32), or one whose operands are not aligned for

@@ -63,8 +63,6 @@ def test_a_step_the_in_step_shares_were_not_fitted_to_is_marked_held_out(tmp_pat
 RECORDED = {step.shape: step for step in recorded_steps(STEPS)}
 #: Steps whose simulated energy misses the 5% target, and why (docs/benchmarks.md, "Whole training steps")
 ENERGY_MISSES = {
-    "vit_b16_fp32_adamw_b64": "held out: its CUDA-core GEMMs keep the chip less busy than the MLP's the "
-    "compute share was fitted to (+9.5%)",
     "resnet18_bf16_b32_sgd": "its small-batch kernels between the host's launches draw less than the "
     "kind shares give (+23.8%)",
 }

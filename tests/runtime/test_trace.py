@@ -127,6 +127,18 @@ def test_gpt3xl_trace_durations_and_work() -> None:
         ),
         ("cutlass_tensorop_bf16_s16816fprop_optimized_bf16_256x64_32x4_nhwc_align8", "gemm", "gemm", True),
         (
+            "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float",
+            "sdpa_fwd_f32",
+            "attention",
+            False,
+        ),
+        (
+            "fmha_cutlassB_f32_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<",
+            "sdpa_bwd_f32",
+            "attention",
+            False,
+        ),
+        (
             "void at::native::batch_norm_collect_statistics_channels_last_kernel<at::native::Var>()",
             "batchnorm",
             "norm",
