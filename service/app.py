@@ -90,7 +90,8 @@ class StepPools:
     that did not report (`missing`), not an error: the ranks then tune alone. One event loop:
     no lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_s: float = POOL_WAIT_S) -> None:
+        self.wait_s = wait_s  # longest a rank's report waits for the others', s
         self.open: dict[tuple[str, int], tuple[dict[int, Any], set[int], asyncio.Event]] = {}
         self.counters: dict[tuple[str, int], float] = {}  # (session, rank) -> its last counter reading, J
 
@@ -114,7 +115,7 @@ class StepPools:
         self, session_id: str, ranks: int, rank: int, report: Any
     ) -> tuple[list[Any], list[int]]:
         """Every rank's report of the step in rank order and no missing rank; or, when the
-        others did not report within POOL_WAIT_S, no reports and the ranks missing."""
+        others did not report within wait_s, no reports and the ranks missing."""
         self.check_counter(session_id, rank, report)
         key = (session_id, report.step)
         if key not in self.open and len(self.open) >= MAX_OPEN_POOLS:
@@ -124,7 +125,7 @@ class StepPools:
         if len(reports) >= ranks:
             complete.set()
         try:
-            await asyncio.wait_for(complete.wait(), POOL_WAIT_S)
+            await asyncio.wait_for(complete.wait(), self.wait_s)
         except TimeoutError:
             missing = [r for r in range(ranks) if r not in reports]
             reports.pop(rank, None)
@@ -157,6 +158,8 @@ class ServiceConfig:
         rate_per_s, rate_burst: each token's rate limit, requests/s and requests.
         max_body_bytes: the largest request body, bytes.
         preload: import the BoTorch strategy in the background at start (else on first use).
+        pool_wait_s: longest a rank's pooled step report waits for the other ranks', s (ranks
+            run in lockstep; a host that falls further behind tunes alone from then on).
     """
 
     db_url: str
@@ -168,6 +171,7 @@ class ServiceConfig:
     rate_burst: float = RATE_BURST
     max_body_bytes: int = MAX_BODY_BYTES
     preload: bool = False
+    pool_wait_s: float = POOL_WAIT_S
 
 
 def load_tokens(path: Path) -> dict[str, TokenScope]:
@@ -421,7 +425,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         threading.Thread(target=_preload, name="kdvfs-preload", daemon=True).start()
 
     known: dict[str, dict] = {}  # session rows read before (they change only on end)
-    pools = StepPools()
+    pools = StepPools(config.pool_wait_s)
 
     def own_session(caller: Scope, session_id: str) -> dict:
         row = known.get(session_id)

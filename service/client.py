@@ -61,6 +61,9 @@ FIRST_DOWN_S = 1.0
 #: each waits this long for the service's (the others get it as the shared one) before it
 #: answers from its local strategy, which may differ from theirs, and leaves the pool; s.
 POOLED_ASK_TIMEOUT_S = 10.0
+#: Longest one pooled step report may take: the service holds it until every rank's is in (its
+#: `kdvfs serve --pool-wait-s`, 0.5 s by default), so it needs longer than a plain call; s.
+POOL_CALL_TIMEOUT_S = 10.0
 #: Longest back-off; s.
 MAX_DOWN_S = 60.0
 #: Most tells kept in the outbox while the service is down (the oldest dropped beyond); tells.
@@ -454,7 +457,7 @@ class ServiceRankPool:
             raise PoolLost(f"tuning service {self.policy.client.url}: {self.policy.left_pool}")
         body = {"rank": self.policy.rank, "report": _rank_step(report)}
         try:
-            reply = PoolReply(**self.policy._call("pool", body))
+            reply = PoolReply(**self.policy._call("pool", body, POOL_CALL_TIMEOUT_S))
         except (ServiceDown, ServiceRefused) as exc:
             self.policy.pooled = False  # the rank tunes alone from here: its figures are its own
             raise PoolLost(f"tuning service {self.policy.client.url}: {exc}") from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import socket
 from pathlib import Path
 
@@ -50,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--port-file", type=Path, help="write the bound port here once listening (for --port 0)"
+    )
+    parser.add_argument(
+        "--pool-wait-s",
+        type=float,
+        default=None,
+        help="longest a data-parallel rank's step report waits for the other ranks', s (default 0.5)",
     )
 
 
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from kdvfs.service.app import RATE_BURST, RATE_PER_S, ServiceConfig, create_app, load_tokens
+    from kdvfs.service.app import POOL_WAIT_S, RATE_BURST, RATE_PER_S, ServiceConfig, create_app, load_tokens
     from kdvfs.service.store import StorageError
 
     tokens = load_tokens(args.token_file) if args.token_file is not None else None
@@ -104,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
     burst = RATE_BURST if args.burst is None else args.burst
     if not rate > 0 or not burst >= 1:
         raise KdvfsError(f"--rate must be > 0 and --burst >= 1, got {args.rate} and {args.burst}")
+    pool_wait_s = POOL_WAIT_S if args.pool_wait_s is None else args.pool_wait_s
+    if not (math.isfinite(pool_wait_s) and pool_wait_s > 0):
+        raise KdvfsError(f"--pool-wait-s must be a positive number of seconds, got {args.pool_wait_s}")
     config = ServiceConfig(
         db_url=args.db,
         tokens=tokens,
@@ -112,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         preload=not args.no_preload,
         rate_per_s=rate,
         rate_burst=burst,
+        pool_wait_s=pool_wait_s,
     )
     logging.basicConfig(level=logging.WARNING, format="kdvfs serve: %(message)s")
     try:

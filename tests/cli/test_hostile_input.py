@@ -45,6 +45,8 @@ def binary_file(tmp_path) -> Path:
         (["serve", "--db", "nonsense://x"], "unknown database kind 'nonsense'"),
         (["serve", "--db", "sqlite:///"], "in-memory"),
         (["serve", "--port-file", "{tmp}"], "is a directory"),
+        (["serve", "--pool-wait-s", "0"], "--pool-wait-s must be a positive number of seconds"),
+        (["serve", "--pool-wait-s", "nan"], "--pool-wait-s must be a positive number of seconds"),
         (["daemon", "status", "--json", "{tmp}"], "is a directory"),
         (["serve", "--token-file", "{binary}"], "cannot read the token file"),
         (["tune", "--seconds", "1", "--no-mlflow", "--service", "http://[::1"], "not a valid URL"),

@@ -256,7 +256,9 @@ def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(t
     from kdvfs.service.client import ServiceClient
     from tests.tuner.service_process import ServiceProcess
 
-    service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
+    # ranks are threads of one busy test process here: a generous wait, so that a rank the
+    # interpreter schedules late is not taken for a lost one
+    service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}", "--pool-wait-s", "8").start()
     try:
         out = run_service_ranks(service.url, 3, 400)
         session = ServiceClient(service.url).call("GET", f"/v1/sessions/{out[0][1].strategy.session_id}")
