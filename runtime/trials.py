@@ -653,11 +653,15 @@ def robust_mean_se(values: Sequence[float]) -> tuple[float, float]:
     if v.size == 0:
         return math.nan, math.inf
     if v.size >= 4:
-        median = float(np.median(v))
-        mad = 1.4826 * float(np.median(np.abs(v - median)))
-        if mad > 0.0:
-            v = np.clip(v, median - WINSOR_MADS * mad, median + WINSOR_MADS * mad)
+        v = _winsorised(v)
     return float(np.mean(v)), _se(list(v))
+
+
+def _winsorised(v: np.ndarray) -> np.ndarray:
+    """v with each value clipped to WINSOR_MADS scaled median absolute deviations of the median."""
+    median = float(np.median(v))
+    mad = 1.4826 * float(np.median(np.abs(v - median)))
+    return np.clip(v, median - WINSOR_MADS * mad, median + WINSOR_MADS * mad) if mad > 0.0 else v
 
 
 # --- the job's noise -------------------------------------------------------------------------
@@ -709,10 +713,7 @@ class NoiseMeter:
             return self._slope[1]
         slope = 0.0
         if n >= MIN_SLOPE_PAIRS:
-            x, y = np.asarray(self.wait), np.asarray(self.energy)
-            mad = 1.4826 * float(np.median(np.abs(y - np.median(y))))
-            if mad > 0.0:
-                y = np.clip(y, np.median(y) - WINSOR_MADS * mad, np.median(y) + WINSOR_MADS * mad)
+            x, y = np.asarray(self.wait), _winsorised(np.asarray(self.energy))
             sxx = float(x @ x)
             if sxx > 0.0:
                 slope = min(max(float(x @ y) / sxx, 0.0), 1.0)
@@ -919,9 +920,13 @@ class StockReference:
         meter.add_pairs(self.pairs())
         slope = meter.wait_slope
         if slope > 0.0:
-            waits = np.array([w.rank_waits for w in windows])  # windows x ranks x (wait, step)
-            mean_wait_s = np.mean(waits[:, :, 0], axis=0)
-            rank_energy = rank_energy * (1.0 - slope * (waits[:, :, 0] - mean_wait_s) / waits[:, :, 1])
+            waits = [w.rank_waits for w in windows]  # windows x ranks x (wait, step)
+            rank_energy = np.array(
+                [
+                    _at_mean_wait(rank_energy[:, r], [w[r] for w in waits], slope)
+                    for r in range(rank_energy.shape[1])
+                ]
+            ).T
         rank_steps = np.array([w.rank_steps_s for w in windows])
         mean_window_s = float(np.mean([w.rank_settled_s for w in windows]))
         busy = np.array([w.busy_s for w in windows])
