@@ -514,10 +514,41 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+def hf_training_arguments(out_dir: str, batch: int, workers: int, cuda: bool, seed: int) -> Any:
+    """The Trainer's arguments of the recorded hf job (and tune_overhead's): bf16 and pinned
+    memory on a card, no saving, no evaluation, no reporting, steps until stopped.
+
+    Args:
+        out_dir: the Trainer's output folder.
+        batch: sequences per step.
+        workers: DataLoader worker processes.
+        cuda: whether the job trains on a card (else on the CPU).
+        seed: the Trainer's seed.
+    """
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=out_dir,
+        per_device_train_batch_size=batch,
+        max_steps=10**7,
+        learning_rate=3e-4,
+        bf16=cuda,
+        dataloader_num_workers=workers,
+        dataloader_pin_memory=cuda,
+        logging_steps=10,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not cuda,
+        seed=seed,
+    )
+
+
 def run_hf(args: Args, device: torch.device, clock: StepClock, tuning: Tuning) -> dict:
     try:
         import transformers
-        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+        from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
     except Exception as error:
         sys.exit(f"record_job: the hf job needs transformers (and accelerate): {error}")
 
@@ -538,22 +569,7 @@ def run_hf(args: Args, device: torch.device, clock: StepClock, tuning: Tuning) -
     cuda = device.type == "cuda"
     out_dir = tempfile.mkdtemp(prefix="record_job_hf_")
     try:
-        targs = TrainingArguments(
-            output_dir=out_dir,
-            per_device_train_batch_size=batch,
-            max_steps=10**7,
-            learning_rate=3e-4,
-            bf16=cuda,
-            dataloader_num_workers=workers,
-            dataloader_pin_memory=cuda,
-            logging_steps=10,
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            use_cpu=not cuda,
-            seed=args.seed,
-        )
+        targs = hf_training_arguments(out_dir, batch, workers, cuda, args.seed)
     except TypeError as error:
         sys.exit(f"record_job: this transformers ({transformers.__version__}) rejects an argument: {error}")
     tuning.open()  # the callback hands model and optimizer over

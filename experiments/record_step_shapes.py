@@ -41,13 +41,15 @@ except ImportError:
 DEVICE = torch.device("cuda")
 
 
-def resnet50_bf16() -> tuple:
+def resnet_bf16(arch: str, batch: int) -> tuple:
+    """A torchvision ResNet (`arch`: resnet50, resnet18) at `batch` images of 224x224, bf16
+    autocast, channels_last, SGD momentum."""
     import torchvision
 
-    model = torchvision.models.resnet50(weights=None).to(DEVICE, memory_format=torch.channels_last)
+    model = getattr(torchvision.models, arch)(weights=None).to(DEVICE, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(128, 3, 224, 224, device=DEVICE).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (128,), device=DEVICE)
+    x = torch.randn(batch, 3, 224, 224, device=DEVICE).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=DEVICE)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -56,15 +58,18 @@ def resnet50_bf16() -> tuple:
         loss.backward()
         opt.step()
 
-    return step, "torchvision resnet50, batch 128x3x224x224, bf16 autocast, channels_last, SGD momentum"
+    return step, f"torchvision {arch}, batch {batch}x3x224x224, bf16 autocast, channels_last, SGD momentum"
 
 
-def gpt2_small(attn: str) -> tuple:
+def gpt2(attn: str, batch: int, seq: int, size: str = "small") -> tuple:
+    """A Hugging Face GPT-2 (`size`: small, GPT2Config's defaults; medium: d 1024, 24 layers,
+    16 heads) at batch x seq tokens, bf16 autocast, attention `attn`, fused AdamW."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(attn_implementation=attn)).to(DEVICE)
+    dims = {"small": {}, "medium": {"n_embd": 1024, "n_layer": 24, "n_head": 16}}[size]
+    model = GPT2LMHeadModel(GPT2Config(**dims, attn_implementation=attn)).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    ids = torch.randint(0, 50257, (16, 512), device=DEVICE)
+    ids = torch.randint(0, 50257, (batch, seq), device=DEVICE)
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -73,7 +78,8 @@ def gpt2_small(attn: str) -> tuple:
         loss.backward()
         opt.step()
 
-    return step, f"GPT-2 small (GPT2Config), batch 16x512, bf16 autocast, attention {attn}, fused AdamW"
+    what = "GPT-2 small (GPT2Config)" if size == "small" else "GPT-2 medium (d 1024, 24 layers)"
+    return step, f"{what}, batch {batch}x{seq}, bf16 autocast, attention {attn}, fused AdamW"
 
 
 def mlp_fp32() -> tuple:
@@ -127,51 +133,15 @@ def vit_b16_fp32() -> tuple:
     return step, f"torchvision vit_b_16, batch 64x3x224x224, fp32 (allow_tf32={tf32}), fused AdamW"
 
 
-def gpt2_medium() -> tuple:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_embd=1024, n_layer=24, n_head=16, attn_implementation="sdpa")
-    model = GPT2LMHeadModel(config).to(DEVICE)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    ids = torch.randint(0, 50257, (8, 1024), device=DEVICE)
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step, "GPT-2 medium (d 1024, 24 layers), batch 8x1024, bf16 autocast, attention sdpa, fused AdamW"
-
-
-def resnet18_small_batch() -> tuple:
-    import torchvision
-
-    model = torchvision.models.resnet18(weights=None).to(DEVICE, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(32, 3, 224, 224, device=DEVICE).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (32,), device=DEVICE)
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step, "torchvision resnet18, batch 32x3x224x224, bf16 autocast, channels_last, SGD momentum"
-
-
 SHAPES = {
-    "resnet50_bf16_b128": resnet50_bf16,
-    "gpt2_small_sdpa_bf16": lambda: gpt2_small("sdpa"),
-    "gpt2_small_eager_bf16": lambda: gpt2_small("eager"),
+    "resnet50_bf16_b128": lambda: resnet_bf16("resnet50", 128),
+    "gpt2_small_sdpa_bf16": lambda: gpt2("sdpa", 16, 512),
+    "gpt2_small_eager_bf16": lambda: gpt2("eager", 16, 512),
     "mlp_fp32_sgd": mlp_fp32,
     "transformer_bf16_b64_powercap": transformer_large_batch,
     "vit_b16_fp32_adamw_b64": vit_b16_fp32,
-    "gpt2_medium_sdpa_bf16_b8x1024": gpt2_medium,
-    "resnet18_bf16_b32_sgd": resnet18_small_batch,
+    "gpt2_medium_sdpa_bf16_b8x1024": lambda: gpt2("sdpa", 8, 1024, "medium"),
+    "resnet18_bf16_b32_sgd": lambda: resnet_bf16("resnet18", 32),
 }
 
 

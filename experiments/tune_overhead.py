@@ -252,9 +252,9 @@ def mlp_arm(args: Args, tuned: bool, job: tuple, sync: Callable[[], None]) -> di
 def hf_arm(args: Args, tuned: bool, model: nn.Module, sync: Callable[[], None]) -> dict[str, Any]:
     """GPT-2 under a fresh Hugging Face Trainer, bare or with hf_callback(kdvfs.tune()): the
     time between step starts after warmup_s, for arm_s."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback
 
-    from kdvfs.experiments.record_job import RandomTokens
+    from kdvfs.experiments.record_job import RandomTokens, hf_training_arguments
 
     starts_s: list[float] = []
     figures: list[dict] = []
@@ -276,22 +276,7 @@ def hf_arm(args: Args, tuned: bool, model: nn.Module, sync: Callable[[], None]) 
 
     cuda = args.device == "cuda"
     out_dir = tempfile.mkdtemp(prefix="tune_overhead_hf_")
-    targs = TrainingArguments(
-        output_dir=out_dir,
-        per_device_train_batch_size=args.batch,
-        max_steps=10**7,
-        learning_rate=3e-4,
-        bf16=cuda,
-        dataloader_num_workers=args.workers,
-        dataloader_pin_memory=cuda,
-        logging_steps=10,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=not cuda,
-        seed=args.seed,
-    )
+    targs = hf_training_arguments(out_dir, args.batch, args.workers, cuda, args.seed)
     callbacks: list[Any] = [Timer()]
     tuning = card = None
     if tuned:
