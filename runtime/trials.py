@@ -28,6 +28,7 @@ Design and findings: docs/design-step-tuner.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -761,6 +762,49 @@ def resolvable(sd_per_root_s: float, trial_s: float, z: float = ADOPT_Z) -> floa
     of two windows each has s.d. sigma_1 / sqrt(window s); over n blocks of 4 windows (trial_s =
     4 n window s) that is 2 sigma_1 / sqrt(trial_s). inf for a trial of no length."""
     return z * 2.0 * sd_per_root_s / math.sqrt(trial_s) if trial_s > 0 else math.inf
+
+
+@functools.lru_cache(maxsize=64)
+def sequential_z(first_block: int, last_block: int, z: float = ADOPT_Z) -> float:
+    """The boundary, in standard errors, that a sequential trial judged after each block from
+    first_block to last_block must cross to keep the one-sided false rate of a single look at
+    z: the same boundary at every look (Pocock's), z itself for one look, 3.42 for blocks 4 to
+    12 at z = 3 (judged there at 3, a trial of 9 looks adopts a null candidate 3.7 times as
+    often). The blocks' differences are taken as independent and normal with a known spread;
+    computed by the recursive numerical integration of Armitage, McPherson and Rowe (1969).
+
+    Args:
+        first_block: the first block after which the trial is judged; blocks (>= 1).
+        last_block: the last; blocks (>= first_block).
+        z: the single look's boundary; sds.
+    """
+    if not 1 <= first_block <= last_block:
+        raise ValueError(
+            f"sequential_z: needs 1 <= first_block <= last_block, got {first_block}, {last_block}"
+        )
+    if first_block == last_block:
+        return z
+    from scipy import optimize, stats
+
+    looks = range(first_block, last_block + 1)
+    step = 0.02  # grid of the blocks' summed differences, in single-block sds
+    half = math.ceil(8.0 * math.sqrt(last_block) / step)
+    x = step * np.arange(-half, half + 1)
+    kernel = stats.norm.pdf(step * np.arange(-math.ceil(8.0 / step), math.ceil(8.0 / step) + 1))
+
+    def false_rate(c: float) -> float:
+        rate = float(stats.norm.sf(c))
+        density = stats.norm.pdf(x / math.sqrt(first_block)) / math.sqrt(first_block)
+        density[x > c * math.sqrt(first_block)] = 0.0  # crossed at the first look
+        for k in looks[1:]:
+            bound = c * math.sqrt(k)
+            rate += step * float(density @ stats.norm.sf(bound - x))  # crosses at look k
+            density = step * np.convolve(density, kernel, mode="same")
+            density[x > bound] = 0.0
+        return rate
+
+    alpha = float(stats.norm.sf(z))
+    return float(optimize.brentq(lambda c: false_rate(c) - alpha, z, z + 2.0, xtol=1e-4))
 
 
 # --- budget -----------------------------------------------------------------------------------

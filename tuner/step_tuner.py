@@ -26,6 +26,7 @@ Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
@@ -62,6 +63,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     pass_boundaries,
     pooled_report,
     resolvable,
+    sequential_z,
     switchable_groups,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
@@ -348,6 +350,9 @@ class Verifying:
         adopted: the judgement (None until judged).
         explored_undecided: the group's exploring trials that ended undecided (a group not
             adopted after any is reopened later).
+        z: the standard errors the adoption must exceed at each of the trial's looks (its
+            blocks from the first judged to the last: `sequential_z`, so that its false rate
+            over all looks is that of one look at ADOPT_Z); sds.
     """
 
     group: int | None
@@ -355,6 +360,7 @@ class Verifying:
     search: Search
     adopted: bool | None = None
     explored_undecided: int = 0
+    z: float = ADOPT_Z
 
 
 @dataclass
@@ -888,13 +894,15 @@ class StepTuner:
         return self._exploring(self.phase, None)
 
     def _proof_s(self) -> float:
-        """The budget a verification of the longest length spends on proof: ADOPT_Z time errors
-        of its blocks at the job's time noise, s per step. The strategy searches within the
+        """The budget a verification of the longest length spends on proof: its time errors at
+        its sequential boundary (`sequential_z`) over its blocks at the job's time noise, s per
+        step. The strategy searches within the
         budget less this, so that what it finds can be adopted (a pair at the budget's edge
         never can)."""
         t = self.timing
         verify_s = 4.0 * t.verify_max_blocks * t.verify_window_s
-        return resolvable(self.time_sd_per_root_s, verify_s) * self.stock_step_s
+        z = sequential_z(min(t.verify_blocks, t.verify_max_blocks), t.verify_max_blocks)
+        return resolvable(self.time_sd_per_root_s, verify_s, z) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
         """Every group of the round explored: Settled, with the undecided and abandoned ones to
@@ -1093,24 +1101,26 @@ class StepTuner:
         blocks = t.verify_blocks
         if group is None and self.retunes == 0 and self.proven_prior:
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
+        max_blocks = max(t.verify_max_blocks, blocks)
+        z = sequential_z(blocks, max_blocks)
         trial = Trial(
             self.incumbent,
             candidate,
-            max(t.verify_max_blocks, blocks),
+            max_blocks,
             t.verify_window_s,
             self.settle_s,
             min_blocks=blocks,
-            decide=self._verify_decided,
+            decide=functools.partial(self._verify_decided, z=z),
             wait_slope=self.noise.wait_slope,
         )
         self.trials += 1
-        self._enter(Verifying(group, trial, search, explored_undecided=undecided))
+        self._enter(Verifying(group, trial, search, explored_undecided=undecided, z=z))
         return self._verifying(self.phase, None)
 
-    def _verify_decided(self, outcome: Outcome) -> bool:
-        """A verification is decided once the candidate is adopted (ADOPT_Z errors), or at ADOPT_Z
-        errors it saves nothing or is over the budget."""
-        j = self.judge(outcome, self.timing.verify_window_s)
+    def _verify_decided(self, outcome: Outcome, z: float) -> bool:
+        """A verification is decided once the candidate is adopted (z errors: the verification's
+        sequential boundary), or at ADOPT_Z errors it saves nothing or is over the budget."""
+        j = self.judge(outcome, self.timing.verify_window_s, z=z)
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
         return j.adopted or worse
 
@@ -1154,10 +1164,10 @@ class StepTuner:
         )
 
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
-        """Adopt when the saving exceeds ADOPT_Z standard errors (of the blocks' differences, and
-        no less than the job's noise predicts) and the candidate's slowdown, ADOPT_Z time
-        errors added, is within the budget."""
-        judgement = self.judge(outcome, ver.trial.window_s)
+        """Adopt when the saving exceeds ver.z standard errors (of the blocks' differences, and
+        no less than the job's noise predicts) and the candidate's slowdown, ver.z time errors
+        added, is within the budget: ver.z is ADOPT_Z held over the verification's looks."""
+        judgement = self.judge(outcome, ver.trial.window_s, z=ver.z)
         ver.adopted = judgement.adopted
         se, saving, slowdown = judgement.saving_se, judgement.saving, judgement.slowdown
         self._emit(

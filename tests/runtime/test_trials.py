@@ -16,6 +16,7 @@ from kdvfs.runtime.trials import (
     StockReference,
     Trial,
     robust_mean_se,
+    sequential_z,
 )
 
 STEP_S = 0.010
@@ -326,3 +327,26 @@ def test_a_trial_judged_at_its_blocks_mean_wait_reads_the_same_saving_with_a_sma
         z.append((adjusted.outcome().energy_diff + saving) / adjusted.outcome().energy_se)
     assert np.mean(errors) < 0.7
     assert abs(np.mean(z)) < 1.5  # unbiased: the mean of six z-scores has s.d. 0.41
+
+
+def _false_rate(boundary: float, first: int, last: int, walks: int = 400_000) -> float:
+    """Random walks of null blocks judged after each block from first to last: the share that
+    crosses boundary standard errors at any look."""
+    sums = np.random.default_rng(0).standard_normal((walks, last)).cumsum(axis=1)
+    blocks = np.arange(1, last + 1)
+    z = (sums / np.sqrt(blocks))[:, first - 1 : last]
+    return float((z.max(axis=1) > boundary).mean())
+
+
+def test_a_trial_judged_after_every_block_keeps_the_false_rate_of_one_look_at_its_sequential_boundary():
+    one_look = 0.00135  # one-sided tail beyond 3 normal sds
+    assert sequential_z(4, 4) == 3.0
+    boundary = sequential_z(4, 12)
+    assert 3.3 < boundary < 3.6
+    assert _false_rate(3.0, 4, 12) > 3.0 * one_look  # nine looks at 3 sds: far too many false adoptions
+    assert _false_rate(boundary, 4, 12) == pytest.approx(one_look, rel=0.2)
+
+
+def test_sequential_z_refuses_looks_out_of_order():
+    with pytest.raises(ValueError, match="first_block <= last_block"):
+        sequential_z(5, 4)

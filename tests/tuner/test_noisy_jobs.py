@@ -15,7 +15,14 @@ BUDGET = 0.01
 SECONDS = 600.0
 
 
-def tuned(noise: str | None, seed: int, *, dry_run: bool = False) -> TuneSession:
+def tuned(
+    noise: str | None,
+    seed: int,
+    *,
+    dry_run: bool = False,
+    seconds: float = SECONDS,
+    expected_run_s: float = SECONDS,
+) -> TuneSession:
     device = open_device("sim:h200", seed=seed)
     workload = open_workload("gpt3-xl-layer", device)
     session = TuneSession(
@@ -29,8 +36,8 @@ def tuned(noise: str | None, seed: int, *, dry_run: bool = False) -> TuneSession
         job_noise=None if noise is None else job_noise(noise),
         aggregate_steps=True,
     )
-    session.tuner.expected_run_s = SECONDS
-    session.run_until(SECONDS)
+    session.tuner.expected_run_s = expected_run_s
+    session.run_until(seconds)
     return session
 
 
@@ -76,3 +83,11 @@ def test_the_null_test_holds_on_the_noisiest_recorded_job(seed):
     assert summary["trials"] >= 3
     assert summary["adopted"] == 0
     assert abs(summary["run"]["energy_saving"]) <= 0.003
+
+
+def test_a_verification_judged_after_every_block_adopts_no_null_candidate_at_a_lucky_look():
+    # seed 1 of an hour on the hf job verifies the one-knob pair over 11 blocks; judged at 3
+    # normal errors at every look, its last look read 3.2 errors and adopted in a dry run
+    session = tuned("hf", 1, dry_run=True, seconds=700.0, expected_run_s=3600.0)
+    verifications = [o for o in session.run.outcomes if o["kind"] == "verify"]
+    assert verifications and session.tuner.adoptions == []
