@@ -31,6 +31,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -352,7 +353,8 @@ class Verifying:
             adopted after any is reopened later).
         z: the standard errors the adoption must exceed at each of the trial's looks (its
             blocks from the first judged to the last: `sequential_z`, so that its false rate
-            over all looks is that of one look at ADOPT_Z); sds.
+            over all looks is that of one look at `verification_z`: ADOPT_Z for a group's
+            first verification, stricter for each one after); sds.
     """
 
     group: int | None
@@ -420,6 +422,16 @@ class Retuning:
 
 
 Phase = Reference | Exploring | Verifying | Settled | Retuning
+
+
+def verification_z(nth: int) -> float:
+    """The single look's boundary, in standard errors, of a group's nth verification since the
+    run's last alarm: ADOPT_Z for the first, then at 1/nth^2 of its one-sided false rate, so
+    that however often a reopened group is verified its false rate over the run stays within
+    1.65x (pi^2 / 6) of one verification's; sds."""
+    if nth < 1:
+        raise ValueError(f"verification_z: nth counts from 1, got {nth}")
+    return ADOPT_Z if nth == 1 else NormalDist().inv_cdf(1.0 - NormalDist().cdf(-ADOPT_Z) / nth**2)
 
 
 # --- events: what the tuner tells its subscribers (tuner/run.py, MLflow, progress) -----------
@@ -611,6 +623,7 @@ class StepTuner:
         self._now: float | tuple[float, ...] = 0.0  # this step's end on each rank's clock, s
         self._ranks = 1 if pool is None else pool.ranks
         self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
+        self._verified: dict[int | None, int] = {}  # group -> its verifications since the last alarm
         self._waiting_window: Window | PooledWindow | None = None  # stock measured while waiting
 
     # --- the entry point and the events ----------------------------------------------------
@@ -901,7 +914,7 @@ class StepTuner:
         never can)."""
         t = self.timing
         verify_s = 4.0 * t.verify_max_blocks * t.verify_window_s
-        z = sequential_z(min(t.verify_blocks, t.verify_max_blocks), t.verify_max_blocks)
+        z = sequential_z(min(t.verify_blocks, t.verify_max_blocks), t.verify_max_blocks)  # a first one's
         return resolvable(self.time_sd_per_root_s, verify_s, z) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
@@ -1102,7 +1115,8 @@ class StepTuner:
         if group is None and self.retunes == 0 and self.proven_prior:
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
         max_blocks = max(t.verify_max_blocks, blocks)
-        z = sequential_z(blocks, max_blocks)
+        self._verified[group] = nth = self._verified.get(group, 0) + 1
+        z = sequential_z(blocks, max_blocks, verification_z(nth))
         trial = Trial(
             self.incumbent,
             candidate,
@@ -1279,6 +1293,7 @@ class StepTuner:
         self.incumbent = Schedule(tuple((s, None) for s, _ in plan.groups))
         self.conditions.relearn_temperature()
         self.account.rebase()
+        self._verified.clear()  # new conditions: a new question for every group
         self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
         return self.incumbent
 

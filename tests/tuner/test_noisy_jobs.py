@@ -4,14 +4,16 @@ undecided groups tried again."""
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import pytest
 
 from kdvfs.runtime.job_noise import job_noise
 from kdvfs.runtime.registry import open_device, open_workload
-from kdvfs.runtime.trials import sequential_z
+from kdvfs.runtime.trials import ADOPT_Z, sequential_z
 from kdvfs.tuner.run import NO_PRIOR, job_sites
 from kdvfs.tuner.session import TuneSession
-from kdvfs.tuner.step_tuner import TrialFinished
+from kdvfs.tuner.step_tuner import TrialFinished, verification_z
 
 BUDGET = 0.01
 SECONDS = 600.0
@@ -87,16 +89,17 @@ def test_the_null_test_holds_on_the_noisiest_recorded_job(seed):
     assert abs(summary["run"]["energy_saving"]) <= 0.003
 
 
-def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rate_over_all_its_looks():
+def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rate_over_its_looks_and_the_run():
     # a verification is judged after each of its blocks, 4 to 12: at 3 errors at each look a
-    # null candidate would be adopted 3.7 times as often as one look at 3 errors allows
-    device = open_device("sim:h200", seed=1)
+    # null candidate would be adopted 3.7 times as often as one look at 3 errors allows; and a
+    # reopened group verified again is judged at a rarer false rate each time
+    device = open_device("sim:h200", seed=7)
     workload = open_workload("gpt3-xl-layer", device)
     session = TuneSession(
         device,
         workload,
         budget=BUDGET,
-        seed=1,
+        seed=7,
         prior=NO_PRIOR,
         dry_run=True,
         sites=job_sites(workload, device.switch_latency_s),
@@ -105,16 +108,29 @@ def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rat
     )
     session.tuner.expected_run_s = 3600.0
     tuner = session.tuner
-    boundary = sequential_z(tuner.timing.verify_blocks, tuner.timing.verify_max_blocks)
+    verified: dict = {}
     judged = []
 
     def follow(event):
         if isinstance(event, TrialFinished) and event.kind == "verify":
+            verified[event.group] = nth = verified.get(event.group, 0) + 1
+            boundary = sequential_z(
+                tuner.timing.verify_blocks, tuner.timing.verify_max_blocks, verification_z(nth)
+            )
             at_boundary = tuner.judge(event.outcome, tuner.timing.verify_window_s, z=boundary)
-            judged.append((event.adopted, at_boundary.adopted))
+            judged.append((nth, boundary, event.adopted, at_boundary.adopted))
 
     tuner.subscribe(follow)
-    session.run_until(900.0)
-    assert boundary > 3.3
-    assert judged and all(adopted == at_boundary for adopted, at_boundary in judged)
+    session.run_until(3600.0)
+    assert max(nth for nth, *_ in judged) >= 2  # a group verified again
+    assert all(adopted == at_boundary for *_, adopted, at_boundary in judged)
+    assert sequential_z(4, 12) > 3.4 and sequential_z(4, 12, verification_z(2)) > sequential_z(4, 12)
     assert tuner.adoptions == []
+
+
+def test_a_groups_first_verification_is_judged_at_adopt_z_and_each_one_after_at_a_rarer_false_rate():
+    assert verification_z(1) == ADOPT_Z
+    rates = [NormalDist().cdf(-verification_z(n)) for n in (1, 2, 3, 4)]
+    assert rates == pytest.approx([rates[0] / n**2 for n in (1, 2, 3, 4)])
+    with pytest.raises(ValueError, match="nth counts from 1"):
+        verification_z(0)
