@@ -355,6 +355,8 @@ class Verifying:
             blocks from the first judged to the last: `sequential_z`, so that its false rate
             over all looks is that of one look at `verification_z`: ADOPT_Z for a group's
             first verification, stricter for each one after); sds.
+        first_look: the block after which the test was first judged (a verification going on
+            from an earlier one of the same candidate and incumbent: that one's); blocks.
     """
 
     group: int | None
@@ -363,6 +365,7 @@ class Verifying:
     adopted: bool | None = None
     explored_undecided: int = 0
     z: float = ADOPT_Z
+    first_look: int = 1
 
 
 @dataclass
@@ -624,6 +627,12 @@ class StepTuner:
         self._ranks = 1 if pool is None else pool.ranks
         self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
         self._verified: dict[int | None, int] = {}  # group -> its verifications since the last alarm
+        # group -> what its decided trials measured since the last alarm: (the incumbent then,
+        # config, time and energy as ratios of the task's reference), told again to a reopened round
+        self._decided: dict[int, list[tuple[Schedule, int, float, float]]] = {}
+        # (incumbent, candidate) -> the whole blocks of its verification that did not adopt, and
+        # the block it was first judged after: verified again, it goes on from them
+        self._unadopted: dict[tuple[Schedule, Schedule], tuple[list[Window | PooledWindow], int]] = {}
         self._waiting_window: Window | PooledWindow | None = None  # stock measured while waiting
 
     # --- the entry point and the events ----------------------------------------------------
@@ -900,6 +909,11 @@ class StepTuner:
             ref_energy_j=self.incumbent_energy_j,
             budget=max(extra_s / group_s, 0.0),
         )
+        # a reopened round keeps what the rounds before decided under this incumbent (a decided
+        # config is not measured again; what they left undecided is, with longer windows)
+        for incumbent, config, time_ratio, energy_ratio in self._decided.get(g, []) if search.round else []:
+            if incumbent == self.incumbent:
+                self.strategy.tell(task, config, time_ratio * group_s, energy_ratio * self.incumbent_energy_j)
         first = search.first.get(g)
         current = self._pair_of(g)
         first_config = self.pairs.index(first) if first is not None and first != current else None
@@ -1053,6 +1067,10 @@ class StepTuner:
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
+        if not outcome.undecided:
+            self._decided.setdefault(ex.group, []).append(
+                (self.incumbent, ex.config, group_s / ex.task.ref_time_s, energy_j / ex.task.ref_energy_j)
+            )
         ex.config = None
 
     def _maybe_abandon(self, trial: Trial) -> None:
@@ -1116,7 +1134,12 @@ class StepTuner:
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
         max_blocks = max(t.verify_max_blocks, blocks)
         self._verified[group] = nth = self._verified.get(group, 0) + 1
-        z = sequential_z(blocks, max_blocks, verification_z(nth))
+        # the same candidate verified against the same incumbent before (a reopened round's
+        # best again): its blocks go on where that verification stopped, one longer test
+        closed, first_look = self._unadopted.pop((self.incumbent, candidate), ([], blocks))
+        if closed:
+            blocks, max_blocks = len(closed) // 4 + 1, len(closed) // 4 + t.verify_max_blocks
+        z = sequential_z(first_look, max_blocks, verification_z(nth))
         trial = Trial(
             self.incumbent,
             candidate,
@@ -1126,9 +1149,10 @@ class StepTuner:
             min_blocks=blocks,
             decide=functools.partial(self._verify_decided, z=z),
             wait_slope=self.noise.wait_slope,
+            closed=list(closed),
         )
         self.trials += 1
-        self._enter(Verifying(group, trial, search, explored_undecided=undecided, z=z))
+        self._enter(Verifying(group, trial, search, explored_undecided=undecided, z=z, first_look=first_look))
         return self._verifying(self.phase, None)
 
     def _verify_decided(self, outcome: Outcome, z: float) -> bool:
@@ -1183,6 +1207,12 @@ class StepTuner:
         added, is within the budget: ver.z is ADOPT_Z held over the verification's looks."""
         judgement = self.judge(outcome, ver.trial.window_s, z=ver.z)
         ver.adopted = judgement.adopted
+        if not ver.adopted:
+            closed = ver.trial.closed
+            self._unadopted[(ver.trial.incumbent, ver.trial.candidate)] = (
+                closed[: 4 * (len(closed) // 4)],
+                ver.first_look,
+            )
         se, saving, slowdown = judgement.saving_se, judgement.saving, judgement.slowdown
         self._emit(
             TrialFinished(
@@ -1294,6 +1324,8 @@ class StepTuner:
         self.conditions.relearn_temperature()
         self.account.rebase()
         self._verified.clear()  # new conditions: a new question for every group
+        self._unadopted.clear()
+        self._decided.clear()  # ... and what was measured under the old ones is not told again
         self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
         return self.incumbent
 

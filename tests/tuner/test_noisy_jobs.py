@@ -108,23 +108,23 @@ def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rat
     )
     session.tuner.expected_run_s = 3600.0
     tuner = session.tuner
-    verified: dict = {}
     judged = []
 
     def follow(event):
         if isinstance(event, TrialFinished) and event.kind == "verify":
-            verified[event.group] = nth = verified.get(event.group, 0) + 1
-            boundary = sequential_z(
-                tuner.timing.verify_blocks, tuner.timing.verify_max_blocks, verification_z(nth)
-            )
+            boundary = tuner.phase.z  # the Verifying phase judging it
             at_boundary = tuner.judge(event.outcome, tuner.timing.verify_window_s, z=boundary)
-            judged.append((nth, boundary, event.adopted, at_boundary.adopted))
+            judged.append(
+                (event.candidate, event.outcome.blocks, boundary, event.adopted, at_boundary.adopted)
+            )
 
     tuner.subscribe(follow)
     session.run_until(3600.0)
-    assert max(nth for nth, *_ in judged) >= 2  # a group verified again
+    first = sequential_z(tuner.timing.verify_blocks, tuner.timing.verify_max_blocks)
+    assert first > 3.4 and judged[0][2] == first
+    again = judged[1:]  # the same group (the layer's one) verified again
+    assert again and all(boundary > first for _, _, boundary, *_ in again)
     assert all(adopted == at_boundary for *_, adopted, at_boundary in judged)
-    assert sequential_z(4, 12) > 3.4 and sequential_z(4, 12, verification_z(2)) > sequential_z(4, 12)
     assert tuner.adoptions == []
 
 
@@ -134,3 +134,33 @@ def test_a_groups_first_verification_is_judged_at_adopt_z_and_each_one_after_at_
     assert rates == pytest.approx([rates[0] / n**2 for n in (1, 2, 3, 4)])
     with pytest.raises(ValueError, match="nth counts from 1"):
         verification_z(0)
+
+
+def test_a_candidate_verified_again_against_the_same_incumbent_goes_on_from_its_earlier_blocks():
+    # the 3080 Ti layer on the vision job verifies its one-knob pair, 12 blocks undecided, in
+    # each reopened round: each verification adds its blocks to the ones before
+    device = open_device("sim:rtx3080ti", seed=4)
+    workload = open_workload("gpt3-xl-layer", device)
+    session = TuneSession(
+        device,
+        workload,
+        budget=BUDGET,
+        seed=4,
+        prior=NO_PRIOR,
+        sites=job_sites(workload, device.switch_latency_s),
+        job_noise=job_noise("vision"),
+        aggregate_steps=True,
+    )
+    session.tuner.expected_run_s = 3600.0
+    verified = []
+    session.tuner.subscribe(
+        lambda e: (
+            verified.append((e.candidate, e.outcome.blocks))
+            if isinstance(e, TrialFinished) and e.kind == "verify"
+            else None
+        )
+    )
+    session.run_until(1200.0)
+    (first, first_blocks), (again, blocks) = verified[:2]
+    assert again == first and session.tuner.adoptions == []
+    assert blocks > first_blocks >= session.tuner.timing.verify_blocks
