@@ -1067,7 +1067,7 @@ class StepTuner:
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
-        if not outcome.undecided:
+        if outcome.blocks > 0 and not outcome.abandoned and not outcome.undecided:
             self._decided.setdefault(ex.group, []).append(
                 (self.incumbent, ex.config, group_s / ex.task.ref_time_s, energy_j / ex.task.ref_energy_j)
             )
