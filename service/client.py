@@ -57,9 +57,10 @@ ATTEMPTS = 2
 RETRY_BACKOFF_S = 0.02
 #: First back-off after a failed call, during which the service is not tried; s.
 FIRST_DOWN_S = 1.0
-#: Longest one ask of a pooled rank may take: pooled ranks must run the same decision, so
-#: each waits this long for the service's (the others get it as the shared one) before it
-#: answers from its local strategy, which may differ from theirs, and leaves the pool; s.
+#: Longest one ask or best of a pooled rank may take, and each tell it sends first: pooled
+#: ranks must run the same decision, so each waits this long for the service's (the others get
+#: it as the shared one) before it answers from its local strategy, which may differ from
+#: theirs, and leaves the pool; s.
 POOLED_ASK_TIMEOUT_S = 10.0
 #: Longest one pooled step report may take: the service holds it until every rank's is in (its
 #: `kdvfs serve --pool-wait-s`, 0.5 s by default), so it needs longer than a plain call; s.
@@ -192,10 +193,11 @@ class ServiceStrategy:
 
     # --- Strategy ----------------------------------------------------------------------------------
     def ask(self, task: Task) -> int | None:
+        timeout_s = POOLED_ASK_TIMEOUT_S if self.pooled else None
         try:
-            self._flush()
+            self._flush(timeout_s)
             body = {"rank": self.rank, "task": _spec(task).model_dump()}
-            reply = AskReply(**self._call("ask", body, POOLED_ASK_TIMEOUT_S if self.pooled else None))
+            reply = AskReply(**self._call("ask", body, timeout_s))
         except (ServiceDown, ServiceRefused) as exc:
             return self._local("ask", exc, task)
         self.answers["service"] += 1
@@ -214,9 +216,10 @@ class ServiceStrategy:
             self._note(exc)
 
     def best(self, task: Task) -> int | None:
+        timeout_s = POOLED_ASK_TIMEOUT_S if self.pooled else None
         try:
-            self._flush()
-            reply = BestReply(**self._call("best", {"task": _spec(task).model_dump()}))
+            self._flush(timeout_s)
+            reply = BestReply(**self._call("best", {"task": _spec(task).model_dump()}, timeout_s))
         except (ServiceDown, ServiceRefused) as exc:
             return self._local("best", exc, task)
         self.answers["service"] += 1
@@ -249,8 +252,9 @@ class ServiceStrategy:
     def _call(self, op: str, body: dict, timeout_s: float | None = None) -> dict:
         return self.client.call("POST", f"/v1/sessions/{self._open()}/{op}", body, timeout_s=timeout_s)
 
-    def _flush(self) -> None:
-        """Send the outbox in order; a tell the service already has (a retry) counts once."""
+    def _flush(self, timeout_s: float | None = None) -> None:
+        """Send the outbox in order; a tell the service already has (a retry) counts once.
+        timeout_s: each tell's longest call, s (None: the client's)."""
         while self.outbox:
             t = self.outbox[0]
             body = {
@@ -263,7 +267,7 @@ class ServiceStrategy:
                 "pooled": t.pooled,
             }
             try:
-                TellReply(**self._call("tell", body))
+                TellReply(**self._call("tell", body, timeout_s))
             except ServiceRefused as exc:
                 if self.refused is None and "session" not in str(exc):
                     self.outbox.pop(0)  # this tell is refused (invalid): drop it, keep the rest

@@ -270,7 +270,8 @@ def test_ranks_pooling_through_the_service_decide_the_same_schedule_every_step(t
     answers = [out[r][0] for r in range(3)]
     assert answers[0] == answers[1] == answers[2]
     assert len(set(answers[0])) >= 3  # trials ran
-    assert all(out[r][1].pool_lost is None for r in range(3))
+    lost = [out[r][1].pool_lost for r in range(3)]
+    assert lost == [None, None, None], lost
     assert out[0][1].strategy.answers["service"] >= 1
 
 
