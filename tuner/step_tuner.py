@@ -928,7 +928,7 @@ class StepTuner:
         never can)."""
         t = self.timing
         verify_s = 4.0 * t.verify_max_blocks * t.verify_window_s
-        z = sequential_z(min(t.verify_blocks, t.verify_max_blocks), t.verify_max_blocks)  # a first one's
+        z = sequential_z(t.verify_blocks, t.verify_max_blocks)  # a group's first verification's
         return resolvable(self.time_sd_per_root_s, verify_s, z) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
@@ -1149,7 +1149,7 @@ class StepTuner:
             min_blocks=blocks,
             decide=functools.partial(self._verify_decided, z=z),
             wait_slope=self.noise.wait_slope,
-            closed=list(closed),
+            closed=closed,
         )
         self.trials += 1
         self._enter(Verifying(group, trial, search, explored_undecided=undecided, z=z, first_look=first_look))

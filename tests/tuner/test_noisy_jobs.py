@@ -4,6 +4,7 @@ undecided groups tried again."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from statistics import NormalDist
 
 import pytest
@@ -26,8 +27,13 @@ def tuned(
     dry_run: bool = False,
     seconds: float = SECONDS,
     expected_run_s: float = SECONDS,
+    preset: str = "h200",
+    follow: Callable[[TuneSession, object], None] | None = None,
 ) -> TuneSession:
-    device = open_device("sim:h200", seed=seed)
+    """The simulated card's GPT-3-XL layer tuned from no prior for `seconds` of training, the
+    tuner told the run lasts `expected_run_s`, `follow(session, event)` called at each of its
+    events."""
+    device = open_device(f"sim:{preset}", seed=seed)
     workload = open_workload("gpt3-xl-layer", device)
     session = TuneSession(
         device,
@@ -41,6 +47,8 @@ def tuned(
         aggregate_steps=True,
     )
     session.tuner.expected_run_s = expected_run_s
+    if follow is not None:
+        session.tuner.subscribe(lambda event: follow(session, event))
     session.run_until(seconds)
     return session
 
@@ -93,24 +101,10 @@ def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rat
     # a verification is judged after each of its blocks, 4 to 12: at 3 errors at each look a
     # null candidate would be adopted 3.7 times as often as one look at 3 errors allows; and a
     # reopened group verified again is judged at a rarer false rate each time
-    device = open_device("sim:h200", seed=7)
-    workload = open_workload("gpt3-xl-layer", device)
-    session = TuneSession(
-        device,
-        workload,
-        budget=BUDGET,
-        seed=7,
-        prior=NO_PRIOR,
-        dry_run=True,
-        sites=job_sites(workload, device.switch_latency_s),
-        job_noise=job_noise("hf"),
-        aggregate_steps=True,
-    )
-    session.tuner.expected_run_s = 3600.0
-    tuner = session.tuner
     judged = []
 
-    def follow(event):
+    def follow(session, event):
+        tuner = session.tuner
         if isinstance(event, TrialFinished) and event.kind == "verify":
             boundary = tuner.phase.z  # the Verifying phase judging it
             at_boundary = tuner.judge(event.outcome, tuner.timing.verify_window_s, z=boundary)
@@ -118,8 +112,8 @@ def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rat
                 (event.candidate, event.outcome.blocks, boundary, event.adopted, at_boundary.adopted)
             )
 
-    tuner.subscribe(follow)
-    session.run_until(3600.0)
+    session = tuned("hf", 7, dry_run=True, seconds=3600.0, expected_run_s=3600.0, follow=follow)
+    tuner = session.tuner
     first = sequential_z(tuner.timing.verify_blocks, tuner.timing.verify_max_blocks)
     assert first > 3.4 and judged[0][2] == first
     again = judged[1:]  # the same group (the layer's one) verified again
@@ -139,28 +133,13 @@ def test_a_groups_first_verification_is_judged_at_adopt_z_and_each_one_after_at_
 def test_a_candidate_verified_again_against_the_same_incumbent_goes_on_from_its_earlier_blocks():
     # the 3080 Ti layer on the vision job verifies its one-knob pair, 12 blocks undecided, in
     # each reopened round: each verification adds its blocks to the ones before
-    device = open_device("sim:rtx3080ti", seed=4)
-    workload = open_workload("gpt3-xl-layer", device)
-    session = TuneSession(
-        device,
-        workload,
-        budget=BUDGET,
-        seed=4,
-        prior=NO_PRIOR,
-        sites=job_sites(workload, device.switch_latency_s),
-        job_noise=job_noise("vision"),
-        aggregate_steps=True,
-    )
-    session.tuner.expected_run_s = 3600.0
     verified = []
-    session.tuner.subscribe(
-        lambda e: (
-            verified.append((e.candidate, e.outcome.blocks))
-            if isinstance(e, TrialFinished) and e.kind == "verify"
-            else None
-        )
-    )
-    session.run_until(1200.0)
+
+    def follow(_session, event):
+        if isinstance(event, TrialFinished) and event.kind == "verify":
+            verified.append((event.candidate, event.outcome.blocks))
+
+    session = tuned("vision", 4, seconds=1200.0, expected_run_s=3600.0, preset="rtx3080ti", follow=follow)
     (first, first_blocks), (again, blocks) = verified[:2]
     assert again == first and session.tuner.adoptions == []
     assert blocks > first_blocks >= session.tuner.timing.verify_blocks
