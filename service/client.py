@@ -3,8 +3,9 @@
 - `ServiceClient`: JSON over HTTP with a short timeout, a retry with a short backoff, then a
   circuit: after a failed call the service is not tried again for a back-off that doubles
   (FIRST_DOWN_S .. MAX_DOWN_S), so a dead or hung service costs a job at most one timeout per
-  back-off. `ServiceDown` (unreachable, 5xx, 429) and `ServiceRefused` (4xx: the request is wrong,
-  or the token) are its two errors.
+  back-off. A 429 whose Retry-After fits in the call's own timeout (a pooled rank's long calls)
+  is waited out and tried again instead. `ServiceDown` (unreachable, 5xx, 429) and
+  `ServiceRefused` (4xx: the request is wrong, or the token) are its two errors.
 - `ServiceStrategy`: a policies.base.Strategy for a TuningRun (strategy=...): asks the fleet's model in
   the service; when the service is down (or refuses), the job's own local strategy answers, fed
   with every tell of the job. Tells wait in an outbox (with their ids, so a retried tell counts
@@ -111,15 +112,21 @@ class ServiceClient:
         self, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None
     ) -> dict:
         """One call's JSON reply; ServiceDown or ServiceRefused. timeout_s: this call's longest
-        attempt (None: the client's), s."""
+        attempt, and the longest it waits out a 429's Retry-After (None: the client's timeout,
+        and a 429 is a failed attempt), s."""
         if not self.up:
             raise ServiceDown("in back-off")
         wait_s = RETRY_BACKOFF_S
         problem = ""
-        for attempt in range(ATTEMPTS):
+        # a 429's Retry-After is waited out while the call's own timeout has room for it: ranks
+        # that share one caller's rate (one host, no token) slow down instead of leaving a pool
+        deadline_s = time.monotonic() + timeout_s if timeout_s is not None else -math.inf
+        attempt = 0
+        while attempt < ATTEMPTS:
             if attempt:
                 time.sleep(wait_s)
                 wait_s *= 2
+            attempt += 1
             try:
                 reply = self._http.request(
                     method,
@@ -132,6 +139,10 @@ class ServiceClient:
                 continue
             if reply.status_code == 429 or reply.status_code >= 500:
                 problem = f"HTTP {reply.status_code}: {_detail(reply)}"
+                after_s = _retry_after_s(reply) if reply.status_code == 429 else None
+                if after_s is not None and time.monotonic() + after_s < deadline_s:
+                    time.sleep(after_s)
+                    attempt -= 1  # a rate limit waited out is not a failed attempt
                 continue
             if reply.status_code >= 400:
                 raise ServiceRefused(f"HTTP {reply.status_code}: {_detail(reply)}")
@@ -144,6 +155,15 @@ class ServiceClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _retry_after_s(reply: httpx.Response) -> float | None:
+    """A reply's Retry-After in seconds (None: absent, zero, an HTTP date, or not a number)."""
+    try:
+        after_s = float(reply.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return after_s if 0.0 < after_s < math.inf else None
 
 
 def _detail(reply: httpx.Response) -> str:

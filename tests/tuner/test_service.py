@@ -3,6 +3,7 @@ by ranks and jobs, plans, auth, validation, limits, and the kill -9 restart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -324,6 +325,22 @@ def test_a_token_over_its_rate_is_answered_429_and_others_are_not(guarded):
         codes = [rated.get(f"/v1/plans/{'k' * 20}").status_code for _ in range(30)]
         assert 429 in codes and codes[0] == 404
         assert other.get(f"/v1/plans/{'k' * 20}").status_code == 404
+
+
+def test_a_call_with_room_in_its_timeout_waits_out_the_rate_limit_and_a_plain_one_fails_at_it(guarded):
+    from kdvfs.service.client import ServiceClient, ServiceDown, ServiceRefused
+
+    plan = f"/v1/plans/{'k' * 20}"
+    patient = ServiceClient(guarded.url, TOKENS["rate"])
+    for _ in range(20):  # beyond the token's burst of 12 at 5 requests/s: the service answers each
+        with pytest.raises(ServiceRefused, match="HTTP 404"):
+            patient.call("GET", plan, timeout_s=10.0)
+    assert patient.failures == 0
+    hasty = ServiceClient(guarded.url, TOKENS["rate"])
+    with pytest.raises(ServiceDown, match="HTTP 429"):
+        for _ in range(40):
+            with contextlib.suppress(ServiceRefused):
+                hasty.call("GET", plan)
 
 
 def test_a_non_loopback_bind_without_a_token_file_is_refused(tmp_path):
