@@ -64,6 +64,9 @@ WINSOR_MADS = 3.0
 NOISE_FLOOR = 1e-4
 #: Pairs of windows NoiseMeter fits the energy's dependence on the job's waits from; pairs.
 MIN_SLOPE_PAIRS = 8
+#: Pairs of windows the job's noise is read from: the most recent ones (a job whose host
+#: starts feeding it late after a quiet first minute is read at its noise now); pairs.
+RECENT_PAIRS = 64
 #: A step whose busy time exceeds this many times its schedule's typical busy step is a stall
 #: (StallFilter); a ratio (well above any clock pair's slowdown of the same schedule's steps).
 STALL_RATIO = 3.0
@@ -681,9 +684,11 @@ class NoiseMeter:
     Args:
         floor: the smallest figure it reports, per root s (a perfectly quiet job still has a
             counter's resolution); a fraction.
+        recent: the pairs its figures are read from, the most recent ones; pairs.
     """
 
     floor: float = NOISE_FLOOR
+    recent: int = RECENT_PAIRS
     energy: list[float] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
     wait: list[float] = field(default_factory=list)
@@ -725,11 +730,10 @@ class NoiseMeter:
     def samples(self) -> int:
         return len(self.time)
 
-    @staticmethod
-    def _sd(values: list[float], floor: float) -> float:
+    def _sd(self, values: list[float], floor: float) -> float:
         if len(values) < 2:
             return math.nan
-        v = np.asarray(values)
+        v = np.asarray(values[-self.recent :])
         mad = 1.4826 * float(np.median(np.abs(v - np.median(v))))
         return max(mad, floor)
 

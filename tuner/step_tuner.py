@@ -66,6 +66,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     resolvable,
     sequential_z,
     switchable_groups,
+    window_pairs,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
@@ -390,10 +391,17 @@ class Settled:
         reopen_at_s: when they may be tried again (the report's clock), s.
         first: group -> its best pair so far (tried first when reopened).
         window_s: the trial window of the round that ended, s.
+        noise_window: a window of the trial window's length, open beside the watch's: with
+            the one before it (`noise_last`), a pair of windows of one schedule for the job's
+            noise, so that the noise is kept up to date while no trial runs (at the length a
+            trial measures: a job's slow drifts add more to longer windows).
+        noise_last: the noise window closed before (None at first).
     """
 
     since_step: int
     window: Window | PooledWindow | None = None
+    noise_window: Window | PooledWindow | None = None
+    noise_last: Window | PooledWindow | None = None
     expected: dict[str, float] | None = None
     reopen: tuple[int, ...] = ()
     round: int = 0
@@ -1264,6 +1272,7 @@ class StepTuner:
             return self._condition_alarm(report)
         if settled.reopen and self._now_s >= settled.reopen_at_s:
             return self._reopen(settled)
+        self._settled_noise(settled)
         if settled.window is None:
             settled.window = open_window(self.incumbent, self.timing.watch_window_s, 0.0, self._now)
             return self.incumbent
@@ -1282,6 +1291,19 @@ class StepTuner:
             groups = [g for g in map(stream_group, moved) if g is not None]
             return self._alarm(report, tuple(moved), None if "energy" in moved else groups)
         return self.incumbent
+
+    def _settled_noise(self, settled: Settled) -> None:
+        """The Settled incumbent's windows of a trial window's length, each with the one
+        before, as pairs for the job's noise."""
+        if settled.noise_window is None:
+            settled.noise_window = open_window(self.incumbent, settled.window_s, 0.0, self._now)
+            return
+        if not settled.noise_window.add(self._feed):
+            return
+        window, settled.noise_window = settled.noise_window, None
+        last, settled.noise_last = settled.noise_last, window
+        if last is not None and last.schedule == window.schedule:
+            self.noise.add_pairs(window_pairs(last, window))
 
     def _reopen(self, settled: Settled) -> Schedule:
         """The groups that ended undecided, tried again with windows twice as long (at most

@@ -9,6 +9,7 @@ import pytest
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (
+    RECENT_PAIRS,
     NoiseMeter,
     Outcome,
     StallFilter,
@@ -131,12 +132,27 @@ def test_the_noise_meter_reads_the_same_noise_per_root_second_from_windows_of_an
     sigma = 0.02  # per root second
     figures = []
     for window_s in (0.5, 2.0, 8.0):
-        meter = NoiseMeter()
+        meter = NoiseMeter(recent=2000)  # every pair: the scaling is what is tested
         for _ in range(2000):
             a, b = 1.0 + sigma / np.sqrt(window_s) * rng.standard_normal(2)
             meter.add(b / a - 1.0, b / a - 1.0, window_s)
         figures.append(meter.time_sd_per_root_s)
     assert figures == pytest.approx([sigma] * 3, rel=0.08)
+
+
+def test_the_noise_meter_reads_the_jobs_noise_now_after_a_quiet_start():
+    # a host that feeds the job late from some minute on: its recent pairs, not its first ones
+    # (the MAD of 64 pairs is within 45% of the s.d. at 3 of its standard errors)
+    rng = np.random.default_rng(7)
+    meter, every_pair = NoiseMeter(), NoiseMeter(recent=10**6)
+    for sigma in (0.005,) * 2 * RECENT_PAIRS + (0.04,) * RECENT_PAIRS + (0.005,) * RECENT_PAIRS:
+        diff = sigma * rng.standard_normal()
+        for m in (meter, every_pair):
+            m.add(diff, diff, 2.0)
+        if len(meter.time) == 3 * RECENT_PAIRS:  # the late feeding's pairs fill the recent ones
+            assert 0.55 * 0.04 < meter.time_sd_per_root_s < 1.45 * 0.04
+            assert every_pair.time_sd_per_root_s < 0.5 * meter.time_sd_per_root_s
+    assert 0.55 * 0.005 < meter.time_sd_per_root_s < 1.45 * 0.005  # and quiet again
 
 
 def test_the_noise_meter_is_not_set_by_a_few_stalled_windows():
