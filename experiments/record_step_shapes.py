@@ -2,6 +2,7 @@
 
     python experiments/record_step_shapes.py --out DIR [--warmup-s 6 --window-s 20 --budget-s 270]
                                              [--shapes NAME,NAME,...]
+    python experiments/record_step_shapes.py --out DIR --grids-only 1 [--shapes ...]
 
 Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU setting. Map:
   SHAPES        the steps: ResNet-50 bf16 batch 128; GPT-2 small bf16 with SDPA attention and with
@@ -16,6 +17,11 @@ Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU 
                 of 3 steps: GPU busy share (union of kernel intervals over the steps' span)
   main          the selected shapes, one after another; writes DIR/steps_summary.json (one entry per shape, after each shape) and
                 DIR/steps_kernels.csv.gz (shape, name, start_us, duration_us per GPU event)
+  grids_only    --grids-only 1: per shape, a 3-s warm-up and the profiled 3 steps alone (no
+                energy window), each GPU event with its launch shape from the profiler's trace
+                (grid and block as products of their x, y, z; the profiler's blocks per SM):
+                DIR/steps_grids.csv.gz (shape, index, name, start_us, duration_us, grid_blocks,
+                block_threads, blocks_per_sm; empty for copies and fills)
 Data are random tensors already on the GPU: the steps, not a data pipeline, are measured.
 """
 
@@ -175,8 +181,10 @@ def busy_share(kernels: list[tuple[str, float, float]]) -> tuple[float, float]:
     return (busy / total if total > 0 else float("nan")), total
 
 
-def profile(step, steps: int) -> list[tuple[str, float, float]]:
-    """GPU events (kernels, memcpys, memsets) of `steps` steps: (name, start_us, duration_us)."""
+def profile(step, steps: int, launch: bool = False) -> list[tuple]:
+    """GPU events (kernels, memcpys, memsets) of `steps` steps: (name, start_us, duration_us),
+    and with launch=True each one's (grid blocks, block threads, blocks per SM) after them
+    (empty strings where the trace has none: copies and fills)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -189,12 +197,50 @@ def profile(step, steps: int) -> list[tuple[str, float, float]]:
     prof.export_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
     gpu = [
-        (e["name"], float(e["ts"]), float(e.get("dur", 0.0)))
+        (e["name"], float(e["ts"]), float(e.get("dur", 0.0)), *(_launch(e.get("args", {})) if launch else ()))
         for e in events
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     ]
-    t0 = min((s for _, s, _ in gpu), default=0.0)
-    return [(n, s - t0, d) for n, s, d in sorted(gpu, key=lambda k: k[1])]
+    t0 = min((k[1] for k in gpu), default=0.0)
+    return [(k[0], k[1] - t0, *k[2:]) for k in sorted(gpu, key=lambda k: k[1])]
+
+
+def _launch(args: dict) -> tuple:
+    """(grid blocks, block threads, blocks per SM) of a kernel event's args ("" where absent)."""
+
+    def product(v) -> int | str:
+        return v[0] * v[1] * v[2] if isinstance(v, list) and len(v) == 3 else ""
+
+    per_sm = args.get("blocks per SM", "")
+    return (
+        product(args.get("grid")),
+        product(args.get("block")),
+        per_sm if isinstance(per_sm, int | float) else "",
+    )
+
+
+def grids_only(names: list[str], out: Path) -> None:
+    """Each shape's profiled steps with their kernels' launch shapes, no energy window."""
+    with gzip.open(out / "steps_grids.csv.gz", "wt", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("shape", "index", "name", "start_us", "duration_us", "grid_blocks", "block_threads", "blocks_per_sm"))  # fmt: skip
+        for name in names:
+            step, _ = SHAPES[name]()
+            t_end = time.perf_counter() + 3.0
+            while time.perf_counter() < t_end:
+                step()
+            events = profile(step, 3, launch=True)
+            writer.writerows(
+                (name, i, n, round(s, 3), round(d, 3), g, b, m) for i, (n, s, d, g, b, m) in enumerate(events)
+            )
+            print(
+                json.dumps(
+                    {"shape": name, "events": len(events), "with_grid": sum(e[3] != "" for e in events)}
+                ),
+                flush=True,
+            )
+            del step
+            torch.cuda.empty_cache()
 
 
 def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSampler) -> tuple[dict, list]:
@@ -258,6 +304,9 @@ def main(argv: list[str]) -> None:
     budget_s = float(opts.get("--budget-s", 270))  # no new shape starts after this; s
     names = select_shapes(opts.get("--shapes"))  # before the GPU is touched
     out.mkdir(parents=True, exist_ok=True)
+    if opts.get("--grids-only", "0") == "1":
+        grids_only(names, out)
+        return
     t0 = time.perf_counter()
     sampler = NvmlSampler(torch.cuda.current_device(), 0.01, t0)
     sampler.start()
