@@ -197,7 +197,12 @@ def profile(step, steps: int, launch: bool = False) -> list[tuple]:
     prof.export_chrome_trace(str(path))
     events = json.loads(path.read_text())["traceEvents"]
     gpu = [
-        (e["name"], float(e["ts"]), float(e.get("dur", 0.0)), *(_launch(e.get("args", {})) if launch else ()))
+        (
+            e["name"],
+            float(e["ts"]),
+            float(e.get("dur", 0.0)),
+            *(launch_shape(e.get("args", {})) if launch else ()),
+        )
         for e in events
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     ]
@@ -205,7 +210,7 @@ def profile(step, steps: int, launch: bool = False) -> list[tuple]:
     return [(k[0], k[1] - t0, *k[2:]) for k in sorted(gpu, key=lambda k: k[1])]
 
 
-def _launch(args: dict) -> tuple:
+def launch_shape(args: dict) -> tuple:
     """(grid blocks, block threads, blocks per SM) of a kernel event's args ("" where absent)."""
 
     def product(v) -> int | str:

@@ -30,3 +30,12 @@ def test_an_unknown_shape_exits_non_zero_with_one_line_naming_it(capsys):
 def test_a_list_of_commas_only_is_refused():
     with pytest.raises(SystemExit):
         record_step_shapes.select_shapes(",")
+
+
+def test_a_kernels_launch_shape_is_its_grid_and_block_as_products_and_its_blocks_per_sm():
+    args = {"grid": [40, 2, 1], "block": [128, 2, 1], "blocks per SM": 0.61, "device": 0}
+    assert record_step_shapes.launch_shape(args) == (80, 256, 0.61)
+
+
+def test_a_copy_without_a_launch_shape_gets_empty_fields():
+    assert record_step_shapes.launch_shape({"bytes": 4096}) == ("", "", "")
