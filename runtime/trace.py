@@ -1,4 +1,4 @@
-"""Workload from a torch.profiler kernel trace (CSV: seq, name, start_us, duration_us).
+"""Workload from a torch.profiler kernel trace (CSV: seq, name, start_us, duration_us[, blocks_per_sm]).
 
 - `load_trace` (a CSV file) / `trace_workload` (rows already read): finds the period of the
   repeating kernel sequence, keeps one step, averages each position's duration over the steps,
@@ -9,8 +9,9 @@
 - `kernel_from_duration` / `work_for_duration`: a Kernel with flops (GEMMs, tensor-core
   kernels: `computes_flops`) or bytes moved (the rest) that runs its recorded duration on the
   simulated H200 at stock, the launch gap before it on top, busy for its kind's in-step share
-  of the chip (presets.KindModel.step_busy, `busy_share`); `under_window_cap` re-sets the works
-  under the step's power windows.
+  of the chip (presets.KindModel.step_busy, `busy_share`), times the share of the SMs its grid
+  fills where the trace has its blocks per SM (`grid_fill`); `under_window_cap` re-sets the
+  works under the step's power windows.
 
 The pass rule and why annotations are dropped: docs/design-runtime.md.
 """
@@ -144,6 +145,7 @@ class _TraceRow:
     name: str
     start_us: float
     duration_us: float
+    blocks_per_sm: float = math.nan  # the profiler's grid blocks over the card's SMs (NaN: not recorded)
 
 
 def load_trace(path: str | Path) -> Workload:
@@ -159,7 +161,9 @@ def trace_workload(
 ) -> Workload:
     """One training step of a kernel trace's rows (cells TRACE_COLUMNS; `path` is the file
     they came from, named in errors and the meta) as the Workload `name`; `busy_shares`: each
-    kind's in-step busy share (kind -> share in (0, 1]; None or a kind left out: busy_share)."""
+    kind's in-step busy share (kind -> share in (0, 1]; None or a kind left out: busy_share).
+    A row's optional cell `blocks_per_sm` (its grid's blocks over the card's SMs) scales its
+    kernel's share by the SMs the grid fills (`grid_fill`)."""
     if not rows:
         raise KdvfsError(f"{path}: no data rows")
     trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
@@ -179,7 +183,14 @@ def trace_workload(
     # first works as if uncapped: under_window_cap sets them under their windows' controls
     workload_kernels = under_window_cap(
         [
-            kernel_from_duration(i, c, passes[i], durations_s[i], shares.get(c.kind), UNCAPPED)
+            kernel_from_duration(
+                i,
+                c,
+                passes[i],
+                durations_s[i],
+                _filled(shares.get(c.kind), c.kind, first[i].blocks_per_sm),
+                UNCAPPED,
+            )
             for i, c in enumerate(classes)
         ]
     )
@@ -204,7 +215,22 @@ def _parse(path: Path, row: CsvRow) -> _TraceRow:
         name=name,
         start_us=number(path, row, "start_us"),
         duration_us=positive(path, row, "duration_us"),
+        blocks_per_sm=positive(path, row, "blocks_per_sm") if row.cells.get("blocks_per_sm") else math.nan,
     )
+
+
+def grid_fill(blocks_per_sm: float) -> float:
+    """The share of the card's SMs a kernel's grid keeps busy: its blocks per SM up to one
+    (a grid of fewer blocks than SMs leaves the rest idle; NaN, not recorded: 1)."""
+    return 1.0 if math.isnan(blocks_per_sm) else min(1.0, blocks_per_sm)
+
+
+def _filled(share: float | None, kind: str, blocks_per_sm: float) -> float | None:
+    """A kernel's busy share (None: its kind's) times its grid's fill; None where it fills the card."""
+    fill = grid_fill(blocks_per_sm)
+    if fill >= 1.0:
+        return share
+    return (busy_share(kind) if share is None else share) * fill
 
 
 def _period(path: Path, names: list[str]) -> int:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import json
 import math
@@ -86,6 +87,9 @@ def calibration_rows(device: SimulatedDevice, probe_csv: Path) -> Iterator[Calib
 #: The files of a folder of recorded steps (experiments/record_step_shapes.py writes them).
 STEPS_SUMMARY = "steps_summary.json"
 STEPS_KERNELS = "steps_kernels.csv.gz"
+#: The launch shapes of the recorded steps' GPU events (record_step_shapes.py --grids-only 1),
+#: where recorded: each kernel's blocks per SM, matched to the kernels by their names in order.
+STEPS_GRIDS = "steps_grids.csv.gz"
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,8 @@ class RecordedStep:
     Attributes:
         shape: the step's name in the recording.
         source: the file its kernel trace came from (named in errors).
-        rows: its GPU events (cells seq, name, start_us, duration_us; seq in trace order).
+        rows: its GPU events (cells seq, name, start_us, duration_us; seq in trace order;
+            blocks_per_sm where the folder's STEPS_GRIDS matched them).
         step_s: the step's measured time, s.
         energy_j: its measured energy, J.
         busy_share: the profiled GPU-busy share of its time (1.0 where not recorded).
@@ -185,7 +190,44 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
         if shape not in events:
             raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no kernels in {STEPS_KERNELS}")
         steps.append(RecordedStep(shape, kernels_path, tuple(events[shape]), step_s, energy_j, busy, power_w))
-    return steps
+    grids = _launch_shapes(folder / STEPS_GRIDS)
+    return [_with_grids(step, grids.get(step.shape, [])) for step in steps]
+
+
+def _launch_shapes(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """shape -> its profiled GPU events' (name, blocks per SM) in order ({} without the file)."""
+    if not path.is_file():
+        return {}
+    try:
+        with gzip.open(path, "rt", newline="") as f:
+            grids: dict[str, list[tuple[str, str]]] = {}
+            for row in csv.DictReader(f):
+                grids.setdefault(row["shape"], []).append((row["name"], row["blocks_per_sm"]))
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
+        raise KdvfsError(f"{path}: unreadable launch shapes ({type(e).__name__}: {e})") from None
+    return grids
+
+
+def _with_grids(step: RecordedStep, grids: list[tuple[str, str]]) -> RecordedStep:
+    """The step with each kernel's blocks per SM, where its events' names repeat the launch
+    shapes' sequence (profiled apart: matched position by position over that sequence's
+    period); unchanged where they do not."""
+    names = [n for n, _ in grids]
+    period = next(
+        (
+            p
+            for p in range(1, len(names) // 2 + 1)
+            if all(names[i] == names[i - p] for i in range(p, len(names)))
+        ),
+        0,
+    )
+    rows = step.rows
+    if not period or any(r.cells["name"] != names[i % period] for i, r in enumerate(rows)):
+        return step
+    with_grid = tuple(
+        CsvRow(r.row, r.line, {**r.cells, "blocks_per_sm": grids[i % period][1]}) for i, r in enumerate(rows)
+    )
+    return dataclasses.replace(step, rows=with_grid)
 
 
 PROFILER_OVERHEAD_S = 7.52e-6

@@ -79,3 +79,19 @@ def test_a_busy_share_outside_zero_to_one_is_refused_in_one_line(share, tmp_path
     _, rows = read_csv(trace)
     with pytest.raises(KdvfsError, match="busy share must be in"):
         trace_workload(trace, "t", rows, {"gemm": share})
+
+
+def test_a_kernel_whose_grid_fills_a_quarter_of_the_sms_draws_less_in_the_same_time(tmp_path):
+    def step(blocks_per_sm: str):
+        trace = tmp_path / f"t{blocks_per_sm or 'none'}.csv"
+        rows = "".join(f"{i},{GEMM},{60 * i},50,{blocks_per_sm}\n" for i in range(4))
+        trace.write_text("seq,name,start_us,duration_us,blocks_per_sm\n" + rows)
+        _, cells = read_csv(trace)
+        return trace_workload(trace, "t", cells)
+
+    device = SimulatedDevice(get_preset("h200"), noise=0.0)
+    full, quarter, unrecorded = step("2.5"), step("0.25"), step("")
+    assert quarter.kernels[0].busy_share == pytest.approx(0.25 * busy_share("gemm"))
+    assert full.kernels[0].busy_share == unrecorded.kernels[0].busy_share == busy_share("gemm")
+    (t_full, e_full), (t_quarter, e_quarter) = (device.expected(w.kernels[0], None) for w in (full, quarter))
+    assert t_quarter == pytest.approx(t_full, rel=1e-3) and e_quarter < 0.6 * e_full
