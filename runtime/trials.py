@@ -768,6 +768,13 @@ def resolvable(sd_per_root_s: float, trial_s: float, z: float = ADOPT_Z) -> floa
     return z * 2.0 * sd_per_root_s / math.sqrt(trial_s) if trial_s > 0 else math.inf
 
 
+def trial_s_to_resolve(sd_per_root_s: float, difference: float, z: float = ADOPT_Z) -> float:
+    """How long an A-B-B-A trial must run to resolve `difference` (a fraction) at z standard
+    errors, the noise sd_per_root_s per root second (`resolvable` turned round), s; inf for no
+    difference."""
+    return (z * 2.0 * sd_per_root_s / difference) ** 2 if difference > 0 else math.inf
+
+
 @functools.lru_cache(maxsize=64)
 def sequential_z(first_block: int, last_block: int, z: float = ADOPT_Z) -> float:
     """The boundary, in standard errors, that a sequential trial judged after each block from

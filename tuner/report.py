@@ -80,8 +80,13 @@ class TuneReport:
                 f"{pct(noise['time_cv_per_root_s'])} and energy noise "
                 f"{pct(noise['energy_cv_per_root_s'] or 0.0)} per root second; a {res['trial_s']:.0f}-s trial "
                 f"resolves {pct(res['energy_diff'] or 0.0)} of energy and {pct(res['time_diff'] or 0.0)} of time "
-                f"at {res['z']:g} standard errors; the budget is held at 95% confidence (stock's "
-                f"margin {pct(noise['stock_margin_95'] or 0.0)})"
+                f"at {res['z']:g} standard errors"
+                + (
+                    f", the budget's {100 * s.budget:g}% of time after {noise['budget_trial_s']:.0f} s"
+                    if noise.get("budget_trial_s") is not None
+                    else ""
+                )
+                + f"; the budget is held at 95% confidence (stock's margin {pct(noise['stock_margin_95'] or 0.0)})"
                 + ("" if eta is None or eta == 0 else f"; expected time to a plan {eta:.0f} s")
             )
         groups = d["running"]["groups"]

@@ -460,6 +460,7 @@ class TuningRun:
                 "energy_diff": _or_none(energy_diff),
                 "time_diff": _or_none(time_diff),
             },
+            "budget_trial_s": _or_none(t.budget_trial_s()),
             "expected_time_to_plan_s": t.expected_time_to_plan_s(),
         }
 

@@ -66,6 +66,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     resolvable,
     sequential_z,
     switchable_groups,
+    trial_s_to_resolve,
     window_pairs,
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
@@ -858,9 +859,16 @@ class StepTuner:
         resolves at ADOPT_Z standard errors, given the job's noise (NaN before the reference)."""
         return resolvable(self.energy_sd_per_root_s, trial_s), resolvable(self.time_sd_per_root_s, trial_s)
 
+    def budget_trial_s(self) -> float:
+        """How long a trial must run to resolve the budget's difference of step time at
+        ADOPT_Z standard errors, given the job's noise, s (what a job this noisy allows: a
+        slower candidate cannot be shown within the budget sooner)."""
+        return trial_s_to_resolve(self.time_sd_per_root_s, self.budget)
+
     def expected_time_to_plan_s(self) -> float | None:
         """Training seconds until the groups left in this round are explored and verified, at
-        the trials' lengths and counts so far (0 once Settled with nothing to reopen; None
+        the trials' lengths and counts so far, each trial at least as long as it takes to
+        resolve the budget (`budget_trial_s`) (0 once Settled with nothing to reopen; None
         before the reference)."""
         phase = self.phase
         if isinstance(phase, Settled):
@@ -879,6 +887,7 @@ class StepTuner:
             if self._trial_seconds
             else 4 * self.timing.trial_blocks * search.window_s
         )
+        trial_s = max(trial_s, self.budget_trial_s())
         trials = float(np.median(self._trials_per_group)) if self._trials_per_group else 6.0
         verify_s = 4 * self.timing.verify_blocks * self.timing.verify_window_s
         return left * (trials * trial_s + verify_s)

@@ -16,8 +16,10 @@ from kdvfs.runtime.trials import (
     StepAccount,
     StockReference,
     Trial,
+    resolvable,
     robust_mean_se,
     sequential_z,
+    trial_s_to_resolve,
 )
 
 STEP_S = 0.010
@@ -170,6 +172,14 @@ def test_a_trial_twice_as_long_resolves_a_difference_sqrt_2_smaller():
         meter.add(d, d, 2.0)
     one, two = meter.resolvable(60.0), meter.resolvable(120.0)
     assert one[0] / two[0] == pytest.approx(np.sqrt(2.0))
+
+
+def test_a_trial_as_long_as_trial_s_to_resolve_resolves_exactly_that_difference():
+    for sd, difference in ((0.004, 0.01), (0.116, 0.01), (0.026, 0.005)):
+        trial_s = trial_s_to_resolve(sd, difference)
+        assert resolvable(sd, trial_s) == pytest.approx(difference)
+    assert trial_s_to_resolve(0.116, 0.01) > 4000.0  # a job at 11.6% per root s: over an hour a trial
+    assert trial_s_to_resolve(0.01, 0.0) == np.inf
 
 
 def test_the_reference_of_a_noisy_job_runs_until_its_stock_margin_is_small_enough():

@@ -76,6 +76,9 @@ def test_the_summary_says_what_the_job_allows_and_a_noisy_job_allows_less(hf_run
         assert figures["resolvable"]["energy_diff"] == pytest.approx(
             3.0 * 2.0 * figures["energy_cv_per_root_s"] / 60.0**0.5
         )
+        # how long a trial must run to resolve the budget's time: the 60-s figure scaled
+        budget_s = 60.0 * (figures["resolvable"]["time_diff"] / BUDGET) ** 2
+        assert figures["budget_trial_s"] == pytest.approx(budget_s)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
