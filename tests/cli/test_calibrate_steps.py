@@ -128,3 +128,45 @@ def test_a_launch_bound_step_takes_its_hosts_pace_and_a_gpu_bound_one_its_kernel
     assert _row(simulated, launch_bound.shape).simulated_time_s == pytest.approx(pace_s, rel=1e-3)
     workload = trace_workload(gpu_bound.source, gpu_bound.shape, gpu_bound.rows)
     assert host_pace_s(workload) < _row(simulated, gpu_bound.shape).simulated_time_s
+
+
+def _with_grids(folder: Path, shape: str, blocks_per_sm: str, reverse: bool = False) -> None:
+    """The folder's steps_grids.csv.gz: each of the step's kernels at blocks_per_sm, named in the
+    recording's order (reverse: in the opposite order, a profile of another code path)."""
+    with gzip.open(folder / "steps_kernels.csv.gz", "rt", newline="") as f:
+        names = [r["name"] for r in csv.DictReader(f)]
+    names = names[::-1] if reverse else names
+    with gzip.open(folder / "steps_grids.csv.gz", "wt", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(
+            (
+                "shape",
+                "index",
+                "name",
+                "start_us",
+                "duration_us",
+                "grid_blocks",
+                "block_threads",
+                "blocks_per_sm",
+            )
+        )
+        out.writerows((shape, i, n, i, 1.0, 33, 256, blocks_per_sm) for i, n in enumerate(names))
+
+
+def test_kernels_whose_recorded_grids_fill_a_quarter_of_the_sms_draw_less_and_take_as_long(tmp_path):
+    plain = recorded_steps(_one_step(tmp_path / "plain", "mlp_fp32_sgd"))[0]
+    quarter_folder = _one_step(tmp_path / "quarter", "mlp_fp32_sgd")
+    _with_grids(quarter_folder, "mlp_fp32_sgd", "0.25")
+    quarter = recorded_steps(quarter_folder)[0]
+    assert all(r.cells["blocks_per_sm"] == "0.25" for r in quarter.rows)
+    device = SimulatedDevice("h200", noise=0.0)
+    a, b = simulate_step(device, plain), simulate_step(device, quarter)
+    assert b.simulated_time_s == pytest.approx(a.simulated_time_s, rel=0.01)
+    assert b.simulated_energy_j < 0.8 * a.simulated_energy_j
+
+
+def test_launch_shapes_of_another_kernel_sequence_are_not_matched(tmp_path):
+    folder = _one_step(tmp_path / "steps", "mlp_fp32_sgd")
+    _with_grids(folder, "mlp_fp32_sgd", "0.25", reverse=True)
+    (step,) = recorded_steps(folder)
+    assert all("blocks_per_sm" not in r.cells for r in step.rows)
