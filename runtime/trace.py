@@ -4,6 +4,7 @@
   repeating kernel sequence, keeps one step, averages each position's duration over the steps,
   drops profiler annotations, and tags each kernel's pass; the meta keeps the trace's time a
   step (span_us_per_step, the profiled host's pace where the GPU waited on it);
+- `repeating_period`: the length of a trace's repeating kernel sequence (one step's);
 - `classify` / `KernelClass`: a kernel name's short name, kind (`KINDS`) and tensor-core use
   (the rules in `_RULES`);
 - `kernel_from_duration` / `work_for_duration`: a Kernel with flops (GEMMs, tensor-core
@@ -233,13 +234,23 @@ def _filled(share: float | None, kind: str, blocks_per_sm: float) -> float | Non
     return (busy_share(kind) if share is None else share) * fill
 
 
-def _period(path: Path, names: list[str]) -> int:
-    """The shortest sequence that repeats at least twice and covers the whole trace (a
-    trailing partial step, where the profiler stopped mid-step, is allowed)."""
+def repeating_period(names: Sequence[str]) -> int:
+    """The length of the shortest sequence that repeats at least twice and covers the whole
+    trace (a trailing partial step, where the profiler stopped mid-step, is allowed); 0: none."""
     for period in range(1, len(names) // 2 + 1):
         if all(names[i] == names[i - period] for i in range(period, len(names))):
             return period
-    raise KdvfsError(f"{path}: no repeating kernel sequence found in {len(names)} kernels (column 'name')")
+    return 0
+
+
+def _period(path: Path, names: list[str]) -> int:
+    """repeating_period, or an error naming the trace that has none."""
+    period = repeating_period(names)
+    if not period:
+        raise KdvfsError(
+            f"{path}: no repeating kernel sequence found in {len(names)} kernels (column 'name')"
+        )
+    return period
 
 
 def _optimizer_start(step: list[_TraceRow], annotations: list[_TraceRow]) -> int:

@@ -32,7 +32,7 @@ from kdvfs.runtime.presets import STEP_BUSY_FITTED_ON
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
-from kdvfs.runtime.trace import trace_workload
+from kdvfs.runtime.trace import repeating_period, trace_workload
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 
 #: Columns a probe table must have.
@@ -213,14 +213,7 @@ def _with_grids(step: RecordedStep, grids: list[tuple[str, str]]) -> RecordedSte
     shapes' sequence (profiled apart: matched position by position over that sequence's
     period); unchanged where they do not."""
     names = [n for n, _ in grids]
-    period = next(
-        (
-            p
-            for p in range(1, len(names) // 2 + 1)
-            if all(names[i] == names[i - p] for i in range(p, len(names)))
-        ),
-        0,
-    )
+    period = repeating_period(names)
     rows = step.rows
     if not period or any(r.cells["name"] != names[i % period] for i, r in enumerate(rows)):
         return step
