@@ -744,7 +744,8 @@ class NoiseMeter:
         slope = self.wait_slope
         if slope == 0.0:
             return self._sd(self.energy, self.floor)
-        return self._sd([e - slope * w for e, w in zip(self.energy, self.wait)], self.floor)
+        recent = slice(-self.recent, None)  # only the recent pairs are read: only they are taken out
+        return self._sd([e - slope * w for e, w in zip(self.energy[recent], self.wait[recent])], self.floor)
 
     @property
     def time_sd_per_root_s(self) -> float:
