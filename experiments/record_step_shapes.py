@@ -308,8 +308,11 @@ def main(argv: list[str]) -> None:
     window_s = float(opts.get("--window-s", 20))  # measured window per shape; s
     budget_s = float(opts.get("--budget-s", 270))  # no new shape starts after this; s
     names = select_shapes(opts.get("--shapes"))  # before the GPU is touched
+    grids = opts.get("--grids-only", "0")  # 1: the launch shapes alone, no energy window
+    if grids not in ("0", "1"):
+        sys.exit(f"record_step_shapes: --grids-only is 0 or 1, got {grids!r}")
     out.mkdir(parents=True, exist_ok=True)
-    if opts.get("--grids-only", "0") == "1":
+    if grids == "1":
         grids_only(names, out)
         return
     t0 = time.perf_counter()

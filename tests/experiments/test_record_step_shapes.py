@@ -39,3 +39,11 @@ def test_a_kernels_launch_shape_is_its_grid_and_block_as_products_and_its_blocks
 
 def test_a_copy_without_a_launch_shape_gets_empty_fields():
     assert record_step_shapes.launch_shape({"bytes": 4096}) == ("", "", "")
+
+
+def test_a_grids_only_value_other_than_0_or_1_exits_non_zero_with_one_line_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        record_step_shapes.main(["--out", str(tmp_path / "unused"), "--grids-only", "yes"])
+    message = str(stop.value.code)
+    assert "--grids-only" in message and "'yes'" in message and "\n" not in message
+    assert not (tmp_path / "unused").exists() and not capsys.readouterr().out
