@@ -197,6 +197,10 @@ class Window:
     gap_j: float = 0.0  # the counter's advance over the stalls' spans, J
     gap_s: float = 0.0  # the stalls' spans between counter readings, s
     gap_from: tuple[float, float] | None = None  # the reading before a stall whose span is open
+    span_steps: float = 0.0  # counted steps inside the counter span so far, pro rata by time
+    span_time_s: float = 0.0  # their time, s
+    tail_steps: float = 0.0  # counted steps after the last reading (outside the span until one comes)
+    tail_time_s: float = 0.0  # their time, s
 
     def add(self, report: StepReport) -> bool:
         """Count a report's steps; True when the window is closed (long enough, at an observed
@@ -218,6 +222,7 @@ class Window:
                 self.stall_time_s += report.step_time_s
                 self.stall_wait_s += report.wait_s
         if counted:
+            self._count_in_span(report, readings)
             self.steps += n
             self.time_sum_s += n * report.step_time_s
             self.wait_sum_s += n * report.wait_s
@@ -236,6 +241,32 @@ class Window:
             self.first = self.first or reading
             self.last = reading
         return bool(report.counter_readings) and self.span_s >= self.length_s and self.steps > 0
+
+    def _count_in_span(self, report: StepReport, readings: list[tuple[float, float]]) -> None:
+        """The report's steps and time between the counter readings, pro rata by time (a
+        report stands for steps that ran back to back up to its end): what lies before the
+        window's first reading is left out, what lies after its latest reading waits in the
+        tail until a later reading takes it in. A wait that closes a step (a checkpoint, an
+        evaluation) holds a reading at the card's idle power; taking in the whole step's time
+        would charge the wait after that reading at the span's power."""
+        end_s = report.end_s
+        time_s = report.steps * report.step_time_s
+        if not readings:
+            self.tail_steps += report.steps
+            self.tail_time_s += time_s
+            return
+
+        def after(at_s: float) -> float:  # the report's share after a reading, a fraction
+            return min(max((end_s - at_s) / time_s, 0.0), 1.0) if time_s > 0.0 else 0.0
+
+        head = after(readings[0][0]) if self.first is None else 1.0
+        tail = after(readings[-1][0])
+        if self.first is not None:  # the steps waiting since the last reading are in the span now
+            self.span_steps += self.tail_steps
+            self.span_time_s += self.tail_time_s
+        self.span_steps += report.steps * (head - tail)
+        self.span_time_s += time_s * (head - tail)
+        self.tail_steps, self.tail_time_s = report.steps * tail, time_s * tail
 
     @property
     def span_s(self) -> float:
@@ -287,12 +318,13 @@ class Window:
 
     @property
     def energy_per_step_j(self) -> float:
-        """Mean power over the counter span x mean step time (in-training-trials.md), both
-        without the stalls (their steps and the counter's advance over them)."""
-        regular = self.steps - self.stall_steps
-        if regular <= 0:
+        """Mean power over the counter span x mean time of the steps in that span, pro rata
+        at its two readings (in-training-trials.md), both without the stalls (their steps
+        and the counter's advance over them)."""
+        steps = self.span_steps - self.stall_steps
+        if steps <= 0.0 or self.span_time_s - self.stall_time_s <= 0.0:
             return self.power_w * self.step_s
-        return self.power_w * (self.time_sum_s - self.stall_time_s) / regular
+        return self.power_w * (self.span_time_s - self.stall_time_s) / steps
 
     @property
     def regular_step_s(self) -> float:
@@ -772,8 +804,9 @@ def resolvable(sd_per_root_s: float, trial_s: float, z: float = ADOPT_Z) -> floa
 def trial_s_to_resolve(sd_per_root_s: float, difference: float, z: float = ADOPT_Z) -> float:
     """How long an A-B-B-A trial must run to resolve `difference` (a fraction) at z standard
     errors, the noise sd_per_root_s per root second (`resolvable` turned round), s; inf for no
-    difference."""
-    return (z * 2.0 * sd_per_root_s / difference) ** 2 if difference > 0 else math.inf
+    difference (or one so small that the time overflows a float)."""
+    ratio = z * 2.0 * sd_per_root_s / difference if difference > 0 else math.inf
+    return ratio * ratio if ratio < 1e150 else math.inf
 
 
 @functools.lru_cache(maxsize=64)

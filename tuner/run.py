@@ -421,8 +421,10 @@ class TuningRun:
     def point(self) -> Point:
         """The run so far (a Point)."""
         t = self.tuner
-        stock_j = t.stock_energy_j
         run_j = math.nan if self._run is None else self._run.energy_per_step_j
+        # stock at the run's own wait for its host: chance differences of the job's waits
+        # between the windows that measured stock and the run are not the clocks' saving
+        stock_j = t.stock_energy_at_wait_j(math.nan if self._run is None else self._run.regular_wait_s)
         saving = 1.0 - run_j / stock_j if math.isfinite(stock_j) and math.isfinite(run_j) else math.nan
         measured = math.isfinite(t.stock_step_s) or t.account.before_steps > 0
         last = self._last

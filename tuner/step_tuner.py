@@ -601,6 +601,8 @@ class StepTuner:
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         """The schedule adopted so far (the plan): stock until something is adopted."""
         self.stock_energy_j = math.nan  # per step, measured in the reference
+        self.stock_wait_s = math.nan  # the job's mean wait per step in the windows stock_energy_j reads, s
+        self.stock_wait_step_s = math.nan  # their mean step time (the waits included), s
         self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
         self.incumbent_step_s = math.nan
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
@@ -725,6 +727,17 @@ class StepTuner:
     def stock_step_s(self) -> float:
         return self.account.stock_step_s
 
+    def stock_energy_at_wait_j(self, wait_s: float) -> float:
+        """Stock's energy per step moved to a mean wait for the host of wait_s per step (the
+        run's), as a trial moves its windows to a common wait (NoiseMeter.wait_slope): the
+        waits are the host's, so the windows that measured stock waiting longer or shorter
+        than the run did says nothing of the clocks, J (stock_energy_j where either wait is
+        unknown)."""
+        stock_j, slope = self.stock_energy_j, self.noise.wait_slope
+        if not (math.isfinite(wait_s) and math.isfinite(self.stock_wait_s) and self.stock_wait_step_s > 0.0):
+            return stock_j
+        return stock_j * (1.0 - slope * (self.stock_wait_s - wait_s) / self.stock_wait_step_s)
+
     def plan_energy_saving(self) -> float:
         """The incumbent's saving against stock, as measured (a fraction of stock's step energy)."""
         return 1.0 - self.incumbent_energy_j / self.stock_energy_j if self.adoptions else 0.0
@@ -775,6 +788,7 @@ class StepTuner:
         self.noise.add_pairs(ref.measured.pairs())
         self._reference_s, self._stock_time_s, self._stock_steps = 0.0, 0.0, 0
         self._stock_energy_sum_j, self._stock_energy_steps = 0.0, 0.0
+        self._stock_wait_sums_s = [0.0, 0.0]  # the waits and step times x steps of those windows, s
         self._count_stock(ref.measured.windows)
         segment_times = stock.segment_times_s
         first_run = self.prior is None and not self.retunes
@@ -829,8 +843,16 @@ class StepTuner:
                 if math.isfinite(energy_j):
                     self._stock_energy_sum_j += energy_j * w.steps / self._ranks
                     self._stock_energy_steps += w.steps / self._ranks
+                    waits = w.rank_waits
+                    for i in (0, 1):
+                        self._stock_wait_sums_s[i] += (
+                            sum(x[i] for x in waits) / len(waits) * w.steps / self._ranks
+                        )
         if self._stock_energy_steps > 0 and not self.adoptions:
             self.stock_energy_j = self._stock_energy_sum_j / self._stock_energy_steps
+            self.stock_wait_s, self.stock_wait_step_s = (
+                s / self._stock_energy_steps for s in self._stock_wait_sums_s
+            )
             if self.incumbent.is_stock:
                 self.incumbent_energy_j = self.stock_energy_j
         self._update_account_stock()
