@@ -201,6 +201,8 @@ class Window:
     span_time_s: float = 0.0  # their time, s
     tail_steps: float = 0.0  # counted steps after the last reading (outside the span until one comes)
     tail_time_s: float = 0.0  # their time, s
+    span_wait_s: float = 0.0  # the job's waits in the span's steps, pro rata like them, s
+    tail_wait_s: float = 0.0  # the job's waits in the tail's steps, s
 
     def add(self, report: StepReport) -> bool:
         """Count a report's steps; True when the window is closed (long enough, at an observed
@@ -251,9 +253,11 @@ class Window:
         would charge the wait after that reading at the span's power."""
         end_s = report.end_s
         time_s = report.steps * report.step_time_s
+        wait_s = report.steps * report.wait_s
         if not readings:
             self.tail_steps += report.steps
             self.tail_time_s += time_s
+            self.tail_wait_s += wait_s
             return
 
         def after(at_s: float) -> float:  # the report's share after a reading, a fraction
@@ -264,9 +268,15 @@ class Window:
         if self.first is not None:  # the steps waiting since the last reading are in the span now
             self.span_steps += self.tail_steps
             self.span_time_s += self.tail_time_s
+            self.span_wait_s += self.tail_wait_s
         self.span_steps += report.steps * (head - tail)
         self.span_time_s += time_s * (head - tail)
-        self.tail_steps, self.tail_time_s = report.steps * tail, time_s * tail
+        self.span_wait_s += wait_s * (head - tail)
+        self.tail_steps, self.tail_time_s, self.tail_wait_s = (
+            report.steps * tail,
+            time_s * tail,
+            wait_s * tail,
+        )
 
     @property
     def span_s(self) -> float:
@@ -328,19 +338,21 @@ class Window:
 
     @property
     def regular_step_s(self) -> float:
-        """The mean step time of the steps energy_per_step_j counts (the stalls left out), s."""
-        regular = self.steps - self.stall_steps
-        if regular <= 0:
+        """The mean step time of the steps energy_per_step_j counts (in the counter span, pro
+        rata; the stalls left out), s."""
+        steps = self.span_steps - self.stall_steps
+        if steps <= 0.0 or self.span_time_s - self.stall_time_s <= 0.0:
             return self.step_s
-        return (self.time_sum_s - self.stall_time_s) / regular
+        return (self.span_time_s - self.stall_time_s) / steps
 
     @property
     def regular_wait_s(self) -> float:
-        """The job's mean wait for its host in those steps (StepReport.wait_s), s."""
-        regular = self.steps - self.stall_steps
-        if regular <= 0:
+        """The job's mean wait for its host in those steps (StepReport.wait_s), s: the wait
+        a window's energy is moved by (a common wait) is the wait of the steps it counts."""
+        steps = self.span_steps - self.stall_steps
+        if steps <= 0.0 or self.span_time_s - self.stall_time_s <= 0.0:
             return self.wait_sum_s / self.steps if self.steps else math.nan
-        return (self.wait_sum_s - self.stall_wait_s) / regular
+        return max(self.span_wait_s - self.stall_wait_s, 0.0) / steps
 
     @property
     def rank_energies_j(self) -> list[float]:
