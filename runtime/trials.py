@@ -191,9 +191,7 @@ class Window:
     group_sums_s: list[float] | None = None  # each group's busy time summed over the steps, s
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
-    stall_steps: int = 0
-    stall_time_s: float = 0.0
-    stall_wait_s: float = 0.0  # the job's wait (the stall's excess included) in the stalled steps, s
+    stall_steps: int = 0  # stalled steps counted, their spans out of the energy
     gap_j: float = 0.0  # the counter's advance over the stalls' spans, J
     gap_s: float = 0.0  # the stalls' spans between counter readings, s
     gap_from: tuple[float, float] | None = None  # the reading before a stall whose span is open
@@ -216,15 +214,15 @@ class Window:
             self.gap_from = None
         before = self.last
         counted = report.end_s - n * report.step_time_s >= self.settle_s
+        stalled = False
         if counted and report.stall_s > 0.0 and n == 1:
             start = before if before is not None else (readings[0] if readings else None)
             if start is not None:
+                stalled = True
                 self.gap_from = start
                 self.stall_steps += 1
-                self.stall_time_s += report.step_time_s
-                self.stall_wait_s += report.wait_s
         if counted:
-            self._count_in_span(report, readings)
+            self._count_in_span(report, readings, stalled)
             self.steps += n
             self.time_sum_s += n * report.step_time_s
             self.wait_sum_s += n * report.wait_s
@@ -244,16 +242,25 @@ class Window:
             self.last = reading
         return bool(report.counter_readings) and self.span_s >= self.length_s and self.steps > 0
 
-    def _count_in_span(self, report: StepReport, readings: list[tuple[float, float]]) -> None:
+    def _count_in_span(self, report: StepReport, readings: list[tuple[float, float]], stalled: bool) -> None:
         """The report's steps and time between the counter readings, pro rata by time (a
         report stands for steps that ran back to back up to its end): what lies before the
         window's first reading is left out, what lies after its latest reading waits in the
         tail until a later reading takes it in. A wait that closes a step (a checkpoint, an
         evaluation) holds a reading at the card's idle power; taking in the whole step's time
-        would charge the wait after that reading at the span's power."""
+        would charge the wait after that reading at the span's power. A stalled step counts
+        none of its own: its span is out of the energy (the gap), its steps out of the count."""
         end_s = report.end_s
         time_s = report.steps * report.step_time_s
         wait_s = report.steps * report.wait_s
+        if stalled:
+            if readings and self.first is not None:  # the steps before it, up to its reading
+                self.span_steps += self.tail_steps
+                self.span_time_s += self.tail_time_s
+                self.span_wait_s += self.tail_wait_s
+            if readings or self.first is None:
+                self.tail_steps = self.tail_time_s = self.tail_wait_s = 0.0
+            return
         if not readings:
             self.tail_steps += report.steps
             self.tail_time_s += time_s
@@ -331,28 +338,25 @@ class Window:
         """Mean power over the counter span x mean time of the steps in that span, pro rata
         at its two readings (in-training-trials.md), both without the stalls (their steps
         and the counter's advance over them)."""
-        steps = self.span_steps - self.stall_steps
-        if steps <= 0.0 or self.span_time_s - self.stall_time_s <= 0.0:
+        if self.span_steps <= 0.0 or self.span_time_s <= 0.0:
             return self.power_w * self.step_s
-        return self.power_w * (self.span_time_s - self.stall_time_s) / steps
+        return self.power_w * self.span_time_s / self.span_steps
 
     @property
     def regular_step_s(self) -> float:
         """The mean step time of the steps energy_per_step_j counts (in the counter span, pro
         rata; the stalls left out), s."""
-        steps = self.span_steps - self.stall_steps
-        if steps <= 0.0 or self.span_time_s - self.stall_time_s <= 0.0:
+        if self.span_steps <= 0.0 or self.span_time_s <= 0.0:
             return self.step_s
-        return (self.span_time_s - self.stall_time_s) / steps
+        return self.span_time_s / self.span_steps
 
     @property
     def regular_wait_s(self) -> float:
         """The job's mean wait for its host in those steps (StepReport.wait_s), s: the wait
         a window's energy is moved by (a common wait) is the wait of the steps it counts."""
-        steps = self.span_steps - self.stall_steps
-        if steps <= 0.0 or self.span_time_s - self.stall_time_s <= 0.0:
+        if self.span_steps <= 0.0 or self.span_time_s <= 0.0:
             return self.wait_sum_s / self.steps if self.steps else math.nan
-        return max(self.span_wait_s - self.stall_wait_s, 0.0) / steps
+        return self.span_wait_s / self.span_steps
 
     @property
     def rank_energies_j(self) -> list[float]:

@@ -20,6 +20,15 @@ def test_a_recorded_job_replayed_as_a_dry_run_completes_five_trials_in_five_minu
     assert 1 / 1.5 <= row["noise_ratio"] <= 1.5  # the tuner's noise against the series' own
 
 
+def test_a_recording_whose_stalls_close_windows_reads_no_saving_in_a_dry_run():
+    # the bare sync recording: evaluations and checkpoints inside single steps, taken for
+    # stalls (their spans out of the windows' energy, their steps out of the count, also
+    # where a stall holds a window's first or last reading)
+    row = replay_jobs.replay("sync", replay_jobs.Args(seconds=300.0))
+    assert row["adopted"] == 0
+    assert abs(row["run_energy_saving"]) <= 0.003
+
+
 def test_a_recording_that_is_not_there_is_refused_with_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         replay_jobs.main(["--jobs", "nosuchjob"])

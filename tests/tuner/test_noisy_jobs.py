@@ -100,6 +100,18 @@ def test_the_null_test_holds_on_the_noisiest_recorded_job(seed):
     assert abs(summary["run"]["energy_saving"]) <= 0.003
 
 
+@pytest.mark.parametrize("seed", [1, 5])
+def test_the_null_test_holds_on_the_job_whose_checkpoints_close_its_steps(seed):
+    # the sync recording's 0.5-s evaluations and 1-2-s checkpoints, at the card's idle power,
+    # close one step each: the run's saving in dry run is its energy against stock's at the
+    # run's own waits, the windows' steps counted between their counter readings
+    session = tuned("sync", seed, dry_run=True, seconds=3600.0, expected_run_s=3600.0)
+    summary = session.run.summary()
+    assert summary["trials"] >= 3
+    assert summary["adopted"] == 0
+    assert abs(summary["run"]["energy_saving"]) <= 0.003
+
+
 def test_a_verification_adopts_only_beyond_the_boundary_that_holds_its_false_rate_over_its_looks_and_the_run():
     # a verification is judged after each of its blocks, 4 to 12: at 3 errors at each look a
     # null candidate would be adopted 3.7 times as often as one look at 3 errors allows; and a
