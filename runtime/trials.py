@@ -191,7 +191,6 @@ class Window:
     group_sums_s: list[float] | None = None  # each group's busy time summed over the steps, s
     first: tuple[float, float] | None = None
     last: tuple[float, float] | None = None
-    stall_steps: int = 0  # stalled steps counted, their spans out of the energy
     gap_j: float = 0.0  # the counter's advance over the stalls' spans, J
     gap_s: float = 0.0  # the stalls' spans between counter readings, s
     gap_from: tuple[float, float] | None = None  # the reading before a stall whose span is open
@@ -220,7 +219,6 @@ class Window:
             if start is not None:
                 stalled = True
                 self.gap_from = start
-                self.stall_steps += 1
         if counted:
             self._count_in_span(report, readings, stalled)
             self.steps += n
@@ -255,9 +253,7 @@ class Window:
         wait_s = report.steps * report.wait_s
         if stalled:
             if readings and self.first is not None:  # the steps before it, up to its reading
-                self.span_steps += self.tail_steps
-                self.span_time_s += self.tail_time_s
-                self.span_wait_s += self.tail_wait_s
+                self._take_tail()
             if readings or self.first is None:
                 self.tail_steps = self.tail_time_s = self.tail_wait_s = 0.0
             return
@@ -273,9 +269,7 @@ class Window:
         head = after(readings[0][0]) if self.first is None else 1.0
         tail = after(readings[-1][0])
         if self.first is not None:  # the steps waiting since the last reading are in the span now
-            self.span_steps += self.tail_steps
-            self.span_time_s += self.tail_time_s
-            self.span_wait_s += self.tail_wait_s
+            self._take_tail()
         self.span_steps += report.steps * (head - tail)
         self.span_time_s += time_s * (head - tail)
         self.span_wait_s += wait_s * (head - tail)
@@ -284,6 +278,12 @@ class Window:
             time_s * tail,
             wait_s * tail,
         )
+
+    def _take_tail(self) -> None:
+        """The steps after the last reading into the span: a later reading came."""
+        self.span_steps += self.tail_steps
+        self.span_time_s += self.tail_time_s
+        self.span_wait_s += self.tail_wait_s
 
     @property
     def span_s(self) -> float:
@@ -679,6 +679,14 @@ class Trial:
         )
 
 
+def energy_at_wait_j(energy_j: float, wait_s: float, step_s: float, to_wait_s: float, slope: float) -> float:
+    """A window's energy per step (J) measured at a mean wait for the host of wait_s per step
+    of step_s, moved to a mean wait of to_wait_s: e x (1 - slope x (wait - to wait) / step
+    time), the card drawing slope x the window's mean power while the job waits
+    (NoiseMeter.wait_slope), J."""
+    return energy_j * (1.0 - slope * (wait_s - to_wait_s) / step_s)
+
+
 def _at_mean_wait(
     energies_j: Sequence[float], waits: Sequence[tuple[float, float]], slope: float
 ) -> list[float]:
@@ -689,7 +697,7 @@ def _at_mean_wait(
     if slope <= 0.0 or not all(math.isfinite(w) and s > 0.0 for w, s in waits):
         return list(energies_j)
     mean_wait_s = sum(w for w, _ in waits) / len(waits)
-    return [e * (1.0 - slope * (w - mean_wait_s) / s) for e, (w, s) in zip(energies_j, waits)]
+    return [energy_at_wait_j(e, w, s, mean_wait_s, slope) for e, (w, s) in zip(energies_j, waits)]
 
 
 def _se(values: list[float]) -> float:

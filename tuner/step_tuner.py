@@ -59,6 +59,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     StockReference,
     Trial,
     Window,
+    energy_at_wait_j,
     judge,
     open_window,
     pass_boundaries,
@@ -736,7 +737,7 @@ class StepTuner:
         stock_j, slope = self.stock_energy_j, self.noise.wait_slope
         if not (math.isfinite(wait_s) and math.isfinite(self.stock_wait_s) and self.stock_wait_step_s > 0.0):
             return stock_j
-        return stock_j * (1.0 - slope * (self.stock_wait_s - wait_s) / self.stock_wait_step_s)
+        return energy_at_wait_j(stock_j, self.stock_wait_s, self.stock_wait_step_s, wait_s, slope)
 
     def plan_energy_saving(self) -> float:
         """The incumbent's saving against stock, as measured (a fraction of stock's step energy)."""
@@ -843,11 +844,9 @@ class StepTuner:
                 if math.isfinite(energy_j):
                     self._stock_energy_sum_j += energy_j * w.steps / self._ranks
                     self._stock_energy_steps += w.steps / self._ranks
-                    waits = w.rank_waits
-                    for i in (0, 1):
-                        self._stock_wait_sums_s[i] += (
-                            sum(x[i] for x in waits) / len(waits) * w.steps / self._ranks
-                        )
+                    wait_s, step_s = np.mean(w.rank_waits, axis=0)  # the ranks' mean
+                    self._stock_wait_sums_s[0] += float(wait_s) * w.steps / self._ranks
+                    self._stock_wait_sums_s[1] += float(step_s) * w.steps / self._ranks
         if self._stock_energy_steps > 0 and not self.adoptions:
             self.stock_energy_j = self._stock_energy_sum_j / self._stock_energy_steps
             self.stock_wait_s, self.stock_wait_step_s = (
