@@ -3,7 +3,8 @@
 `ModelDevice` keeps its own clock, applies a clock switch only after the switch latency
 (the old clocks run meanwhile, as on a real card), adds measurement noise drawn once per
 `noise_period_s` of device time, and reports energy the way NVML does: a cumulative counter
-that advances only every `energy_update_period_s`. Subclasses supply the physics:
+that advances only every `energy_update_period_s`; `counter_updates_since` gives every update
+(as a poller reading back to back sees them, several inside a long wait). Subclasses supply the physics:
 `_launch_cost(kernel, pair_or_None)`.
 
 A whole step can also run at once (`step_noise`, `step_cost`, `advance_step`): its kernels'
@@ -17,6 +18,7 @@ Why noise is correlated over time: docs/design-runtime.md.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,9 @@ from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Kernel, Source
 
 STATE_STEP_S = 0.05
 """Longest stretch of launches costed at one state (temperature, noise) before it is updated."""
+
+UPDATES_KEPT = 4096
+"""The energy counter's latest updates the device keeps for counter_updates_since (count)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class ModelDevice:
         self._true_energy_j = 0.0
         self._reported_energy_j = 0.0
         self._last_tick = 0
+        self._updates: deque[tuple[float, float]] = deque(maxlen=UPDATES_KEPT)
         self._last_power_w = 0.0
         self._clocks: ClockPair | None = None
         self._pending: tuple[float, ClockPair | None] | None = None
@@ -124,6 +130,17 @@ class ModelDevice:
 
     def power_w(self) -> float:
         return self._last_power_w
+
+    def counter_updates_since(self, after_s: float) -> tuple[tuple[float, float], ...]:
+        """The counter's updates after device time after_s, as (time of the update s, counter
+        J), oldest first: each one, as a poller reading back to back sees them (the latest
+        UPDATES_KEPT)."""
+        out = []
+        for update in reversed(self._updates):
+            if update[0] <= after_s:
+                break
+            out.append(update)
+        return tuple(reversed(out))
 
     def now_s(self) -> float:
         return self._now_s
@@ -277,9 +294,10 @@ class ModelDevice:
                 idle_parts.append((wait_s - first_s, idle_w))
             idle_j = sum(d * w for d, w in idle_parts)
         end_s = kernels_end_s + wait_s
-        end_tick = math.floor(end_s / self.energy_update_period_s)
-        if end_tick > self._last_tick:
-            offset_s = end_tick * self.energy_update_period_s - start_s
+        period_s = self.energy_update_period_s
+        end_tick = math.floor(end_s / period_s)
+        for tick in range(max(self._last_tick + 1, end_tick - UPDATES_KEPT + 1), end_tick + 1):
+            offset_s = tick * period_s - start_s
             if offset_s <= kernels_s:
                 at_j = float(np.interp(offset_s / time_f, cost.cum_time_s, cost.cum_energy_j)) * energy_f
             else:
@@ -290,7 +308,8 @@ class ModelDevice:
                     if left_s <= 0.0:
                         break
             self._reported_energy_j = self._true_energy_j + at_j
-            self._last_tick = end_tick
+            self._updates.append((tick * period_s, self._reported_energy_j))
+        self._last_tick = max(self._last_tick, end_tick)
         self._true_energy_j += kernels_j + idle_j
         self._now_s = end_s
         self._last_power_w = idle_w if wait_s > 0.0 else cost.last_power_w * energy_f / time_f
@@ -358,11 +377,12 @@ class ModelDevice:
         """Advance time at constant power; the reported counter catches up at each tick."""
         start_s = self._now_s
         end_s = start_s + duration_s
-        end_tick = math.floor(end_s / self.energy_update_period_s)
-        if end_tick > self._last_tick:
-            tick_s = end_tick * self.energy_update_period_s
-            self._reported_energy_j = self._true_energy_j + power_w * (tick_s - start_s)
-            self._last_tick = end_tick
+        period_s = self.energy_update_period_s
+        end_tick = math.floor(end_s / period_s)
+        for tick in range(max(self._last_tick + 1, end_tick - UPDATES_KEPT + 1), end_tick + 1):
+            self._reported_energy_j = self._true_energy_j + power_w * (tick * period_s - start_s)
+            self._updates.append((tick * period_s, self._reported_energy_j))
+        self._last_tick = max(self._last_tick, end_tick)
         self._true_energy_j += power_w * duration_s
         self._now_s = end_s
         self._last_power_w = power_w

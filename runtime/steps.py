@@ -19,8 +19,8 @@
   drawn as step by step) and reports them in one StepReport that ends at the step where the
   next counter update is observed (at most MAX_REPORT_S of training).
 
-The counter is read after every step, as a poller would, and an update is reported only when
-its value changed, at the simulated time of the change. Design: docs/design-step-tuner.md.
+The counter is read after every step, as a poller would, and its updates since the last read
+are reported (each at the simulated time of the change; several after a long wait or step). Design: docs/design-step-tuner.md.
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ class SimulatedJob:
         self.steps = 0
         self._schedule = Schedule.stock()
         self._counter_j = device.energy_j()
+        self._counter_s = device.now_s()  # time of the latest counter update read, s
 
     @property
     def seconds(self) -> float:
@@ -289,14 +290,21 @@ class SimulatedJob:
         self._schedule = Schedule.stock()
 
     def _read_counter(self) -> tuple[tuple[float, float], ...]:
-        """The counter's update since the last read, if its value changed: the simulated
-        counter advances at multiples of its period, so the update came at the last one."""
+        """The counter's updates since the last read, if its value changed: each one at the
+        multiple of its period it came at (several inside a long wait or step, as a poller
+        reading back to back sees them)."""
         value_j = self.device.energy_j()
         if value_j == self._counter_j:
             return ()
         self._counter_j = value_j
-        period_s = self.device.energy_update_period_s
-        return ((math.floor(self.device.now_s() / period_s + 1e-9) * period_s, value_j),)
+        since = getattr(self.device, "counter_updates_since", None)
+        updates = since(self._counter_s) if since is not None else ()
+        if updates:
+            self._counter_s = updates[-1][0]
+            return updates
+        period_s = self.device.energy_update_period_s  # not kept: the update came at the last tick
+        self._counter_s = math.floor(self.device.now_s() / period_s + 1e-9) * period_s
+        return ((self._counter_s, value_j),)
 
 
 def _group_times(schedule: Schedule, kernel_times_s: np.ndarray, step_s: float) -> tuple[float, ...]:

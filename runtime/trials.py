@@ -178,8 +178,10 @@ class StallFilter:
 class Window:
     """Whole steps under one schedule. Steps that began before settle_s (the switch and one
     counter period after the window opened) are not counted; energy is taken between the
-    first and last counter updates observed after settle_s. A report may stand for several
-    steps (`StepReport.steps`: a simulated stretch at once); it counts as that many."""
+    first and last counter updates observed after settle_s, each report's latest alone (a long
+    step's updates inside it would cut it by time, where its energy is its kernels' and then its
+    wait's at idle power). A report may stand for several steps (`StepReport.steps`: a
+    simulated stretch at once); it counts as that many."""
 
     schedule: Schedule
     length_s: float
@@ -206,7 +208,9 @@ class Window:
         update). A stall (StepReport.stall_s) leaves its span out of the energy: from the last
         reading before it to the first one after."""
         n = report.steps
-        readings = [r for r in report.counter_readings if r[0] >= self.settle_s]
+        # a report's last reading alone: a long step's inner readings would cut it by time, and
+        # its energy is not spread evenly in time (its kernels, then its wait at idle power)
+        readings = [r for r in report.counter_readings if r[0] >= self.settle_s][-1:]
         if self.gap_from is not None and readings:  # the stall before ended: its span closes
             self.gap_j += readings[0][1] - self.gap_from[1]
             self.gap_s += readings[0][0] - self.gap_from[0]

@@ -39,6 +39,7 @@ from kdvfs.policies.base import SearchSpace, Strategy, Task
 from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.types import ClockGrid, ClockPair, Workload
 from kdvfs.service.schema import (
+    MAX_POOLED_READINGS,
     AskReply,
     BestReply,
     PoolReply,
@@ -502,7 +503,9 @@ def _rank_step(report: StepReport) -> dict:
         "end_s": report.end_s,
         "step_time_s": report.step_time_s,
         "group_times_s": list(report.group_times_s),
-        "counter_readings": [list(r) for r in report.counter_readings],
+        # the latest readings: a window takes a step's last alone, and a long step (a
+        # checkpoint) holds more updates than the service takes
+        "counter_readings": [list(r) for r in report.counter_readings[-MAX_POOLED_READINGS:]],
         "temperature_c": finite(report.temperature_c),
         "throttle_reasons": sorted(report.throttle_reasons),
         "power_limit_w": finite(report.power_limit_w),

@@ -108,8 +108,10 @@ def _silent_service() -> tuple[socket.socket, int]:
 
 
 def _tune_interrupted_after(line_start: str, extra: list[str], tmp_path: Path) -> tuple[int, str]:
-    """Run `kdvfs tune` and send SIGINT as soon as a stderr line starts with line_start."""
-    cmd = [sys.executable, "-m", "kdvfs.cli", "tune", "--seconds", "20", "--json", "out.json"]
+    """Run `kdvfs tune` and send SIGINT as soon as a stderr line starts with line_start. The run
+    is an hour of training, far more than the signal takes to arrive even on a loaded machine
+    (20 s of simulated training once ended before it did)."""
+    cmd = [sys.executable, "-m", "kdvfs.cli", "tune", "--seconds", "3600", "--json", "out.json"]
     cmd += ["--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines = []

@@ -37,6 +37,26 @@ def test_counter_updates_are_reported_only_when_the_counter_changed_at_period_mu
     assert all(b[0] > a[0] and b[1] > a[1] for a, b in itertools.pairwise(readings))
 
 
+@pytest.mark.parametrize("aggregate", [False, True])
+def test_a_checkpoint_wait_reports_every_counter_update_inside_it_at_its_time_and_value(aggregate):
+    # the recorded sync job checkpoints every 500 steps (0.9-1.8 s at the card's idle power):
+    # a poller reading back to back sees each of the ~10-18 updates inside that wait
+    from kdvfs.runtime.job_noise import job_noise
+
+    device = open_device("sim:h200", seed=0)
+    job = SimulatedJob(device, open_workload("gpt3-xl-layer", device), job_noise=job_noise("sync"))
+    period_s = device.energy_update_period_s
+    readings, most = [], 0
+    while job.steps < 1100:
+        report = job.step_until_update(Schedule.stock()) if aggregate else job.step(Schedule.stock())
+        readings += report.counter_readings
+        most = max(most, len(report.counter_readings))
+    assert most >= 8
+    assert all(b[0] == pytest.approx(a[0] + period_s) for a, b in itertools.pairwise(readings))
+    assert all(b[1] > a[1] for a, b in itertools.pairwise(readings))
+    assert readings[-1][1] == device.energy_j()
+
+
 def test_dry_run_records_requests_but_runs_stock_clocks():
     device = open_device("sim:rtx3080ti", seed=1)
     job = SimulatedJob(device, open_workload("gpt3-xl-layer", device), dry_run=True)

@@ -16,6 +16,7 @@ from kdvfs.runtime.trials import (
     StepAccount,
     StockReference,
     Trial,
+    open_window,
     resolvable,
     robust_mean_se,
     sequential_z,
@@ -221,6 +222,32 @@ def test_a_trial_measures_time_on_the_gpus_busy_time_so_the_jobs_waits_do_not_bl
     outcome = trial.outcome()
     assert outcome.time_diff == pytest.approx(0.02, abs=0.001) and outcome.time_se < 0.001
     assert trial.closed[0].group_times_s[0] == pytest.approx(STEP_S, rel=1e-9)  # the wait left out
+
+
+def test_a_window_takes_a_long_steps_last_counter_update_alone_so_its_wait_is_never_cut_by_time():
+    # a 1.2-s checkpoint step (kernels 0.05 s at 700 W, then idle at 100 W) with updates every
+    # 0.1 s inside it, then steps of 50 ms at 700 W: the window opens inside the checkpoint,
+    # whose updates after the opening would start the span with its idle energy and none of
+    # its steps; its last update starts it, and the energy per step is the regular steps'
+    period_s, busy_w, idle_w, step_s = 0.1, 700.0, 100.0, 0.05
+    window = open_window(Schedule.stock(), 1.0, 0.0, 0.5)  # counts from 0.5 s
+
+    def energy(t: float) -> float:  # the counter at host time t, J
+        return busy_w * min(t, step_s) + idle_w * max(0.0, min(t, 1.2) - step_s) + busy_w * max(0.0, t - 1.2)
+
+    updates = [(k * period_s, energy(k * period_s)) for k in range(1, 13)]
+    window.add(StepReport(0, 1.2, 1.2, (1.2,), tuple(updates), 40.0, frozenset(), 700.0, wait_s=1.15))
+    assert window.first == updates[-1]  # not the first update after the opening (0.5 s)
+    end_s, k = 1.2, 13
+    for i in range(1, 40):
+        end_s += step_s
+        readings = []
+        while k * period_s <= end_s + 1e-12:
+            readings.append((k * period_s, energy(k * period_s)))
+            k += 1
+        if window.add(StepReport(i, end_s, step_s, (step_s,), tuple(readings), 40.0, frozenset(), 700.0)):
+            break
+    assert window.energy_per_step_j == pytest.approx(busy_w * step_s, rel=1e-6)
 
 
 def test_an_evaluation_inside_a_step_counts_as_the_jobs_wait_and_regular_steps_pass_unchanged():
