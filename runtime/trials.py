@@ -388,10 +388,12 @@ def window_pairs(
 ) -> list[tuple[float, float, float, float]]:
     """Two windows of one schedule as NoiseMeter pairs, each rank's: (relative energy
     difference, relative busy-time difference, their mean settled seconds, the difference of
-    the job's mean wait for its host per step, over their mean step time)."""
+    the job's mean wait for its host per step over the first window's energy per step, s/J).
+    The last is what makes the first linear in the wait: ey / ex - 1 = P (wy - wx) / ex for
+    a card that draws P while the job waits, however long the waits (a checkpoint's too)."""
     return [
-        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / (0.5 * (stx + sty)))
-        for ex, ey, tx, ty, sx, sy, (wx, stx), (wy, sty) in zip(
+        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / ex)
+        for ex, ey, tx, ty, sx, sy, (wx, _), (wy, _) in zip(
             x.rank_energies_j,
             y.rank_energies_j,
             x.rank_steps_s,
@@ -581,9 +583,9 @@ class Trial:
         settle_s: steps that began within this long of a window's opening are not counted, s.
         min_blocks: blocks before `decide` is asked (None: `blocks`, a trial of fixed length).
         decide: the outcome so far -> whether the trial is decided (None: never early).
-        wait_slope: the share of a window's mean power the card draws while the job waits for
-            its host (NoiseMeter.wait_slope): each window's energy per step is moved to its
-            block's mean wait by it (0: as measured); a fraction.
+        wait_power_w: the power the card draws while the job waits for its host
+            (NoiseMeter.wait_power_w): each window's energy per step is moved to its block's
+            mean wait by it (0: as measured); W.
     """
 
     incumbent: Schedule
@@ -593,7 +595,7 @@ class Trial:
     settle_s: float
     min_blocks: int | None = None
     decide: Callable[[Outcome], bool] | None = None
-    wait_slope: float = 0.0
+    wait_power_w: float = 0.0
     closed: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     abandoned: bool = False
@@ -649,7 +651,7 @@ class Trial:
                 zip(a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j),
                 zip(a1.rank_waits, b1.rank_waits, b2.rank_waits, a2.rank_waits),
             ):
-                ea1, eb1, eb2, ea2 = _at_mean_wait(energies, waits, self.wait_slope)
+                ea1, eb1, eb2, ea2 = _at_mean_wait(energies, waits, self.wait_power_w)
                 diff = 0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0
                 if math.isfinite(diff):  # a window whose counter span was all stall has no energy
                     e_diff.append(diff)
@@ -683,25 +685,24 @@ class Trial:
         )
 
 
-def energy_at_wait_j(energy_j: float, wait_s: float, step_s: float, to_wait_s: float, slope: float) -> float:
-    """A window's energy per step (J) measured at a mean wait for the host of wait_s per step
-    of step_s, moved to a mean wait of to_wait_s: e x (1 - slope x (wait - to wait) / step
-    time), the card drawing slope x the window's mean power while the job waits
-    (NoiseMeter.wait_slope), J."""
-    return energy_j * (1.0 - slope * (wait_s - to_wait_s) / step_s)
+def energy_at_wait_j(energy_j: float, wait_s: float, to_wait_s: float, wait_power_w: float) -> float:
+    """A window's energy per step (J) measured at a mean wait for the host of wait_s per step,
+    moved to a mean wait of to_wait_s: e - P x (wait - to wait), the card drawing P =
+    wait_power_w while the job waits (NoiseMeter.wait_power_w), J."""
+    return energy_j - wait_power_w * (wait_s - to_wait_s)
 
 
 def _at_mean_wait(
-    energies_j: Sequence[float], waits: Sequence[tuple[float, float]], slope: float
+    energies_j: Sequence[float], waits: Sequence[tuple[float, float]], wait_power_w: float
 ) -> list[float]:
-    """A block's windows' energies per step, each moved to the block's mean wait for the host:
-    e x (1 - slope x (wait - mean wait) / step time), the card drawing slope x the window's mean
-    power while the job waits. The waits are the host's, not the clocks': this removes their
-    chance differences between A and B, not what a schedule draws while the job waits."""
-    if slope <= 0.0 or not all(math.isfinite(w) and s > 0.0 for w, s in waits):
+    """A block's windows' energies per step, each moved to the block's mean wait for the host
+    (each wait a (wait per step, step time) pair, s): e - P x (wait - mean wait), the card
+    drawing P while the job waits. The waits are the host's, not the clocks': this removes
+    their chance differences between A and B, not what a schedule draws while the job waits."""
+    if wait_power_w <= 0.0 or not all(math.isfinite(w) for w, _ in waits):
         return list(energies_j)
     mean_wait_s = sum(w for w, _ in waits) / len(waits)
-    return [energy_at_wait_j(e, w, s, mean_wait_s, slope) for e, (w, s) in zip(energies_j, waits)]
+    return [energy_at_wait_j(e, w, mean_wait_s, wait_power_w) for e, (w, _) in zip(energies_j, waits)]
 
 
 def _se(values: list[float]) -> float:
@@ -737,9 +738,9 @@ class NoiseMeter:
     window of 1 s (a figure per root second). Robust: the scaled median absolute deviation of
     the pairs' differences, so a stalled step or a sync gap in a few windows does not set it.
     A job that waits for its host moves a window's energy per step with its waits (the card
-    draws while idle): `wait_slope` is that share of the window's power, fitted over the pairs,
-    and the energy noise is what is left once it is taken out (what a trial's blocks see, their
-    windows moved to a common wait: Trial's wait_slope).
+    draws while idle): `wait_power_w` is what it draws then, fitted over the pairs, and the
+    energy noise is what is left once it is taken out (what a trial's blocks see, their
+    windows moved to a common wait: Trial's wait_power_w).
 
     Args:
         floor: the smallest figure it reports, per root s (a perfectly quiet job still has a
@@ -751,12 +752,12 @@ class NoiseMeter:
     recent: int = RECENT_PAIRS
     energy: list[float] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
-    wait: list[float] = field(default_factory=list)
-    _slope: tuple[int, float] = (0, 0.0)  # (pairs it was fitted on, wait_slope)
+    wait: list[float] = field(default_factory=list)  # wait differences over energies per step, s/J
+    _fit: tuple[int, float] = (0, 0.0)  # (pairs it was fitted on, wait_power_w)
 
     def add(self, energy_diff: float, time_diff: float, window_s: float, wait_diff: float = 0.0) -> None:
         """Two windows of one schedule, window_s long each: their relative differences (the
-        wait's: its difference per step over the mean step time)."""
+        wait's: its difference per step over the first window's energy per step, s/J)."""
         if not (math.isfinite(energy_diff) and math.isfinite(time_diff) and window_s > 0):
             return
         scale = math.sqrt(window_s / 2.0)  # a difference of two windows has sqrt(2) x one's s.d.
@@ -769,22 +770,26 @@ class NoiseMeter:
             self.add(*pair)
 
     @property
-    def wait_slope(self) -> float:
-        """The share of a window's mean power the card draws while the job waits: the least
-        squares slope of the pairs' energy differences on their wait differences (through 0,
-        each energy difference first clipped to WINSOR_MADS scaled MADs), within [0, 1]; 0
-        under MIN_SLOPE_PAIRS pairs or where the waits never differ."""
+    def wait_power_w(self) -> float:
+        """The power the card draws while the job waits for its host, W: the slope of the
+        pairs' relative energy differences on their wait differences over energy (s/J), least
+        squares through 0, refitted once with each residual clipped to WINSOR_MADS scaled MADs
+        (a pair with a stalled step counts, but no more than a bad pair's worth), at least 0;
+        0 under MIN_SLOPE_PAIRS pairs or where the waits never differ. Linear however long a
+        wait is, so the pairs that hold a checkpoint are fitted, not clipped."""
         n = len(self.wait)
-        if self._slope[0] == n:
-            return self._slope[1]
-        slope = 0.0
+        if self._fit[0] == n:
+            return self._fit[1]
+        power_w = 0.0
         if n >= MIN_SLOPE_PAIRS:
-            x, y = np.asarray(self.wait), _winsorised(np.asarray(self.energy))
+            x, y = np.asarray(self.wait), np.asarray(self.energy)
             sxx = float(x @ x)
             if sxx > 0.0:
-                slope = min(max(float(x @ y) / sxx, 0.0), 1.0)
-        self._slope = (n, slope)
-        return slope
+                power_w = float(x @ y) / sxx
+                clipped = power_w * x + _winsorised(y - power_w * x)
+                power_w = max(float(x @ clipped) / sxx, 0.0)
+        self._fit = (n, power_w)
+        return power_w
 
     @property
     def samples(self) -> int:
@@ -800,12 +805,12 @@ class NoiseMeter:
     @property
     def energy_sd_per_root_s(self) -> float:
         """Relative s.d. of a 1-s window's energy per step, the job's waits taken out
-        (wait_slope; NaN under two pairs)."""
-        slope = self.wait_slope
-        if slope == 0.0:
+        (wait_power_w; NaN under two pairs)."""
+        power_w = self.wait_power_w
+        if power_w == 0.0:
             return self._sd(self.energy, self.floor)
         recent = slice(-self.recent, None)  # only the recent pairs are read: only they are taken out
-        return self._sd([e - slope * w for e, w in zip(self.energy[recent], self.wait[recent])], self.floor)
+        return self._sd([e - power_w * w for e, w in zip(self.energy[recent], self.wait[recent])], self.floor)
 
     @property
     def time_sd_per_root_s(self) -> float:
@@ -1031,16 +1036,16 @@ class StockReference:
         # the spread of one rank's windows about its own mean; a pooled window's mean is
         # sqrt(ranks) tighter (ranks may differ a little in level: it cancels in a trial)
         measured_j = rank_energy = np.array([w.rank_energies_j for w in windows])  # windows x ranks
-        # the spread at the windows' mean wait for the host (NoiseMeter.wait_slope): a trial's
-        # blocks are judged so (Trial's wait_slope)
+        # the spread at the windows' mean wait for the host (NoiseMeter.wait_power_w): a
+        # trial's blocks are judged so (Trial's wait_power_w)
         meter = NoiseMeter()
         meter.add_pairs(self.pairs())
-        slope = meter.wait_slope
-        if slope > 0.0:
+        wait_power_w = meter.wait_power_w
+        if wait_power_w > 0.0:
             waits = [w.rank_waits for w in windows]  # windows x ranks x (wait, step)
             rank_energy = np.array(
                 [
-                    _at_mean_wait(rank_energy[:, r], [w[r] for w in waits], slope)
+                    _at_mean_wait(rank_energy[:, r], [w[r] for w in waits], wait_power_w)
                     for r in range(rank_energy.shape[1])
                 ]
             ).T

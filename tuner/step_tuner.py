@@ -603,7 +603,6 @@ class StepTuner:
         """The schedule adopted so far (the plan): stock until something is adopted."""
         self.stock_energy_j = math.nan  # per step, measured in the reference
         self.stock_wait_s = math.nan  # the job's mean wait per step in the windows stock_energy_j reads, s
-        self.stock_wait_step_s = math.nan  # their mean step time (the waits included), s
         self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
         self.incumbent_step_s = math.nan
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
@@ -730,14 +729,14 @@ class StepTuner:
 
     def stock_energy_at_wait_j(self, wait_s: float) -> float:
         """Stock's energy per step moved to a mean wait for the host of wait_s per step (the
-        run's), as a trial moves its windows to a common wait (NoiseMeter.wait_slope): the
+        run's), as a trial moves its windows to a common wait (NoiseMeter.wait_power_w): the
         waits are the host's, so the windows that measured stock waiting longer or shorter
         than the run did says nothing of the clocks, J (stock_energy_j where either wait is
         unknown)."""
-        stock_j, slope = self.stock_energy_j, self.noise.wait_slope
-        if not (math.isfinite(wait_s) and math.isfinite(self.stock_wait_s) and self.stock_wait_step_s > 0.0):
+        stock_j = self.stock_energy_j
+        if not (math.isfinite(wait_s) and math.isfinite(self.stock_wait_s)):
             return stock_j
-        return energy_at_wait_j(stock_j, self.stock_wait_s, self.stock_wait_step_s, wait_s, slope)
+        return energy_at_wait_j(stock_j, self.stock_wait_s, wait_s, self.noise.wait_power_w)
 
     def plan_energy_saving(self) -> float:
         """The incumbent's saving against stock, as measured (a fraction of stock's step energy)."""
@@ -789,7 +788,7 @@ class StepTuner:
         self.noise.add_pairs(ref.measured.pairs())
         self._reference_s, self._stock_time_s, self._stock_steps = 0.0, 0.0, 0
         self._stock_energy_sum_j, self._stock_energy_steps = 0.0, 0.0
-        self._stock_wait_sums_s = [0.0, 0.0]  # the waits and step times x steps of those windows, s
+        self._stock_wait_sum_s = 0.0  # the waits x steps of those windows, s
         self._count_stock(ref.measured.windows)
         segment_times = stock.segment_times_s
         first_run = self.prior is None and not self.retunes
@@ -844,14 +843,11 @@ class StepTuner:
                 if math.isfinite(energy_j):
                     self._stock_energy_sum_j += energy_j * w.steps / self._ranks
                     self._stock_energy_steps += w.steps / self._ranks
-                    wait_s, step_s = np.mean(w.rank_waits, axis=0)  # the ranks' mean
-                    self._stock_wait_sums_s[0] += float(wait_s) * w.steps / self._ranks
-                    self._stock_wait_sums_s[1] += float(step_s) * w.steps / self._ranks
+                    wait_s = float(np.mean([wait for wait, _ in w.rank_waits]))  # the ranks' mean
+                    self._stock_wait_sum_s += wait_s * w.steps / self._ranks
         if self._stock_energy_steps > 0 and not self.adoptions:
             self.stock_energy_j = self._stock_energy_sum_j / self._stock_energy_steps
-            self.stock_wait_s, self.stock_wait_step_s = (
-                s / self._stock_energy_steps for s in self._stock_wait_sums_s
-            )
+            self.stock_wait_s = self._stock_wait_sum_s / self._stock_energy_steps
             if self.incumbent.is_stock:
                 self.incumbent_energy_j = self.stock_energy_j
         self._update_account_stock()
@@ -1030,7 +1026,7 @@ class StepTuner:
                 self.settle_s,
                 min_blocks=self.timing.trial_blocks,
                 decide=lambda outcome, w=window_s: self._explore_decided(outcome, w),
-                wait_slope=self.noise.wait_slope,
+                wait_power_w=self.noise.wait_power_w,
             )
             ex.trials += 1
             self.trials += 1
@@ -1186,7 +1182,7 @@ class StepTuner:
             self.settle_s,
             min_blocks=blocks,
             decide=functools.partial(self._verify_decided, z=z),
-            wait_slope=self.noise.wait_slope,
+            wait_power_w=self.noise.wait_power_w,
             closed=closed,
         )
         self.trials += 1
