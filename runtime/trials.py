@@ -64,6 +64,8 @@ WINSOR_MADS = 3.0
 NOISE_FLOOR = 1e-4
 #: Pairs of windows NoiseMeter fits the energy's dependence on the job's waits from; pairs.
 MIN_SLOPE_PAIRS = 8
+#: Standard errors the fitted wait power must lie above 0 before windows are moved by it; sds.
+WAIT_FIT_Z = 3.0
 #: Pairs of windows the job's noise is read from: the most recent ones (a job whose host
 #: starts feeding it late after a quiet first minute is read at its noise now); pairs.
 RECENT_PAIRS = 64
@@ -385,15 +387,16 @@ class Window:
 
 def window_pairs(
     x: Window | PooledWindow, y: Window | PooledWindow
-) -> list[tuple[float, float, float, float]]:
+) -> list[tuple[float, float, float, float, float]]:
     """Two windows of one schedule as NoiseMeter pairs, each rank's: (relative energy
     difference, relative busy-time difference, their mean settled seconds, the difference of
-    the job's mean wait for its host per step over the first window's energy per step, s/J).
-    The last is what makes the first linear in the wait: ey / ex - 1 = P (wy - wx) / ex for
-    a card that draws P while the job waits, however long the waits (a checkpoint's too)."""
+    the job's mean wait for its host per step over the first window's energy per step (s/J),
+    the first window's mean power (W)). The fourth is what makes the first linear in the wait:
+    ey / ex - 1 = P (wy - wx) / ex for a card that draws P while the job waits, however long
+    the waits (a checkpoint's too)."""
     return [
-        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / ex)
-        for ex, ey, tx, ty, sx, sy, (wx, _), (wy, _) in zip(
+        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / ex, ex / stx)
+        for ex, ey, tx, ty, sx, sy, (wx, stx), (wy, _) in zip(
             x.rank_energies_j,
             y.rank_energies_j,
             x.rank_steps_s,
@@ -565,7 +568,7 @@ class Outcome:
     b_group_times_s: np.ndarray
     blocks: int
     abandoned: bool
-    pairs: tuple[tuple[float, float, float, float], ...] = ()
+    pairs: tuple[tuple[float, float, float, float, float], ...] = ()
     undecided: bool = False
 
 
@@ -753,17 +756,28 @@ class NoiseMeter:
     energy: list[float] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
     wait: list[float] = field(default_factory=list)  # wait differences over energies per step, s/J
+    power: list[float] = field(default_factory=list)  # the pairs' first windows' mean power, W
     _fit: tuple[int, float] = (0, 0.0)  # (pairs it was fitted on, wait_power_w)
 
-    def add(self, energy_diff: float, time_diff: float, window_s: float, wait_diff: float = 0.0) -> None:
+    def add(
+        self,
+        energy_diff: float,
+        time_diff: float,
+        window_s: float,
+        wait_diff: float = 0.0,
+        power_w: float = math.nan,
+    ) -> None:
         """Two windows of one schedule, window_s long each: their relative differences (the
-        wait's: its difference per step over the first window's energy per step, s/J)."""
+        wait's: its difference per step over the first window's energy per step, s/J), and the
+        first window's mean power (W; what a second of waiting may cost at most)."""
         if not (math.isfinite(energy_diff) and math.isfinite(time_diff) and window_s > 0):
             return
         scale = math.sqrt(window_s / 2.0)  # a difference of two windows has sqrt(2) x one's s.d.
         self.energy.append(energy_diff * scale)
         self.time.append(time_diff * scale)
         self.wait.append(wait_diff * scale if math.isfinite(wait_diff) else 0.0)
+        if math.isfinite(power_w) and power_w > 0.0:
+            self.power.append(power_w)
 
     def add_pairs(self, pairs: Sequence[tuple[float, ...]]) -> None:
         for pair in pairs:
@@ -774,9 +788,11 @@ class NoiseMeter:
         """The power the card draws while the job waits for its host, W: the slope of the
         pairs' relative energy differences on their wait differences over energy (s/J), least
         squares through 0, refitted once with each residual clipped to WINSOR_MADS scaled MADs
-        (a pair with a stalled step counts, but no more than a bad pair's worth), at least 0;
-        0 under MIN_SLOPE_PAIRS pairs or where the waits never differ. Linear however long a
-        wait is, so the pairs that hold a checkpoint are fitted, not clipped."""
+        (a pair with a stalled step counts, but no more than a bad pair's worth). Linear however
+        long a wait is, so the pairs that hold a checkpoint are fitted, not clipped. 0 unless it
+        lies WAIT_FIT_Z standard errors above 0 (waits that barely differ tell nothing: on the
+        real sync job, 20 us a step, the bare slope read 11 kW), and no more than the windows'
+        median power; 0 under MIN_SLOPE_PAIRS pairs or where the waits never differ."""
         n = len(self.wait)
         if self._fit[0] == n:
             return self._fit[1]
@@ -785,9 +801,12 @@ class NoiseMeter:
             x, y = np.asarray(self.wait), np.asarray(self.energy)
             sxx = float(x @ x)
             if sxx > 0.0:
-                power_w = float(x @ y) / sxx
-                clipped = power_w * x + _winsorised(y - power_w * x)
-                power_w = max(float(x @ clipped) / sxx, 0.0)
+                slope = float(x @ y) / sxx
+                clipped = slope * x + _winsorised(y - slope * x)
+                slope = float(x @ clipped) / sxx
+                se = math.sqrt(float(np.sum((clipped - slope * x) ** 2)) / (n - 1) / sxx)
+                if slope > WAIT_FIT_Z * se:
+                    power_w = min(slope, float(np.median(self.power))) if self.power else slope
         self._fit = (n, power_w)
         return power_w
 
@@ -1065,7 +1084,7 @@ class StockReference:
             window_s=self.window_s,
         )
 
-    def pairs(self) -> list[tuple[float, float, float, float]]:
+    def pairs(self) -> list[tuple[float, float, float, float, float]]:
         """Consecutive windows as pairs of one schedule (NoiseMeter.add_pairs), each rank's."""
         return [p for x, y in itertools.pairwise(self.windows) for p in window_pairs(x, y)]
 

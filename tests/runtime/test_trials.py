@@ -361,12 +361,25 @@ def test_the_noise_meter_reads_the_power_the_card_draws_while_the_job_waits():
     for seed in range(6):
         trial, meter = _waiting_trial(0.0, seed=seed)
         waits_ignored = NoiseMeter()
-        waits_ignored.add_pairs([(e, t, s) for e, t, s, _ in trial.outcome().pairs])
+        waits_ignored.add_pairs([(e, t, s) for e, t, s, _, _ in trial.outcome().pairs])
         assert waits_ignored.wait_power_w == 0.0
         powers_w.append(meter.wait_power_w)
         ratios.append(meter.energy_sd_per_root_s / waits_ignored.energy_sd_per_root_s)
     assert np.mean(powers_w) == pytest.approx(IDLE_W, rel=0.15)
     assert np.mean(ratios) < 0.6
+
+
+def test_the_wait_power_is_read_only_where_the_waits_tell_it_and_never_above_the_windows_power():
+    rng = np.random.default_rng(0)
+    tiny = NoiseMeter()  # waits that differ by ~1 us a step: noise alone sets any slope
+    for _ in range(64):
+        tiny.add(0.01 * rng.standard_normal(), 0.0, 2.0, 1e-6 * rng.standard_normal() / 30.0, 500.0)
+    assert tiny.wait_power_w == 0.0
+    steep = NoiseMeter()  # energy that moves 2 kW a second of wait, windows at 500 W
+    for _ in range(64):
+        wait_diff_s_per_j = 1e-3 * rng.standard_normal() / 30.0
+        steep.add(2000.0 * wait_diff_s_per_j, 0.0, 2.0, wait_diff_s_per_j, 500.0)
+    assert steep.wait_power_w == 500.0
 
 
 def test_a_trial_judged_at_its_blocks_mean_wait_reads_the_same_saving_with_a_smaller_error():
