@@ -395,7 +395,7 @@ def window_pairs(
     ey / ex - 1 = P (wy - wx) / ex for a card that draws P while the job waits, however long
     the waits (a checkpoint's too)."""
     return [
-        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / ex, ex / stx)
+        (ey / ex - 1.0, ty / tx - 1.0, 0.5 * (sx + sy), (wy - wx) / ex, ex / stx if stx > 0.0 else math.nan)
         for ex, ey, tx, ty, sx, sy, (wx, stx), (wy, _) in zip(
             x.rank_energies_j,
             y.rank_energies_j,
