@@ -295,8 +295,7 @@ class ModelDevice:
             idle_j = sum(d * w for d, w in idle_parts)
         end_s = kernels_end_s + wait_s
         period_s = self.energy_update_period_s
-        end_tick = math.floor(end_s / period_s)
-        for tick in range(max(self._last_tick + 1, end_tick - UPDATES_KEPT + 1), end_tick + 1):
+        for tick in self._ticks_until(end_s):
             offset_s = tick * period_s - start_s
             if offset_s <= kernels_s:
                 at_j = float(np.interp(offset_s / time_f, cost.cum_time_s, cost.cum_energy_j)) * energy_f
@@ -309,7 +308,6 @@ class ModelDevice:
                         break
             self._reported_energy_j = self._true_energy_j + at_j
             self._updates.append((tick * period_s, self._reported_energy_j))
-        self._last_tick = max(self._last_tick, end_tick)
         self._true_energy_j += kernels_j + idle_j
         self._now_s = end_s
         self._last_power_w = idle_w if wait_s > 0.0 else cost.last_power_w * energy_f / time_f
@@ -356,6 +354,14 @@ class ModelDevice:
             self._set_in_effect(self._pending[1])
             self._pending = None
 
+    def _ticks_until(self, end_s: float) -> range:
+        """The counter's ticks (multiples of its period) up to end_s not yet passed, oldest
+        first (the latest UPDATES_KEPT), marked passed."""
+        end_tick = math.floor(end_s / self.energy_update_period_s)
+        ticks = range(max(self._last_tick + 1, end_tick - UPDATES_KEPT + 1), end_tick + 1)
+        self._last_tick = max(self._last_tick, end_tick)
+        return ticks
+
     def _noisy_cost(self, kernel: Kernel, pair: ClockPair | None) -> tuple[float, float]:
         time_s, energy_j = self._launch_cost(kernel, pair)
         time_f, energy_f = self._noise_now()
@@ -378,11 +384,9 @@ class ModelDevice:
         start_s = self._now_s
         end_s = start_s + duration_s
         period_s = self.energy_update_period_s
-        end_tick = math.floor(end_s / period_s)
-        for tick in range(max(self._last_tick + 1, end_tick - UPDATES_KEPT + 1), end_tick + 1):
+        for tick in self._ticks_until(end_s):
             self._reported_energy_j = self._true_energy_j + power_w * (tick * period_s - start_s)
             self._updates.append((tick * period_s, self._reported_energy_j))
-        self._last_tick = max(self._last_tick, end_tick)
         self._true_energy_j += power_w * duration_s
         self._now_s = end_s
         self._last_power_w = power_w

@@ -654,7 +654,7 @@ class Trial:
                 zip(a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j),
                 zip(a1.rank_waits, b1.rank_waits, b2.rank_waits, a2.rank_waits),
             ):
-                ea1, eb1, eb2, ea2 = _at_mean_wait(energies, waits, self.wait_power_w)
+                ea1, eb1, eb2, ea2 = _at_mean_wait(energies, [w for w, _ in waits], self.wait_power_w)
                 diff = 0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0
                 if math.isfinite(diff):  # a window whose counter span was all stall has no energy
                     e_diff.append(diff)
@@ -695,17 +695,15 @@ def energy_at_wait_j(energy_j: float, wait_s: float, to_wait_s: float, wait_powe
     return energy_j - wait_power_w * (wait_s - to_wait_s)
 
 
-def _at_mean_wait(
-    energies_j: Sequence[float], waits: Sequence[tuple[float, float]], wait_power_w: float
-) -> list[float]:
+def _at_mean_wait(energies_j: Sequence[float], waits_s: Sequence[float], wait_power_w: float) -> list[float]:
     """A block's windows' energies per step, each moved to the block's mean wait for the host
-    (each wait a (wait per step, step time) pair, s): e - P x (wait - mean wait), the card
-    drawing P while the job waits. The waits are the host's, not the clocks': this removes
-    their chance differences between A and B, not what a schedule draws while the job waits."""
-    if wait_power_w <= 0.0 or not all(math.isfinite(w) for w, _ in waits):
+    (waits_s: each window's wait per step, s): e - P x (wait - mean wait), the card drawing P
+    while the job waits. The waits are the host's, not the clocks': this removes their chance
+    differences between A and B, not what a schedule draws while the job waits."""
+    if wait_power_w <= 0.0 or not all(math.isfinite(w) for w in waits_s):
         return list(energies_j)
-    mean_wait_s = sum(w for w, _ in waits) / len(waits)
-    return [energy_at_wait_j(e, w, mean_wait_s, wait_power_w) for e, (w, _) in zip(energies_j, waits)]
+    mean_wait_s = sum(waits_s) / len(waits_s)
+    return [energy_at_wait_j(e, w, mean_wait_s, wait_power_w) for e, w in zip(energies_j, waits_s)]
 
 
 def _se(values: list[float]) -> float:
@@ -1064,7 +1062,7 @@ class StockReference:
             waits = [w.rank_waits for w in windows]  # windows x ranks x (wait, step)
             rank_energy = np.array(
                 [
-                    _at_mean_wait(rank_energy[:, r], [w[r] for w in waits], wait_power_w)
+                    _at_mean_wait(rank_energy[:, r], [w[r][0] for w in waits], wait_power_w)
                     for r in range(rank_energy.shape[1])
                 ]
             ).T
