@@ -3,7 +3,8 @@ next steps. It never runs kernels itself.
 
 - `StepTuner.on_step_end(report) -> Schedule`: the one entry point. A state machine (Zeus's
   power_limit.py shape): `phase` is the phase object now, `Reference` -> `Exploring` ->
-  `Verifying` -> ... -> `Settled` (-> `Retuning` -> `Reference` after an alarm); each phase is a
+  (`Screening`: many groups at once, tuner/screening.py) -> `Verifying` -> ... -> `Settled`
+  (-> `Retuning` -> `Reference` after an alarm); each phase is a
   small dataclass holding its own data, its docstring listing its transitions; `phases` lists
   the phases passed.
 - Events (`subscribe`): `PhaseEntered`, `TrialFinished`, `Adoption`, `Alarm`; tuner/run.py's
@@ -14,6 +15,7 @@ next steps. It never runs kernels itself.
 - Ranks pooled (`pool`, runtime/ranks.py: RankPool): every rank decides on the same pooled
   figures; a lost pool (PoolLost) is an alarm: the rank goes on alone from a new reference.
 - Statistics that scale with the job: the whole step at one pair first (`STEP_GROUP`), then
+  many groups at once (`SCREEN_GROUP`, a design fitted across trials), then
   each group; sequential trials capped by the measured noise and the run's expected length;
   the budget held against stock at 95% confidence (every window at stock refines it);
   undecided groups reopened from `Settled` with longer windows; `resolvable` and
@@ -72,6 +74,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
+from kdvfs.tuner.screening import candidate_pairs, choose, design_rows, fit_savings
 
 #: Most A-B-B-A blocks of one trial while its decision is open (fewer when the measured noise,
 #: the run's expected length or the budget's slack says so); blocks.
@@ -100,6 +103,23 @@ MAX_TRIAL_WINDOW_S = 16.0
 #: The group index of the whole step: every group at one pair (the one-knob optimum, explored
 #: first when the run starts without a prior).
 STEP_GROUP = -1
+#: The screening's place in a search's order (`Screening`: every group with a candidate pair
+#: at once, in a designed set of trials, after the whole step's pair).
+SCREEN_GROUP = -2
+#: Fewest groups a first run screens (fewer are searched one by one); groups.
+MIN_SCREEN_GROUPS = 3
+#: Standard errors of saving above which a screened group is moved (the verification of the
+#: groups together is the adoption test); sds.
+SCREEN_Z = 0.5
+#: Most screenings in a row (each after the one before adopted its choice); rounds.
+SCREEN_ROUNDS = 2
+#: The screening's probes lower one clock of the whole step's pair to the lowest supported at
+#: or above this share of it (a probe far below it is over the budget before its first
+#: window, and slows every group too much to be a candidate); a fraction.
+PROBE_CLOCK_SHARE = 0.5
+#: The screened groups' extra times (at their candidates) add up to at most this many times
+#: the budget's time, so that a design trial, moving half of them, fits the budget; times.
+SCREEN_EXTRA_BUDGETS = 1.5
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
@@ -336,6 +356,60 @@ class Exploring:
 
 
 @dataclass
+class Screening:
+    """Many groups at once (tuner/screening.py): the whole step probed at two low-clock
+    corners (the lowest core clock at the top memory clock, and the reverse) gives each group
+    a candidate pair, the corner that slowed it least by its CUDA-event time; then the trials
+    of a two-level orthogonal design each move half the groups to their candidates, and a
+    weighted fit of the trials' savings on the design gives each group's share of the saving.
+
+    Transitions:
+        -> Screening (itself): a probe or a design trial ends and the next starts (or waits
+           for the budget's slack).
+        -> Verifying (the chosen groups at their candidates together): the design has run and
+           some groups save, within the time the budget leaves.
+        -> Exploring (the next group) or Settled (no group left): no group chosen.
+        -> Retuning: the power limit moved, or the rank pool was lost.
+        A verification of its choice that adopts enters Screening again (its round + 1, up to
+        SCREEN_ROUNDS), the groups left at their pairs screened against the new incumbent.
+
+    Attributes:
+        search: the groups' order and first pairs (Search).
+        probes: the corner pairs left to probe.
+        probed: pair -> each group's time per step with the whole step at it, s.
+        candidates: group -> (its candidate pair, its extra time there, s per step).
+        factors: the groups in the design, in its column order.
+        rows: the design (design_rows), one row a trial (None until the probes are done).
+        row: the next row to run.
+        results: each row run: (its index, saving, the saving's standard error, B's group times
+            per step in s).
+        current: what the running trial measures: a probe's pair, or a row's index.
+        trial: the trial running (None between trials).
+        waiting_steps: steps run at the incumbent waiting for budget slack.
+        round: 1, then 2, ... for each screening after an adopted one.
+        extra_budgets: the candidates' extra times add up to at most this many budgets (halved,
+            and the design built anew, when a quarter of its rows ran over the budget: the
+            probes, every group at one pair, do not see what a row's mixed pairs cost); times.
+        over_budget: rows of this design abandoned for their measured time.
+    """
+
+    search: Search
+    probes: list[ClockPair]
+    probed: dict[ClockPair, np.ndarray] = field(default_factory=dict)
+    candidates: dict[int, tuple[ClockPair, float]] = field(default_factory=dict)
+    factors: list[int] = field(default_factory=list)
+    rows: np.ndarray | None = None
+    row: int = 0
+    results: list[tuple[int, float, float, np.ndarray]] = field(default_factory=list)
+    current: ClockPair | int | None = None
+    trial: Trial | None = None
+    waiting_steps: int = 0
+    round: int = 1
+    extra_budgets: float = SCREEN_EXTRA_BUDGETS
+    over_budget: int = 0
+
+
+@dataclass
 class Verifying:
     """A candidate against the incumbent over a longer run: a group's best (group: its index),
     or a whole schedule (group None: the prior, or the plan before an alarm).
@@ -360,6 +434,7 @@ class Verifying:
             first verification, stricter for each one after); sds.
         first_look: the block after which the test was first judged (a verification going on
             from an earlier one of the same candidate and incumbent: that one's); blocks.
+        screened: the screening whose choice is verified (None: not a screening's).
     """
 
     group: int | None
@@ -369,6 +444,7 @@ class Verifying:
     explored_undecided: int = 0
     z: float = ADOPT_Z
     first_look: int = 1
+    screened: Screening | None = None
 
 
 @dataclass
@@ -434,7 +510,7 @@ class Retuning:
     schedule_before: Schedule
 
 
-Phase = Reference | Exploring | Verifying | Settled | Retuning
+Phase = Reference | Exploring | Screening | Verifying | Settled | Retuning
 
 
 def verification_z(nth: int) -> float:
@@ -638,6 +714,7 @@ class StepTuner:
         self._ranks = 1 if pool is None else pool.ranks
         self._best_so_far: dict[int, ClockPair] = {}  # group -> the strategy's best pair so far
         self._verified: dict[int | None, int] = {}  # group -> its verifications since the last alarm
+        self._screen_verified: dict[int, int] = {}  # group -> the screenings' verifications that moved it
         # group -> what its decided trials measured since the last alarm: (the incumbent then,
         # config, time and energy as ratios of the task's reference), told again to a reopened round
         self._decided: dict[int, list[tuple[Schedule, int, float, float]]] = {}
@@ -691,6 +768,8 @@ class StepTuner:
             return self._reference(phase, report)
         if isinstance(phase, Exploring):
             return self._exploring(phase, report)
+        if isinstance(phase, Screening):
+            return self._screening(phase, report)
         if isinstance(phase, Verifying):
             return self._verifying(phase, report)
         return self._settled(phase, report)
@@ -810,6 +889,8 @@ class StepTuner:
             order = [g for g in order if g in ref.explore]
         if first_run and len(starts) > 1:
             order.insert(0, STEP_GROUP)  # the one-knob optimum first, then each group from it
+        if first_run and len(starts) >= MIN_SCREEN_GROUPS and ref.explore is None:
+            order.insert(1, SCREEN_GROUP)  # then many groups at once, then each group alone
         return Search(order, dict(ref.first), window_s=self.timing.trial_window_s, started_s=self._now_s)
 
     # --- the job's noise and the budget at 95% confidence --------------------------------------
@@ -932,10 +1013,11 @@ class StepTuner:
         if position >= len(search.order):
             return self._settle(search)
         g = search.order[position]
+        if g == SCREEN_GROUP:
+            return self._start_screening(search)
         # the group's time as the incumbent runs it: the budget left is what it may add to that
         group_s = self.incumbent_step_s if g == STEP_GROUP else self.incumbent_group_times_s[g]
-        extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
-        extra_s -= self._proof_s()  # what the verification's time bound will take of the budget
+        extra_s = self._extra_allowed_s()
         where = "step" if g == STEP_GROUP else f"group{g}@{self.incumbent.groups[g][0]}"
         task = Task(
             key=f"{where}/{self.retunes}" + (f".{search.round}" if search.round else ""),
@@ -953,6 +1035,152 @@ class StepTuner:
         first_config = self.pairs.index(first) if first is not None and first != current else None
         self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
+
+    def _extra_allowed_s(self) -> float:
+        """The time per step a candidate may add to the incumbent's: the budget less what the
+        incumbent already spends and what its verification's time bound takes (`_proof_s`), s."""
+        extra_s = self.budget * self.stock_step_s - (self.incumbent_step_s - self.stock_step_s)
+        return extra_s - self._proof_s()
+
+    # --- screening: many groups at once ---------------------------------------------------------
+    def _start_screening(self, search: Search, after: Screening | None = None) -> Schedule:
+        """The screening's probes (none after an adopted screening: its probes serve), then its
+        design."""
+        if after is not None:
+            self._enter(
+                Screening(
+                    search, [], dict(after.probed), round=after.round + 1, extra_budgets=after.extra_budgets
+                )
+            )
+            return self._screening(self.phase, None)
+        # the corners around the whole step's pair (the one-knob optimum adopted; else the top):
+        # its core clock lowered at the top memory clock, and its memory clock lowered at its core
+        top_core = max(p.core_mhz for p in self.pairs)
+        top_mem = max(p.mem_mhz for p in self.pairs)
+        base = self._pair_of(STEP_GROUP) or ClockPair(top_core, top_mem)
+        low_core = [
+            p
+            for p in self.pairs
+            if p.mem_mhz == top_mem and PROBE_CLOCK_SHARE * base.core_mhz <= p.core_mhz < base.core_mhz
+        ]
+        low_mem = [
+            p
+            for p in self.pairs
+            if p.core_mhz == base.core_mhz and PROBE_CLOCK_SHARE * base.mem_mhz <= p.mem_mhz < base.mem_mhz
+        ]
+        corners = [
+            min(low_core, key=lambda p: p.core_mhz, default=None),
+            min(low_mem, key=lambda p: p.mem_mhz, default=None),
+        ]
+        probes = [p for p in dict.fromkeys(corners) if p is not None]
+        self._enter(Screening(search, probes))
+        return self._screening(self.phase, None)
+
+    def _screening(self, sc: Screening, report: StepReport | None) -> Schedule:
+        if sc.trial is not None and report is not None:
+            sc.trial.add(self._feed)
+            self._maybe_abandon(sc.trial)
+            if sc.trial.done:
+                self._screen_ended(sc, sc.trial.outcome())
+                sc.trial = None
+        if sc.trial is None:
+            candidate = self._next_screen(sc)
+            if candidate is None:
+                return self._screened(sc)
+            if self.account.slack_s() < self._worst_case_s(candidate):
+                sc.waiting_steps += 1
+                self._measure_stock_while_waiting(report is not None)
+                return self.incumbent
+            self._waiting_window = None
+            blocks = 1 if isinstance(sc.current, ClockPair) else self.timing.trial_blocks
+            sc.trial = Trial(
+                self.incumbent,
+                candidate,
+                blocks,
+                sc.search.window_s,
+                self.settle_s,
+                wait_power_w=self.noise.wait_power_w,
+            )
+            self.trials += 1
+        if sc.trial.current is None:
+            sc.trial.open(self._now)
+        return sc.trial.schedule()
+
+    def _next_screen(self, sc: Screening) -> Schedule | None:
+        """The next trial's candidate (a probe's, then a design row's); None: the design is done."""
+        if sc.probes:
+            sc.current = sc.probes[0]
+            return self._with_pair(STEP_GROUP, sc.current)
+        if sc.rows is None:
+            allowed_s = self._extra_allowed_s()
+            found = candidate_pairs(sc.probed, self.incumbent_group_times_s)
+            sc.candidates = {}
+            left_s = sc.extra_budgets * self.budget * self.stock_step_s
+            for g, (pair, extra_s) in sorted(found.items(), key=lambda item: item[1][1]):
+                if pair != self._pair_of(g) and extra_s <= allowed_s and max(extra_s, 0.0) <= left_s:
+                    sc.candidates[g] = (pair, extra_s)
+                    left_s -= max(extra_s, 0.0)
+            sc.factors = sorted(sc.candidates)
+            sc.rows = design_rows(len(sc.factors)) if sc.factors else np.zeros((0, 0))
+        if sc.row >= len(sc.rows):
+            return None
+        sc.current = sc.row
+        return self._with_pairs({g: sc.candidates[g][0] for g, x in zip(sc.factors, sc.rows[sc.row]) if x})
+
+    def _screen_ended(self, sc: Screening, outcome: Outcome) -> None:
+        """A probe's group times kept, or a row's saving (with its standard error, as `judge`
+        reads it: no smaller than the job's noise predicts)."""
+        self._trial_ended(sc.trial, outcome)
+        self._emit(
+            TrialFinished(
+                self.account.steps, self._now_s, "screen", SCREEN_GROUP, sc.trial.candidate, outcome, None
+            )
+        )
+        if isinstance(sc.current, ClockPair):
+            b = [w for w in sc.trial.b_windows() if w.steps]
+            if b:
+                steps = np.array([w.steps for w in b], dtype=float)
+                sc.probed[sc.current] = np.average([w.group_times_s for w in b], axis=0, weights=steps)
+            sc.probes.pop(0)
+            return
+        if outcome.blocks > 0 and not outcome.abandoned:
+            j = self.judge(outcome, sc.search.window_s, z=DECIDE_Z)
+            sc.results.append(
+                (sc.row, j.saving, j.saving_se, np.asarray(outcome.b_group_times_s, dtype=float))
+            )
+        elif outcome.abandoned and not sc.trial.undecided_stop:
+            sc.over_budget += 1  # its measured time over the budget: the probes' times were low
+        sc.row += 1
+        if (
+            sc.over_budget >= 2
+            and 4 * sc.over_budget > sc.row
+            and sc.extra_budgets > SCREEN_EXTRA_BUDGETS / 8
+        ):
+            # a quarter of the rows over the budget: half the extra time, a new design
+            sc.extra_budgets /= 2.0
+            sc.rows, sc.row, sc.results, sc.over_budget = None, 0, [], 0
+
+    def _screened(self, sc: Screening) -> Schedule:
+        """The design fitted: the groups whose saving exceeds SCREEN_Z errors, the largest per
+        second first, within the time the budget leaves, verified together."""
+        chosen: list[int] = []
+        if sc.results:
+            rows = sc.rows[[r for r, *_ in sc.results]]
+            savings, ses = fit_savings(
+                rows, [s for _, s, _, _ in sc.results], [e for _, _, e, _ in sc.results]
+            )
+            extra_s = []
+            for k, g in enumerate(sc.factors):
+                seen = [t[g] for (r, _, _, t), x in zip(sc.results, rows[:, k]) if x and t.size > g]
+                extra_s.append(
+                    float(np.mean(seen)) - self.incumbent_group_times_s[g] if seen else sc.candidates[g][1]
+                )
+            picked = choose(savings, ses, extra_s, self._extra_allowed_s(), SCREEN_Z)
+            chosen = [sc.factors[k] for k in picked]
+        if not chosen:
+            return self._start_group(sc.search, sc.search.after(SCREEN_GROUP))
+        candidate = self._with_pairs({g: sc.candidates[g][0] for g in chosen})
+        return self._verify(SCREEN_GROUP, candidate, sc.search, screened=sc)
 
     def _proof_s(self) -> float:
         """The budget a verification of the longest length spends on proof: its time errors at
@@ -1161,13 +1389,28 @@ class StepTuner:
         )
 
     # --- verifying -----------------------------------------------------------------------------
-    def _verify(self, group: int | None, candidate: Schedule, search: Search, undecided: int = 0) -> Schedule:
+    def _verify(
+        self,
+        group: int | None,
+        candidate: Schedule,
+        search: Search,
+        undecided: int = 0,
+        screened: Screening | None = None,
+    ) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
         if group is None and self.retunes == 0 and self.proven_prior:
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
         max_blocks = max(t.verify_max_blocks, blocks)
-        self._verified[group] = nth = self._verified.get(group, 0) + 1
+        if group == SCREEN_GROUP:
+            # a screening's choice is a new question for each group it moves: counted per group
+            # (every screening verification that moved it), so a later round's disjoint choice
+            # is its groups' first, and a reopened screening's choice is not
+            moved = [g for g, (a, b) in enumerate(zip(self.incumbent.groups, candidate.groups)) if a != b]
+            nth = 1 + max((self._screen_verified.get(g, 0) for g in moved), default=0)
+            self._screen_verified.update({g: self._screen_verified.get(g, 0) + 1 for g in moved})
+        else:
+            self._verified[group] = nth = self._verified.get(group, 0) + 1
         # the same candidate verified against the same incumbent before (a reopened round's
         # best again): its blocks go on where that verification stopped, one longer test
         closed, first_look = self._unadopted.pop((self.incumbent, candidate), ([], blocks))
@@ -1186,7 +1429,17 @@ class StepTuner:
             closed=closed,
         )
         self.trials += 1
-        self._enter(Verifying(group, trial, search, explored_undecided=undecided, z=z, first_look=first_look))
+        self._enter(
+            Verifying(
+                group,
+                trial,
+                search,
+                explored_undecided=undecided,
+                z=z,
+                first_look=first_look,
+                screened=screened,
+            )
+        )
         return self._verifying(self.phase, None)
 
     def _verify_decided(self, outcome: Outcome, z: float) -> bool:
@@ -1210,6 +1463,9 @@ class StepTuner:
                 ver.search.reopen.append(ver.group)
             if ver.group is None:
                 return self._start_group(ver.search, 0)
+            screened = ver.screened
+            if ver.adopted and screened is not None and screened.round < SCREEN_ROUNDS:
+                return self._start_screening(ver.search, screened)  # the groups left, screened again
             return self._start_group(ver.search, ver.search.after(ver.group))
         if trial.current is None:
             if trial.arm == "B" and self.account.slack_s() < self._worst_case_s(trial.candidate):
@@ -1336,7 +1592,7 @@ class StepTuner:
         MAX_TRIAL_WINDOW_S), their best so far first; the longest first."""
         groups = sorted(
             settled.reopen,
-            key=lambda g: -(self.incumbent_step_s if g == STEP_GROUP else self.group_times_s[g]),
+            key=lambda g: -(self.incumbent_step_s if g < 0 else self.group_times_s[g]),
         )
         window_s = min(settled.window_s * 2.0, max(MAX_TRIAL_WINDOW_S, settled.window_s))
         search = Search(
@@ -1372,6 +1628,7 @@ class StepTuner:
         self.conditions.relearn_temperature()
         self.account.rebase()
         self._verified.clear()  # new conditions: a new question for every group
+        self._screen_verified.clear()
         self._unadopted.clear()
         self._decided.clear()  # ... and what was measured under the old ones is not told again
         self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
@@ -1407,8 +1664,18 @@ class StepTuner:
         groups[group] = (groups[group][0], pair)
         return Schedule(tuple(groups))
 
+    def _with_pairs(self, pairs: dict[int, ClockPair]) -> Schedule:
+        """The incumbent with each group of `pairs` at its pair."""
+        groups = list(self.incumbent.groups)
+        for g, pair in pairs.items():
+            groups[g] = (groups[g][0], pair)
+        return Schedule(tuple(groups))
+
     def _pair_of(self, group: int) -> ClockPair | None:
-        """The incumbent's pair of a group (STEP_GROUP: the pair every group has, None: none)."""
+        """The incumbent's pair of a group (STEP_GROUP: the pair every group has, None: none;
+        SCREEN_GROUP: None)."""
+        if group == SCREEN_GROUP:
+            return None
         if group == STEP_GROUP:
             pairs = {p for _, p in self.incumbent.groups}
             return next(iter(pairs)) if len(pairs) == 1 else None

@@ -1,0 +1,123 @@
+"""Many groups at once: the screening's design, fit and choice (tuner/screening.py), and the
+step tuner's Screening phase on a recorded table of a real card (GTX 1080 Ti, 30 kernels)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kdvfs.cli import main
+from kdvfs.tuner.screening import candidate_pairs, choose, design_rows, fit_savings
+
+TABLE = (
+    Path(__file__).resolve().parents[2] / "data" / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
+)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 20, 30])
+def test_the_design_moves_every_group_in_half_the_trials_and_any_two_together_in_a_quarter(n):
+    rows = design_rows(n)
+    m = rows.shape[0]
+    assert rows.shape == (m, n) and m > n and m & (m - 1) == 0 and m // 2 <= n
+    assert np.all(rows.sum(axis=0) == m / 2)
+    together = rows.T @ rows
+    assert np.all(together[~np.eye(n, dtype=bool)] == m / 4)
+
+
+def test_a_design_of_no_groups_is_refused():
+    with pytest.raises(ValueError, match="at least one factor"):
+        design_rows(0)
+
+
+def test_the_fit_recovers_each_groups_saving_and_its_error_falls_with_the_trials_errors():
+    rng = np.random.default_rng(0)
+    effects = rng.normal(0.0, 0.005, 12)
+    rows = design_rows(12)
+    exact, se = fit_savings(rows, rows @ effects, np.full(len(rows), 0.001))
+    np.testing.assert_allclose(exact, effects, atol=1e-12)
+    _, se_half = fit_savings(rows, rows @ effects, np.full(len(rows), 0.0005))
+    np.testing.assert_allclose(se_half, se / 2)
+    assert np.all(se < 0.001)  # every group is estimated from the whole design
+
+
+def test_the_fit_leaves_out_trials_without_a_figure_and_reads_nan_for_a_group_never_moved():
+    rows = design_rows(3)
+    savings = rows @ np.array([0.01, 0.02, 0.0])
+    savings[0] = math.nan  # an abandoned trial
+    fitted, _ = fit_savings(rows, savings, np.full(len(rows), 0.001))
+    np.testing.assert_allclose(fitted, [0.01, 0.02, 0.0], atol=1e-12)
+    never, never_se = fit_savings(rows[:, :2] * [1, 0], savings, np.full(len(rows), 0.001))
+    assert math.isnan(never[1]) and never_se[1] == math.inf
+
+
+def test_the_choice_takes_the_most_saving_per_second_within_the_allowance_and_skips_noise():
+    savings = [0.010, 0.004, 0.006, 0.0005, 0.003]
+    ses = [0.001, 0.001, 0.001, 0.001, 0.001]
+    extra_s = [0.010, 0.001, -0.002, 0.0, 0.002]
+    # group 2 adds no time; then 1 (4 %/ms), 4 (1.5 %/ms), 0 (1 %/ms) while 3 ms last; 3 is noise
+    assert choose(savings, ses, extra_s, allowance_s=0.003, z=1.0) == [1, 2, 4]
+    assert choose(savings, ses, extra_s, allowance_s=0.02, z=1.0) == [0, 1, 2, 4]
+    assert choose(savings, ses, extra_s, allowance_s=0.02, z=0.4) == [0, 1, 2, 3, 4]
+
+
+def test_each_group_gets_the_probe_that_slowed_it_least():
+    probes = {"low core": [1.0, 2.0, math.nan], "low memory": [1.5, 1.0, 3.5]}
+    assert candidate_pairs(probes, [1.0, 1.0, 3.0]) == {
+        0: ("low core", 0.0),
+        1: ("low memory", 0.0),
+        2: ("low memory", 0.5),
+    }
+
+
+@pytest.fixture(scope="module")
+def screened(tmp_path_factory):
+    out = tmp_path_factory.mktemp("screen") / "run.json"
+    code = main(
+        [
+            "tune",
+            "--device",
+            f"replay:{TABLE}",
+            "--workload",
+            "table",
+            "--seconds",
+            "1000",
+            "--prior",
+            "none",
+            "--no-mlflow",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def test_from_no_prior_a_table_of_30_kernels_is_screened_and_several_groups_are_adopted_at_once(screened):
+    assert "Screening" in screened["phases"]
+    assert screened["prior"]["source"] == "none"
+    screens = [o for o in screened["tuner"]["outcomes"] if o["kind"] == "screen"]
+    assert len(screens) >= 16  # two probes, then the rows of the design
+    first = screened["tuner"]["adoptions"][0]
+    moved = [g for g, pair in first["schedule"] if pair is not None]
+    assert len(moved) >= 3 and len({tuple(pair) for _, pair in first["schedule"] if pair}) == 2
+
+
+def test_the_screened_plan_saves_at_least_three_quarters_of_the_realisable_oracle_within_budget(screened):
+    oracle = screened["realisable_oracle"]["energy_saving"]
+    plan = screened["running"]
+    assert plan["energy_saving"] >= 0.75 * oracle
+    assert plan["slowdown"] <= 0.01
+    assert screened["max_cumulative_slowdown"] <= 0.01
+
+
+def test_a_dry_run_of_the_screening_adopts_nothing(tmp_path):
+    out = tmp_path / "null.json"
+    args = ["tune", "--device", f"replay:{TABLE}", "--workload", "table", "--seconds", "1000"]
+    assert main([*args, "--prior", "none", "--no-mlflow", "--dry-run", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert "Screening" in run["phases"] and run["tuner"]["adopted"] == 0
+    assert abs(run["run"]["energy_saving"]) <= 0.003

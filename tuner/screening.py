@@ -1,0 +1,105 @@
+"""Many groups at once: the arithmetic of the step tuner's screening (tuner/step_tuner.py's
+`Screening` phase runs it in training).
+
+- `candidate_pairs(probes, times_s)`: each group's candidate pair, the probe of the whole step
+  (every group at one low-clock corner) that slowed that group least, from its CUDA-event time.
+- `design_rows(n)`: a two-level orthogonal design (Sylvester-Hadamard columns, 0/1): which
+  groups each trial moves to their candidates, every group in half the trials.
+- `fit_savings(rows, savings, ses)`: each group's share of the step's energy saving, weighted
+  least squares of the trials' savings on the design (the trials' own standard errors).
+- `choose(...)`: the groups to move together, the largest saving per second first, within the
+  time the budget leaves; a group that saves nothing at `z` errors is left out.
+
+All values are plain numbers and numpy arrays (no tuner state); docs/design-step-tuner.md,
+"Many groups at once", says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+
+P = TypeVar("P")
+
+
+def candidate_pairs(
+    probes: Mapping[P, Sequence[float]], times_s: Sequence[float]
+) -> dict[int, tuple[P, float]]:
+    """group -> (the probe pair that slowed it least, its time there less its time now, s per step).
+
+    Args:
+        probes: probe pair -> each group's time per step with every group at that pair, s
+            (NaN where a group was not measured).
+        times_s: each group's time per step under the incumbent, s.
+    """
+    chosen: dict[int, tuple[P, float]] = {}
+    for g, now_s in enumerate(times_s):
+        best: tuple[P, float] | None = None
+        for pair, probed_s in probes.items():
+            if g >= len(probed_s) or not math.isfinite(probed_s[g]) or not now_s > 0.0:
+                continue
+            extra_s = float(probed_s[g]) - float(now_s)
+            if best is None or extra_s < best[1]:
+                best = (pair, extra_s)
+        if best is not None:
+            chosen[g] = best
+    return chosen
+
+
+def design_rows(n: int) -> np.ndarray:
+    """A 0/1 design of n columns (factors) and m rows (trials), m the least power of two above n:
+    columns 1..n of the Sylvester-Hadamard matrix of order m, +1 read as 1 (the group at its
+    candidate) and -1 as 0. Every column holds m/2 ones and any two columns m/4 in common, so
+    each factor is estimated with the whole design's precision. n >= 1."""
+    if n < 1:
+        raise ValueError(f"a design needs at least one factor, got {n}")
+    h = np.ones((1, 1), dtype=int)
+    while h.shape[0] <= n:
+        h = np.block([[h, h], [h, -h]])
+    return ((h[:, 1 : n + 1] + 1) // 2).astype(float)
+
+
+def fit_savings(
+    rows: np.ndarray, savings: Sequence[float], ses: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each factor's saving and its standard error: weighted least squares through 0 of the
+    trials' savings (fractions of the step's energy) on their rows, each weighted by 1 / its
+    standard error squared; the errors from the weights alone (the trials' errors are known:
+    the job's noise). Factors no trial moved read NaN."""
+    x = np.asarray(rows, dtype=float)
+    y = np.asarray(savings, dtype=float)
+    s = np.asarray(ses, dtype=float)
+    keep = np.isfinite(y) & np.isfinite(s) & (s > 0)
+    x, y, s = x[keep], y[keep], s[keep]
+    n = rows.shape[1] if rows.ndim == 2 else 0
+    if x.shape[0] == 0:
+        return np.full(n, math.nan), np.full(n, math.inf)
+    w = 1.0 / s**2
+    xtwx = x.T @ (x * w[:, None])
+    cov = np.linalg.pinv(xtwx)
+    effects = cov @ (x.T @ (w * y))
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    moved = x.sum(axis=0) > 0
+    effects[~moved], se[~moved] = math.nan, math.inf
+    return effects, se
+
+
+def choose(
+    savings: Sequence[float], ses: Sequence[float], extra_s: Sequence[float], allowance_s: float, z: float
+) -> list[int]:
+    """The factors to move together: those saving more than z standard errors, the largest
+    saving per second of extra time first (a factor that adds no time first of all), while
+    their extra time adds up to at most allowance_s (s per step)."""
+    ranked = []
+    for g, (saving, se, extra) in enumerate(zip(savings, ses, extra_s)):
+        if math.isfinite(saving) and math.isfinite(extra) and saving > z * se and saving > 0.0:
+            ranked.append((-saving / extra if extra > 0 else -math.inf, -saving, g, max(extra, 0.0)))
+    chosen, spent_s = [], 0.0
+    for _, _, g, extra in sorted(ranked):
+        if spent_s + extra <= allowance_s:
+            chosen.append(g)
+            spent_s += extra
+    return sorted(chosen)
