@@ -1137,13 +1137,15 @@ def judge(
     account_step_s: float | None = None,
     ranks: int = 1,
     z: float = ADOPT_Z,
+    time_z: float | None = None,
 ) -> Judgement:
     """The judgement of a trial whose windows were window_s long, against the incumbent it ran
     beside (its measured step time, s, and energy per step, J) and the measured stock. Its
     standard errors are no smaller than the job's noise predicts (the reference's window
     noise; the NoiseMeter's, when given, kept up to date over the run; `ranks` pooled ranks
     give ranks energy samples a block); the slowdown is against account_step_s (the account's
-    stock at 95% confidence; default the reference's); adopted at z standard errors."""
+    stock at 95% confidence; default the reference's); adopted at z standard errors of saving
+    and with the slowdown, time_z time errors added (None: z), within the budget."""
     blocks = max(outcome.blocks, 1)
     predicted_se = stock.window_sd * math.sqrt(stock.window_s / window_s) / math.sqrt(blocks)
     predicted_tse = 0.0
@@ -1159,7 +1161,10 @@ def judge(
     else:
         slowdown = outcome.b_step_s / stock_s - 1.0
     adopted = (
-        not outcome.abandoned and outcome.blocks >= 2 and saving > z * se and slowdown + z * time_se <= budget
+        not outcome.abandoned
+        and outcome.blocks >= 2
+        and saving > z * se
+        and slowdown + (z if time_z is None else time_z) * time_se <= budget
     )
     energy_ratio = incumbent_energy_j * (1.0 - saving) / stock.energy_per_step_j
     return Judgement(saving, se, slowdown, time_se, energy_ratio, bool(adopted))

@@ -120,6 +120,11 @@ PROBE_CLOCK_SHARE = 0.5
 #: The screened groups' extra times (at their candidates) add up to at most this many times
 #: the budget's time, so that a design trial, moving half of them, fits the budget; times.
 SCREEN_EXTRA_BUDGETS = 1.5
+#: Time errors a verification adds to the candidate's slowdown before it must be within the
+#: budget: the budget's own confidence (one-sided 95%, as the account holds it; the stock it
+#: counts against is already less its 95% margin, at least REFERENCE_MARGIN); the saving keeps
+#: the verification's sequential boundary (false adoptions); sds.
+VERIFY_TIME_Z = CONFIDENCE_Z
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: A-B-B-A blocks of a verification run; blocks.
@@ -1183,15 +1188,13 @@ class StepTuner:
         return self._verify(SCREEN_GROUP, candidate, sc.search, screened=sc)
 
     def _proof_s(self) -> float:
-        """The budget a verification of the longest length spends on proof: its time errors at
-        its sequential boundary (`sequential_z`) over its blocks at the job's time noise, s per
-        step. The strategy searches within the
-        budget less this, so that what it finds can be adopted (a pair at the budget's edge
+        """The budget a verification of the longest length spends on proof: VERIFY_TIME_Z time
+        errors over its blocks at the job's time noise, s per step. The strategy searches within
+        the budget less this, so that what it finds can be adopted (a pair at the budget's edge
         never can)."""
         t = self.timing
         verify_s = 4.0 * t.verify_max_blocks * t.verify_window_s
-        z = sequential_z(t.verify_blocks, t.verify_max_blocks)  # a group's first verification's
-        return resolvable(self.time_sd_per_root_s, verify_s, z) * self.stock_step_s
+        return resolvable(self.time_sd_per_root_s, verify_s, VERIFY_TIME_Z) * self.stock_step_s
 
     def _settle(self, search: Search) -> Schedule:
         """Every group of the round explored: Settled, with the undecided and abandoned ones to
@@ -1445,7 +1448,7 @@ class StepTuner:
     def _verify_decided(self, outcome: Outcome, z: float) -> bool:
         """A verification is decided once the candidate is adopted (z errors: the verification's
         sequential boundary), or at ADOPT_Z errors it saves nothing or is over the budget."""
-        j = self.judge(outcome, self.timing.verify_window_s, z=z)
+        j = self.judge(outcome, self.timing.verify_window_s, z=z, time_z=VERIFY_TIME_Z)
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
         return j.adopted or worse
 
@@ -1473,7 +1476,9 @@ class StepTuner:
             trial.open(self._now)
         return trial.schedule()
 
-    def judge(self, outcome: Outcome, window_s: float, z: float = ADOPT_Z) -> Judgement:
+    def judge(
+        self, outcome: Outcome, window_s: float, z: float = ADOPT_Z, time_z: float | None = None
+    ) -> Judgement:
         """A trial's outcome (windows window_s long) judged against this run's stock (the
         account's, at 95% confidence), the incumbent, the budget and the job's noise at z
         standard errors: runtime/trials.py's `judge`, the one the environment pays its reward
@@ -1489,13 +1494,14 @@ class StepTuner:
             account_step_s=self.account.stock_step_s,
             ranks=self._ranks,
             z=z,
+            time_z=time_z,
         )
 
     def _judge(self, ver: Verifying, outcome: Outcome) -> None:
         """Adopt when the saving exceeds ver.z standard errors (of the blocks' differences, and
         no less than the job's noise predicts) and the candidate's slowdown, ver.z time errors
         added, is within the budget: ver.z is ADOPT_Z held over the verification's looks."""
-        judgement = self.judge(outcome, ver.trial.window_s, z=ver.z)
+        judgement = self.judge(outcome, ver.trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z)
         ver.adopted = judgement.adopted
         if not ver.adopted:
             closed = ver.trial.closed
