@@ -113,7 +113,16 @@ def _tune_interrupted_after(line_start: str, extra: list[str], tmp_path: Path) -
     (20 s of simulated training once ended before it did)."""
     cmd = [sys.executable, "-m", "kdvfs.cli", "tune", "--seconds", "3600", "--json", "out.json"]
     cmd += ["--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        # SIGINT as a terminal delivers it, whatever the suite was started under (a shell's
+        # background job ignores SIGINT, and its children inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines = []
     for line in proc.stderr:
         lines.append(line)
