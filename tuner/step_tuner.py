@@ -363,8 +363,10 @@ class Exploring:
 @dataclass
 class Screening:
     """Many groups at once (tuner/screening.py): the whole step probed at two low-clock
-    corners (the lowest core clock at the top memory clock, and the reverse) gives each group
-    a candidate pair, the corner that slowed it least by its CUDA-event time; then the trials
+    corners around its pair (the one-knob pair adopted, else the top: its core clock lowered to
+    the lowest at or above PROBE_CLOCK_SHARE of it at the top memory clock, and its memory clock
+    lowered alike at its core clock) gives each group a candidate pair, the corner that slowed
+    it least by its CUDA-event time; then the trials
     of a two-level orthogonal design each move half the groups to their candidates, and a
     weighted fit of the trials' savings on the design gives each group's share of the saving.
 
@@ -1083,20 +1085,17 @@ class StepTuner:
 
     def _screening(self, sc: Screening, report: StepReport | None) -> Schedule:
         if sc.trial is not None and report is not None:
-            sc.trial.add(self._feed)
-            self._maybe_abandon(sc.trial)
-            if sc.trial.done:
-                self._screen_ended(sc, sc.trial.outcome())
+            outcome = self._feed_trial(sc.trial)
+            if outcome is not None:
+                self._screen_ended(sc, outcome)
                 sc.trial = None
         if sc.trial is None:
             candidate = self._next_screen(sc)
             if candidate is None:
                 return self._screened(sc)
-            if self.account.slack_s() < self._worst_case_s(candidate):
+            if self._waits_for_slack(candidate, report is not None):
                 sc.waiting_steps += 1
-                self._measure_stock_while_waiting(report is not None)
                 return self.incumbent
-            self._waiting_window = None
             blocks = 1 if isinstance(sc.current, ClockPair) else self.timing.trial_blocks
             sc.trial = Trial(
                 self.incumbent,
@@ -1225,10 +1224,9 @@ class StepTuner:
 
     def _exploring(self, ex: Exploring, report: StepReport | None) -> Schedule:
         if ex.trial is not None and report is not None:
-            ex.trial.add(self._feed)
-            self._maybe_abandon(ex.trial)
-            if ex.trial.done:
-                self._tell(ex, ex.trial.outcome())
+            outcome = self._feed_trial(ex.trial)
+            if outcome is not None:
+                self._tell(ex, outcome)
                 ex.trial = None
         if ex.trial is None:
             if ex.config is None and ex.first is not None:
@@ -1243,11 +1241,9 @@ class StepTuner:
                     ex.config = None
                     return self.incumbent
             candidate = self._with_pair(ex.group, self.pairs[ex.config])
-            if self.account.slack_s() < self._worst_case_s(candidate):
+            if self._waits_for_slack(candidate, report is not None):
                 ex.waiting_steps += 1
-                self._measure_stock_while_waiting(report is not None)
                 return self.incumbent
-            self._waiting_window = None
             window_s = ex.search.window_s
             ex.trial = Trial(
                 self.incumbent,
@@ -1264,6 +1260,22 @@ class StepTuner:
         if ex.trial.current is None:
             ex.trial.open(self._now)
         return ex.trial.schedule()
+
+    def _feed_trial(self, trial: Trial) -> Outcome | None:
+        """The running trial fed this report (and abandoned if its time or the slack says so);
+        its outcome once it is done, else None."""
+        trial.add(self._feed)
+        self._maybe_abandon(trial)
+        return trial.outcome() if trial.done else None
+
+    def _waits_for_slack(self, candidate: Schedule, fed: bool) -> bool:
+        """Whether the budget's slack does not yet cover a trial of the candidate: the step
+        then runs the incumbent, measuring stock meanwhile (`_measure_stock_while_waiting`)."""
+        if self.account.slack_s() < self._worst_case_s(candidate):
+            self._measure_stock_while_waiting(fed)
+            return True
+        self._waiting_window = None
+        return False
 
     def _measure_stock_while_waiting(self, fed: bool) -> None:
         """Steps run at a stock incumbent while waiting for the slack measure stock (windows of
@@ -1666,9 +1678,7 @@ class StepTuner:
         """The incumbent with the group at the pair (STEP_GROUP: every group at it)."""
         if group == STEP_GROUP:
             return Schedule(tuple((s, pair) for s, _ in self.incumbent.groups))
-        groups = list(self.incumbent.groups)
-        groups[group] = (groups[group][0], pair)
-        return Schedule(tuple(groups))
+        return self._with_pairs({group: pair})
 
     def _with_pairs(self, pairs: dict[int, ClockPair]) -> Schedule:
         """The incumbent with each group of `pairs` at its pair."""
