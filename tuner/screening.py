@@ -3,6 +3,8 @@
 
 - `candidate_pairs(probes, times_s)`: each group's candidate pair, the probe of the whole step
   (every group at one low-clock corner) that slowed that group least, from its CUDA-event time.
+- `candidate_clocks(...)`: along one clock, each group's lowest clock within a share of its
+  time, interpolated between its time now and under a probe.
 - `design_rows(n)`: a two-level orthogonal design (Sylvester-Hadamard columns, 0/1): which
   groups each trial moves to their candidates, every group in half the trials.
 - `fit_savings(rows, savings, ses)`: each group's share of the step's energy saving, weighted
@@ -46,6 +48,48 @@ def candidate_pairs(
                 best = (pair, extra_s)
         if best is not None:
             chosen[g] = best
+    return chosen
+
+
+def candidate_clocks(
+    times_s: Sequence[float],
+    probed_s: Sequence[float],
+    base_mhz: float,
+    probe_mhz: float,
+    clocks_mhz: Sequence[float],
+    share: float,
+) -> dict[int, tuple[float, float]]:
+    """group -> (the lowest clock that slows it by at most `share` of its time, its extra time
+    there, s per step), along one clock between a probe and the base it lowered.
+
+    Each group's time is taken as t(f) = t_base * (c + (1 - c) * base / f): a part c that the
+    clock does not move and a part in proportion to 1 / f, c fitted through the probe (a group
+    the probe did not slow takes the probe's clock). Clocks below the probe's are not
+    extrapolated to.
+
+    Args:
+        times_s: each group's time per step at the base clock, s.
+        probed_s: each group's time per step with every group at the probe clock, s (NaN: not
+            measured).
+        base_mhz: the clock the groups run at now, MHz.
+        probe_mhz: the probe's lower clock, MHz.
+        clocks_mhz: the supported clocks of this axis, MHz.
+        share: the largest extra time allowed a group, a fraction of its time.
+    """
+    ladder = sorted(f for f in clocks_mhz if probe_mhz <= f < base_mhz)
+    if not ladder or not base_mhz > probe_mhz:
+        return {}
+    chosen: dict[int, tuple[float, float]] = {}
+    for g, now_s in enumerate(times_s):
+        if g >= len(probed_s) or not math.isfinite(probed_s[g]) or not now_s > 0.0:
+            continue
+        # extra time per unit of (base / f - 1): the part of the group that follows the clock
+        slope_s = max(float(probed_s[g]) - float(now_s), 0.0) / (base_mhz / probe_mhz - 1.0)
+        for f in ladder:
+            extra_s = slope_s * (base_mhz / f - 1.0)
+            if extra_s <= share * now_s:
+                chosen[g] = (float(f), extra_s)
+                break
     return chosen
 
 

@@ -74,7 +74,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
-from kdvfs.tuner.screening import candidate_pairs, choose, design_rows, fit_savings
+from kdvfs.tuner.screening import candidate_clocks, candidate_pairs, choose, design_rows, fit_savings
 
 #: Most A-B-B-A blocks of one trial while its decision is open (fewer when the measured noise,
 #: the run's expected length or the budget's slack says so); blocks.
@@ -383,7 +383,10 @@ class Screening:
     Attributes:
         search: the groups' order and first pairs (Search).
         probes: the corner pairs left to probe.
+        base: the pair the probes lowered (the whole step's pair then).
         probed: pair -> each group's time per step with the whole step at it, s.
+        probe_saving: pair -> the whole step's energy saving there per unit of its slowdown
+            (one block: a direction's sign, not a figure to adopt on).
         candidates: group -> (its candidate pair, its extra time there, s per step).
         factors: the groups in the design, in its column order.
         rows: the design (design_rows), one row a trial (None until the probes are done).
@@ -402,7 +405,9 @@ class Screening:
 
     search: Search
     probes: list[ClockPair]
+    base: ClockPair | None = None
     probed: dict[ClockPair, np.ndarray] = field(default_factory=dict)
+    probe_saving: dict[ClockPair, float] = field(default_factory=dict)
     candidates: dict[int, tuple[ClockPair, float]] = field(default_factory=dict)
     factors: list[int] = field(default_factory=list)
     rows: np.ndarray | None = None
@@ -1056,7 +1061,13 @@ class StepTuner:
         if after is not None:
             self._enter(
                 Screening(
-                    search, [], dict(after.probed), round=after.round + 1, extra_budgets=after.extra_budgets
+                    search,
+                    [],
+                    after.base,
+                    dict(after.probed),
+                    dict(after.probe_saving),
+                    round=after.round + 1,
+                    extra_budgets=after.extra_budgets,
                 )
             )
             return self._screening(self.phase, None)
@@ -1080,12 +1091,13 @@ class StepTuner:
             min(low_mem, key=lambda p: p.mem_mhz, default=None),
         ]
         probes = [p for p in dict.fromkeys(corners) if p is not None]
-        self._enter(Screening(search, probes))
+        self._enter(Screening(search, probes, base))
         return self._screening(self.phase, None)
 
     def _screening(self, sc: Screening, report: StepReport | None) -> Schedule:
         if sc.trial is not None and report is not None:
-            outcome = self._feed_trial(sc.trial)
+            # a probe is meant to be slow: only the account's guard stops it
+            outcome = self._feed_trial(sc.trial, time_check=not isinstance(sc.current, ClockPair))
             if outcome is not None:
                 self._screen_ended(sc, outcome)
                 sc.trial = None
@@ -1093,10 +1105,12 @@ class StepTuner:
             candidate = self._next_screen(sc)
             if candidate is None:
                 return self._screened(sc)
-            if self._waits_for_slack(candidate, report is not None):
+            probe = isinstance(sc.current, ClockPair)
+            probe_s = 2.0 * (sc.search.window_s + self.settle_s) if probe else None
+            if self._waits_for_slack(candidate, report is not None, probe_s):
                 sc.waiting_steps += 1
                 return self.incumbent
-            blocks = 1 if isinstance(sc.current, ClockPair) else self.timing.trial_blocks
+            blocks = 1 if probe else self.timing.trial_blocks
             sc.trial = Trial(
                 self.incumbent,
                 candidate,
@@ -1116,20 +1130,58 @@ class StepTuner:
             sc.current = sc.probes[0]
             return self._with_pair(STEP_GROUP, sc.current)
         if sc.rows is None:
-            allowed_s = self._extra_allowed_s()
-            found = candidate_pairs(sc.probed, self.incumbent_group_times_s)
-            sc.candidates = {}
-            left_s = sc.extra_budgets * self.budget * self.stock_step_s
-            for g, (pair, extra_s) in sorted(found.items(), key=lambda item: item[1][1]):
-                if pair != self._pair_of(g) and extra_s <= allowed_s and max(extra_s, 0.0) <= left_s:
-                    sc.candidates[g] = (pair, extra_s)
-                    left_s -= max(extra_s, 0.0)
+            sc.candidates = self._screen_candidates(sc)
             sc.factors = sorted(sc.candidates)
             sc.rows = design_rows(len(sc.factors)) if sc.factors else np.zeros((0, 0))
         if sc.row >= len(sc.rows):
             return None
         sc.current = sc.row
         return self._with_pairs({g: sc.candidates[g][0] for g, x in zip(sc.factors, sc.rows[sc.row]) if x})
+
+    def _screen_candidates(self, sc: Screening) -> dict[int, tuple[ClockPair, float]]:
+        """Each group still at the probes' base gets a candidate, their extra times adding up to
+        at most `extra_budgets` budgets (and each within what the budget leaves):
+        first, the least extra time first, the probe that slowed it least (`candidate_pairs`);
+        then, for a group whose probes all slow it too much, along the clock whose probe saved
+        the most energy per unit of slowdown (else the other), its lowest clock that slows it
+        by at most an equal share of its time (`candidate_clocks`), the shares adding up to the
+        extra time left."""
+        times_s = np.asarray(self.incumbent_group_times_s, dtype=float)
+        top = ClockPair(max(p.core_mhz for p in self.pairs), max(p.mem_mhz for p in self.pairs))
+        allowed_s = self._extra_allowed_s()
+        left_s = sc.extra_budgets * self.budget * self.stock_step_s
+        at_base = {g for g in range(len(times_s)) if (self._pair_of(g) or top) == sc.base}
+        candidates: dict[int, tuple[ClockPair, float]] = {}
+        found = candidate_pairs(sc.probed, times_s)
+        for g, (pair, extra_s) in sorted(found.items(), key=lambda item: item[1][1]):
+            if g in at_base and extra_s <= allowed_s and max(extra_s, 0.0) <= left_s:
+                candidates[g] = (pair, extra_s)
+                left_s -= max(extra_s, 0.0)
+        rest = sorted(at_base - set(candidates))
+        rest_s = float(np.sum(times_s[rest])) if rest else 0.0
+        left_s = min(left_s, allowed_s)
+        if sc.base is None or not rest_s > 0.0 or not left_s > 0.0:
+            return candidates
+        share = left_s / rest_s
+        axes = []
+        for probe, probed_s in sc.probed.items():
+            rate = sc.probe_saving.get(probe, math.nan)
+            if not rate > 0.0:
+                continue  # lowering this clock cost the whole step energy
+            if probe.core_mhz < sc.base.core_mhz:
+                clocks = [p.core_mhz for p in self.pairs if p.mem_mhz == probe.mem_mhz]
+                along = candidate_clocks(times_s, probed_s, sc.base.core_mhz, probe.core_mhz, clocks, share)
+                pairs = {g: (ClockPair(int(f), probe.mem_mhz), e) for g, (f, e) in along.items()}
+            else:
+                clocks = [p.mem_mhz for p in self.pairs if p.core_mhz == probe.core_mhz]
+                along = candidate_clocks(times_s, probed_s, sc.base.mem_mhz, probe.mem_mhz, clocks, share)
+                pairs = {g: (ClockPair(probe.core_mhz, int(f)), e) for g, (f, e) in along.items()}
+            axes.append((rate, pairs))
+        for _, pairs in sorted(axes, key=lambda a: -a[0]):
+            for g, (pair, extra_s) in pairs.items():
+                if g in rest and g not in candidates and pair != sc.base and pair in self.pairs:
+                    candidates[g] = (pair, extra_s)
+        return candidates
 
     def _screen_ended(self, sc: Screening, outcome: Outcome) -> None:
         """A probe's group times kept, or a row's saving (with its standard error, as `judge`
@@ -1145,6 +1197,8 @@ class StepTuner:
             if b:
                 steps = np.array([w.steps for w in b], dtype=float)
                 sc.probed[sc.current] = np.average([w.group_times_s for w in b], axis=0, weights=steps)
+                if outcome.time_diff > 0.0 and math.isfinite(outcome.energy_diff):
+                    sc.probe_saving[sc.current] = -outcome.energy_diff / outcome.time_diff
             sc.probes.pop(0)
             return
         if outcome.blocks > 0 and not outcome.abandoned:
@@ -1261,17 +1315,20 @@ class StepTuner:
             ex.trial.open(self._now)
         return ex.trial.schedule()
 
-    def _feed_trial(self, trial: Trial) -> Outcome | None:
-        """The running trial fed this report (and abandoned if its time or the slack says so);
-        its outcome once it is done, else None."""
+    def _feed_trial(self, trial: Trial, time_check: bool = True) -> Outcome | None:
+        """The running trial fed this report (and abandoned if the slack, or with `time_check`
+        its measured time, says so); its outcome once it is done, else None."""
         trial.add(self._feed)
-        self._maybe_abandon(trial)
+        self._maybe_abandon(trial, time_check)
         return trial.outcome() if trial.done else None
 
-    def _waits_for_slack(self, candidate: Schedule, fed: bool) -> bool:
-        """Whether the budget's slack does not yet cover a trial of the candidate: the step
-        then runs the incumbent, measuring stock meanwhile (`_measure_stock_while_waiting`)."""
-        if self.account.slack_s() < self._worst_case_s(candidate):
+    def _waits_for_slack(self, candidate: Schedule, fed: bool, b_s: float | None = None) -> bool:
+        """Whether the budget's slack does not yet cover a trial of the candidate (until its
+        time check may act; `b_s`: its whole B arm of that many seconds, for a trial not
+        stopped by its time): the step then runs the incumbent, measuring stock meanwhile
+        (`_measure_stock_while_waiting`)."""
+        worst_s = self._worst_case_s(candidate) if b_s is None else self._worst_slowdown(candidate) * b_s
+        if self.account.slack_s() < worst_s:
             self._measure_stock_while_waiting(fed)
             return True
         self._waiting_window = None
@@ -1350,16 +1407,18 @@ class StepTuner:
             )
         ex.config = None
 
-    def _maybe_abandon(self, trial: Trial) -> None:
+    def _maybe_abandon(self, trial: Trial, time_check: bool = True) -> None:
         """Stop the candidate when the account's guard is reached (its decision left open), or
-        when its measured time already shows it over the budget against the trial's latest A
-        window (each window's longest eighth of steps left out)."""
+        (with `time_check`) when its measured time already shows it over the budget against
+        the trial's latest A window (each window's longest eighth of steps left out)."""
         if trial.arm != "B" or trial.done:
             return
         if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self._worst_slowdown(
             trial.candidate
         ):
             trial.abandoned = trial.undecided_stop = True
+            return
+        if not time_check:
             return
         # every rank's (pooled) busy time, the job's waits left out (not the clocks'), and each
         # window's longest eighth of steps left out: a few stalled steps cannot stop a candidate

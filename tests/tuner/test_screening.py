@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from kdvfs.cli import main
-from kdvfs.tuner.screening import candidate_pairs, choose, design_rows, fit_savings
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.tuner.run import NO_PRIOR, job_sites
+from kdvfs.tuner.screening import candidate_clocks, candidate_pairs, choose, design_rows, fit_savings
+from kdvfs.tuner.session import TuneSession
+from kdvfs.tuner.step_tuner import TrialFinished
 
 TABLE = (
     Path(__file__).resolve().parents[2] / "data" / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
@@ -73,6 +77,19 @@ def test_each_group_gets_the_probe_that_slowed_it_least():
     }
 
 
+def test_along_one_clock_each_group_gets_its_lowest_clock_within_its_share_of_time():
+    # base 1500 MHz, probe 750 MHz (base / f - 1 = 1 there): group 0 doubles its time there (all
+    # of it follows the clock), group 1 does not move, group 2 was not measured
+    clocks = [750, 900, 1000, 1200, 1250, 1350, 1500]
+    found = candidate_clocks([1.0, 2.0, 1.0], [2.0, 2.0, math.nan], 1500, 750, clocks, share=0.25)
+    # group 0: 1.0 s x (1500 / f - 1) <= 0.25 s needs f >= 1200 MHz
+    assert found[0] == (1200.0, pytest.approx(0.25))
+    assert found[1] == (750.0, 0.0)
+    assert 2 not in found
+    # no clock between the probe and the base: nothing to offer
+    assert candidate_clocks([1.0], [2.0], 1500, 1400, clocks, share=0.5) == {}
+
+
 @pytest.fixture(scope="module")
 def screened(tmp_path_factory):
     out = tmp_path_factory.mktemp("screen") / "run.json"
@@ -121,3 +138,28 @@ def test_a_dry_run_of_the_screening_adopts_nothing(tmp_path):
     run = json.loads(out.read_text())
     assert "Screening" in run["phases"] and run["tuner"]["adopted"] == 0
     assert abs(run["run"]["energy_saving"]) <= 0.003
+
+
+def test_a_probe_far_slower_than_the_budget_runs_its_block_where_a_trial_would_be_stopped():
+    # the simulated H200's whole step, 5 groups: its probes (a core clock half the step's pair)
+    # slow the step by far more than the budget; only the account's guard may stop them
+    device = open_device("sim:h200", seed=0)
+    workload = open_workload("gpt3-xl", device)
+    session = TuneSession(
+        device,
+        workload,
+        seed=0,
+        prior=NO_PRIOR,
+        sites=job_sites(workload, device.switch_latency_s),
+        aggregate_steps=True,
+    )
+    screens = []
+    session.tuner.subscribe(
+        lambda e: screens.append(e) if isinstance(e, TrialFinished) and e.kind == "screen" else None
+    )
+    session.run_until(700.0)
+    probes = screens[:2]
+    assert len(probes) == 2
+    assert all(p.outcome.blocks == 1 and not p.outcome.abandoned for p in probes)
+    assert max(p.outcome.time_diff for p in probes) > 0.10
+    assert session.run.summary()["max_cumulative_slowdown"] <= 0.01
