@@ -126,12 +126,16 @@ def _hold(loop: Loop, schedule: Schedule, steps: int) -> None:
 
 # --- the peers -------------------------------------------------------------------------------
 def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any]:
-    """The step-driven tuner (tuner/session.py) from no prior, as the peers start from none,
-    until it has settled and a tail past it; then its schedule held."""
+    """The step-driven tuner (tuner/session.py) from no prior, as the peers start from none, at
+    the job's sites as `kdvfs tune` places them (job_sites), until it has settled and a tail
+    past it; then its schedule held."""
+    from kdvfs.tuner.run import job_sites
     from kdvfs.tuner.session import TuneSession
 
-    session = TuneSession(loop.device, loop.workload, budget=budget, seed=seed)
+    sites = job_sites(loop.workload, loop.device.switch_latency_s)
+    session = TuneSession(loop.device, loop.workload, budget=budget, seed=seed, sites=sites)
     stock_s = loop.device.expected_step([(k, None, k.launches) for k in loop.workload.kernels])[0]
+    session.tuner.expected_run_s = steps * stock_s  # the run's length, known to the job
     tail_s = KDVFS_TAIL_SHARE * steps * stock_s
     while session.job.steps < steps:
         session.run_until(session.seconds + tail_s)
