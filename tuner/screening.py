@@ -58,6 +58,7 @@ def candidate_clocks(
     probe_mhz: float,
     clocks_mhz: Sequence[float],
     share: float,
+    least_drop: float = 0.0,
 ) -> dict[int, tuple[float, float]]:
     """group -> (the lowest clock that slows it by at most `share` of its time, its extra time
     there, s per step), along one clock between a probe and the base it lowered.
@@ -75,8 +76,10 @@ def candidate_clocks(
         probe_mhz: the probe's lower clock, MHz.
         clocks_mhz: the supported clocks of this axis, MHz.
         share: the largest extra time allowed a group, a fraction of its time.
+        least_drop: a clock less than this share below the base is no candidate (its effect
+            is below what a trial resolves); a fraction.
     """
-    ladder = sorted(f for f in clocks_mhz if probe_mhz <= f < base_mhz)
+    ladder = sorted(f for f in clocks_mhz if probe_mhz <= f <= base_mhz * (1.0 - least_drop) and f < base_mhz)
     if not ladder or not base_mhz > probe_mhz:
         return {}
     chosen: dict[int, tuple[float, float]] = {}

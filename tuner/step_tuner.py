@@ -117,6 +117,10 @@ SCREEN_ROUNDS = 2
 #: or above this share of it (a probe far below it is over the budget before its first
 #: window, and slows every group too much to be a candidate); a fraction.
 PROBE_CLOCK_SHARE = 0.5
+#: A candidate between a group's pair and a probe lowers its clock by at least this share
+#: (a smaller move's energy is below what the design's trials resolve: on the H200's whole
+#: step one core step, 1%, moved the step's energy by less than a row's error); a fraction.
+SCREEN_LEAST_DROP = 0.05
 #: The screened groups' extra times (at their candidates) add up to at most this many times
 #: the budget's time, so that a design trial, moving half of them, fits the budget; times.
 SCREEN_EXTRA_BUDGETS = 1.5
@@ -1170,11 +1174,15 @@ class StepTuner:
                 continue  # lowering this clock cost the whole step energy
             if probe.core_mhz < sc.base.core_mhz:
                 clocks = [p.core_mhz for p in self.pairs if p.mem_mhz == probe.mem_mhz]
-                along = candidate_clocks(times_s, probed_s, sc.base.core_mhz, probe.core_mhz, clocks, share)
+                along = candidate_clocks(
+                    times_s, probed_s, sc.base.core_mhz, probe.core_mhz, clocks, share, SCREEN_LEAST_DROP
+                )
                 pairs = {g: (ClockPair(int(f), probe.mem_mhz), e) for g, (f, e) in along.items()}
             else:
                 clocks = [p.mem_mhz for p in self.pairs if p.core_mhz == probe.core_mhz]
-                along = candidate_clocks(times_s, probed_s, sc.base.mem_mhz, probe.mem_mhz, clocks, share)
+                along = candidate_clocks(
+                    times_s, probed_s, sc.base.mem_mhz, probe.mem_mhz, clocks, share, SCREEN_LEAST_DROP
+                )
                 pairs = {g: (ClockPair(probe.core_mhz, int(f)), e) for g, (f, e) in along.items()}
             axes.append((rate, pairs))
         for _, pairs in sorted(axes, key=lambda a: -a[0]):

@@ -88,6 +88,12 @@ def test_along_one_clock_each_group_gets_its_lowest_clock_within_its_share_of_ti
     assert 2 not in found
     # no clock between the probe and the base: nothing to offer
     assert candidate_clocks([1.0], [2.0], 1500, 1400, clocks, share=0.5) == {}
+    # a move of less than 5% is no candidate: group 0 within 2.5% of its time would take 1470
+    # MHz, which is not offered, and nothing lower fits
+    assert candidate_clocks([1.0], [2.0], 1500, 750, [*clocks, 1470], share=0.025) == {
+        0: (1470.0, pytest.approx(1500 / 1470 - 1))
+    }
+    assert candidate_clocks([1.0], [2.0], 1500, 750, [*clocks, 1470], share=0.025, least_drop=0.05) == {}
 
 
 @pytest.fixture(scope="module")
