@@ -138,7 +138,10 @@ def run_kdvfs(loop: Loop, steps: int, budget: float, seed: int) -> dict[str, Any
     session.tuner.expected_run_s = steps * stock_s  # the run's length, known to the job
     tail_s = KDVFS_TAIL_SHARE * steps * stock_s
     while session.job.steps < steps:
-        session.run_until(session.seconds + tail_s)
+        # never past the run's steps: the last chunks shrink with the steps left (a chunk runs
+        # one step at least), so that the run is scored over the same steps as stock's
+        left_s = 0.98 * (steps - session.job.steps) * stock_s
+        session.run_until(session.seconds + min(tail_s, left_s))
         settled_s = session.converged_after_s
         if settled_s is not None and session.seconds >= settled_s + tail_s:
             break

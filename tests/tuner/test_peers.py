@@ -10,7 +10,8 @@ import math
 import pytest
 
 from kdvfs.cli import main
-from kdvfs.tuner.peers import run_peers
+from kdvfs.runtime.registry import open_device, open_workload
+from kdvfs.tuner.peers import Loop, run_kdvfs, run_peers
 
 ZEUS = importlib.util.find_spec("zeus") is not None
 
@@ -72,3 +73,13 @@ def test_compare_compares_strategies_only_peers_and_scenarios_are_their_own_comm
     with pytest.raises(SystemExit) as exit_:
         main(["compare", flag, value, "--no-mlflow"])
     assert exit_.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_kdvfs_still_tuning_at_the_end_of_its_run_trains_exactly_the_run_s_steps():
+    # 1,500 steps of the 3080 Ti layer (about 100 s): the tuner is still searching when they end,
+    # so its run is cut at the last step, not at the end of a chunk of training seconds
+    device = open_device("sim:rtx3080ti", seed=0)
+    loop = Loop(device, open_workload("gpt3-xl-layer", device))
+    detail = run_kdvfs(loop, 1500, budget=0.01, seed=0)
+    assert detail["converged_at_step"] is None
+    assert loop.steps == 1500
