@@ -10,11 +10,10 @@ from statistics import NormalDist
 import pytest
 
 from kdvfs.runtime.job_noise import job_noise
-from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.trials import ADOPT_Z, sequential_z
-from kdvfs.tuner.run import NO_PRIOR, job_sites
 from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_tuner import TrialFinished, verification_z
+from tests.tuner.sim_jobs import job_session
 
 BUDGET = 0.01
 SECONDS = 600.0
@@ -33,18 +32,13 @@ def tuned(
     """The simulated card's GPT-3-XL layer tuned from no prior for `seconds` of training, the
     tuner told the run lasts `expected_run_s`, `follow(session, event)` called at each of its
     events."""
-    device = open_device(f"sim:{preset}", seed=seed)
-    workload = open_workload("gpt3-xl-layer", device)
-    session = TuneSession(
-        device,
-        workload,
+    session = job_session(
+        preset,
+        "gpt3-xl-layer",
+        seed,
         budget=BUDGET,
-        seed=seed,
-        prior=NO_PRIOR,
         dry_run=dry_run,
-        sites=job_sites(workload, device.switch_latency_s),
         job_noise=None if noise is None else job_noise(noise),
-        aggregate_steps=True,
     )
     session.tuner.expected_run_s = expected_run_s
     if follow is not None:

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 
 from kdvfs.cli import main
-from kdvfs.runtime.registry import open_device, open_workload
-from kdvfs.tuner.run import NO_PRIOR, job_sites
 from kdvfs.tuner.screening import candidate_clocks, candidate_pairs, choose, design_rows, fit_savings
-from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_tuner import TrialFinished
+from tests.tuner.sim_jobs import job_session
 
 TABLE = (
     Path(__file__).resolve().parents[2] / "data" / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
@@ -149,16 +147,7 @@ def test_a_dry_run_of_the_screening_adopts_nothing(tmp_path):
 def test_a_probe_far_slower_than_the_budget_runs_its_block_where_a_trial_would_be_stopped():
     # the simulated H200's whole step, 5 groups: its probes (a core clock half the step's pair)
     # slow the step by far more than the budget; only the account's guard may stop them
-    device = open_device("sim:h200", seed=0)
-    workload = open_workload("gpt3-xl", device)
-    session = TuneSession(
-        device,
-        workload,
-        seed=0,
-        prior=NO_PRIOR,
-        sites=job_sites(workload, device.switch_latency_s),
-        aggregate_steps=True,
-    )
+    session = job_session("h200", "gpt3-xl", seed=0)
     screens = []
     session.tuner.subscribe(
         lambda e: screens.append(e) if isinstance(e, TrialFinished) and e.kind == "screen" else None

@@ -18,12 +18,9 @@ from kdvfs.tuner.oracle import InStep
 from kdvfs.tuner.run import (
     DEFAULT_ENERGY_UPDATE_PERIOD_S,
     DEFAULT_SWITCH_LATENCY_S,
-    NO_PRIOR,
     Card,
     TuningRun,
-    job_sites,
 )
-from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import (
     Exploring,
@@ -34,6 +31,7 @@ from kdvfs.tuner.step_tuner import (
     Verifying,
     switchable_groups,
 )
+from tests.tuner.sim_jobs import job_session
 
 BUDGET = 0.01
 SECONDS = 340.0  # reference, exploration and verification of the one group on this card
@@ -283,16 +281,8 @@ def test_after_an_adoption_that_made_the_step_faster_only_schedules_within_the_b
     # on the simulated H200 a locked pair can run faster than stock (whose cap controller hunts):
     # the group's budget is what it may add to its time under that faster incumbent, not to
     # its stock time (seed 0 adopts 1605 MHz, 1.2% faster; it then verified 1380 MHz, +1.5%)
-    device = open_device("sim:h200", seed=0)
-    workload = open_workload("gpt3-xl-layer", device)
-    session = TuneSession(
-        device,
-        workload,
-        seed=0,
-        prior=NO_PRIOR,
-        sites=job_sites(workload, device.switch_latency_s),
-        aggregate_steps=True,
-    )
+    session = job_session("h200", "gpt3-xl-layer", seed=0)
+    workload = session.workload
     verified = []
     session.tuner.subscribe(
         lambda e: (
