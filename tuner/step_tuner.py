@@ -662,6 +662,8 @@ class StepTuner:
         timing = timing or StepTiming.for_ranks(pool.ranks if pool is not None else 1)
         self.workload = workload
         self.pairs = list(pairs)
+        self.top_pair = ClockPair(max(p.core_mhz for p in self.pairs), max(p.mem_mhz for p in self.pairs))
+        """The top core and the top memory clock of the grid (stock's clocks at their highest)."""
         self.switch_latency_s = switch_latency_s
         self.timing = timing
         self.settle_s = switch_latency_s + energy_update_period_s
@@ -1077,9 +1079,8 @@ class StepTuner:
             return self._screening(self.phase, None)
         # the corners around the whole step's pair (the one-knob optimum adopted; else the top):
         # its core clock lowered at the top memory clock, and its memory clock lowered at its core
-        top_core = max(p.core_mhz for p in self.pairs)
-        top_mem = max(p.mem_mhz for p in self.pairs)
-        base = self._pair_of(STEP_GROUP) or ClockPair(top_core, top_mem)
+        top_mem = self.top_pair.mem_mhz
+        base = self._pair_of(STEP_GROUP) or self.top_pair
         low_core = [
             p
             for p in self.pairs
@@ -1151,10 +1152,9 @@ class StepTuner:
         by at most an equal share of its time (`candidate_clocks`), the shares adding up to the
         extra time left."""
         times_s = np.asarray(self.incumbent_group_times_s, dtype=float)
-        top = ClockPair(max(p.core_mhz for p in self.pairs), max(p.mem_mhz for p in self.pairs))
         allowed_s = self._extra_allowed_s()
         left_s = sc.extra_budgets * self.budget * self.stock_step_s
-        at_base = {g for g in range(len(times_s)) if (self._pair_of(g) or top) == sc.base}
+        at_base = {g for g in range(len(times_s)) if (self._pair_of(g) or self.top_pair) == sc.base}
         candidates: dict[int, tuple[ClockPair, float]] = {}
         found = candidate_pairs(sc.probed, times_s)
         for g, (pair, extra_s) in sorted(found.items(), key=lambda item: item[1][1]):
@@ -1172,22 +1172,23 @@ class StepTuner:
             rate = sc.probe_saving.get(probe, math.nan)
             if not rate > 0.0:
                 continue  # lowering this clock cost the whole step energy
-            if probe.core_mhz < sc.base.core_mhz:
+            core = probe.core_mhz < sc.base.core_mhz  # the core clock lowered, else the memory's
+            if core:
+                base_mhz, probe_mhz = sc.base.core_mhz, probe.core_mhz
                 clocks = [p.core_mhz for p in self.pairs if p.mem_mhz == probe.mem_mhz]
-                along = candidate_clocks(
-                    times_s, probed_s, sc.base.core_mhz, probe.core_mhz, clocks, share, SCREEN_LEAST_DROP
-                )
-                pairs = {g: (ClockPair(int(f), probe.mem_mhz), e) for g, (f, e) in along.items()}
             else:
+                base_mhz, probe_mhz = sc.base.mem_mhz, probe.mem_mhz
                 clocks = [p.mem_mhz for p in self.pairs if p.core_mhz == probe.core_mhz]
-                along = candidate_clocks(
-                    times_s, probed_s, sc.base.mem_mhz, probe.mem_mhz, clocks, share, SCREEN_LEAST_DROP
-                )
-                pairs = {g: (ClockPair(probe.core_mhz, int(f)), e) for g, (f, e) in along.items()}
+            along = candidate_clocks(times_s, probed_s, base_mhz, probe_mhz, clocks, share, SCREEN_LEAST_DROP)
+            # each clock is one of the grid's beside the probe's other clock, below the base's
+            pairs = {
+                g: (ClockPair(int(f), probe.mem_mhz) if core else ClockPair(probe.core_mhz, int(f)), e)
+                for g, (f, e) in along.items()
+            }
             axes.append((rate, pairs))
         for _, pairs in sorted(axes, key=lambda a: -a[0]):
             for g, (pair, extra_s) in pairs.items():
-                if g in rest and g not in candidates and pair != sc.base and pair in self.pairs:
+                if g in rest and g not in candidates:
                     candidates[g] = (pair, extra_s)
         return candidates
 
@@ -1768,8 +1769,7 @@ class StepTuner:
         """Bound on a schedule's slowdown: no kernel slower than its pair's largest clock ratio,
         nor (while a switch lands) the ratio of the group before; weighted by the groups'
         stock times where they are known, else the largest."""
-        top_core = max(p.core_mhz for p in self.pairs)
-        top_mem = max(p.mem_mhz for p in self.pairs)
+        top_core, top_mem = self.top_pair.core_mhz, self.top_pair.mem_mhz
         ratios = [
             0.0 if p is None else max(top_core / p.core_mhz, top_mem / p.mem_mhz) - 1.0
             for _, p in schedule.groups
