@@ -632,6 +632,28 @@ def reached_after(
     return reached
 
 
+def largest_cumulative_slowdown(
+    history: Sequence[tuple[float, Schedule]],
+    end_s: float,
+    slowdown_of: Callable[[Schedule], float],
+    from_s: float = 0.0,
+) -> float:
+    """The largest slowdown of the run so far against stock at the end of each schedule of the
+    history (time, schedule from then on; the run ends at end_s), slowdown_of giving a
+    schedule's true slowdown (a fraction): the training seconds so far over the seconds stock
+    would have taken for the same steps, less 1, read at each schedule's end from from_s on
+    (a fraction; 0.0 when none ends there)."""
+    largest, run_s, stock_s = 0.0, 0.0, 0.0
+    ends = [s for s, _ in history[1:]] + [end_s]
+    for (start_s, schedule), stop_s in zip(history, ends, strict=True):
+        span_s = max(0.0, min(stop_s, end_s) - start_s)
+        run_s += span_s
+        stock_s += span_s / (1.0 + slowdown_of(schedule))
+        if stop_s >= from_s and stock_s > 0.0:
+            largest = max(largest, run_s / stock_s - 1.0)
+    return largest
+
+
 def reached_after_s(
     adoptions: Sequence[Adoption], saving_of: Callable[[Schedule], float], level: float
 ) -> float | None:
