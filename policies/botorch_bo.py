@@ -159,11 +159,20 @@ class BotorchStrategy(SafeExplorer):
 
         return qLogNoisyExpectedImprovement(
             model,
-            X_baseline=self._x_all[np.flatnonzero(log.measured)],
+            X_baseline=self._x_all[self._baseline(log, task)],
             objective=GenericMCObjective(neg_log_cost),
             constraints=[lambda z: z[..., TIME] - limit_t],
             sampler=SobolQMCNormalSampler(torch.Size([self.mc_samples]), seed=self.seed),
         )
+
+    def _baseline(self, log: TaskLog, task: Task) -> np.ndarray:
+        """The measured configs the improvement is counted from: those not measured over the
+        budget (a GP that smooths a steep time curve can call such a config feasible, and its
+        energy then hides every cheaper config between it and the feasible ones); all measured
+        ones when none is within."""
+        measured = np.flatnonzero(log.measured)
+        within = measured[~self.facts.known_infeasible(log, task)[measured]]
+        return within if within.size else measured
 
     def _safe(self, task: Task, log: TaskLog, model: ModelListGP) -> np.ndarray:
         """Configs whose predicted time is within the wide safety limit."""

@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 
+from kdvfs.policies.base import Task
 from kdvfs.policies.bench import botorch_ask_cpu_ms
 from kdvfs.policies.botorch_bo import BotorchStrategy
 from kdvfs.policies.random_search import RandomStrategy
@@ -101,3 +102,29 @@ def test_curves_match_measurements_and_refit_when_due():
     assert curves.sd_e[measured].max() < curves.sd_e[~measured].max()
     slow = int(np.argmax(np.where(measured, 0.0, time_s)))  # the slowest unmeasured config
     assert curves.log_t[slow] > np.log(1.5)  # predicted from its slow measured neighbours
+
+
+def test_a_config_measured_over_the_budget_does_not_hide_the_cheaper_ones_below_the_feasible():
+    # The simulated H200's whole GPT-3-XL step, as the step tuner measured its one-knob pairs
+    # from no prior (time and energy ratios to stock): 1380 MHz saves 6.4% but is 1.1% slower
+    # than the 0.69% allowed; 1485 MHz is 1.75% faster. A GP that smooths the steep time curve
+    # between them calls 1380 MHz feasible; counted as the incumbent, its energy left no
+    # expected improvement anywhere, and the search stopped at 1485 MHz.
+    space = grid_space(tuple(range(345, 1981, 15)), (2201, 3201))
+    task = Task("step", ref_time_s=0.1, ref_energy_j=60.0, budget=0.00687)
+    bo = BotorchStrategy(space, seed=0)
+    pairs = space.configs_mhz.tolist()
+    for (core, mem), time_ratio, energy_ratio in (
+        ((1980, 3201), 1.0056, 0.9957),
+        ((1980, 2201), 1.1502, 1.1444),
+        ((1380, 3201), 1.0108, 0.9365),
+        ((1650, 3201), 1.0013, 0.9813),
+        ((1485, 3201), 0.9825, 0.9789),
+    ):
+        bo.tell(
+            task, pairs.index([core, mem]), time_ratio * task.ref_time_s, energy_ratio * task.ref_energy_j
+        )
+    config = bo.ask(task)
+    assert config is not None, "the search stopped with untried pairs between 1380 and 1485 MHz"
+    core, mem = space.configs_mhz[config]
+    assert 1380 < core < 1485 and mem == 3201
