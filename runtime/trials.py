@@ -64,6 +64,11 @@ WINSOR_MADS = 3.0
 NOISE_FLOOR = 1e-4
 #: Pairs of windows NoiseMeter fits the energy's dependence on the job's waits from; pairs.
 MIN_SLOPE_PAIRS = 8
+#: Windows of one arm of a trial its own wait power is fitted from (arm_wait_power_w); windows.
+MIN_ARM_WAIT_WINDOWS = 6
+#: An arm's own wait power is at most this many times the job's (a fit beyond it is a few
+#: windows' noise, not a card idling at held clocks); a ratio.
+MAX_ARM_WAIT_POWER_RATIO = 4.0
 #: Standard errors the fitted wait power must lie above 0 before windows are moved by it; sds.
 WAIT_FIT_Z = 3.0
 #: Pairs of windows the job's noise is read from: the most recent ones (a job whose host
@@ -587,8 +592,9 @@ class Trial:
         min_blocks: blocks before `decide` is asked (None: `blocks`, a trial of fixed length).
         decide: the outcome so far -> whether the trial is decided (None: never early).
         wait_power_w: the power the card draws while the job waits for its host
-            (NoiseMeter.wait_power_w): each window's energy per step is moved to its block's
-            mean wait by it (0: as measured); W.
+            (NoiseMeter.wait_power_w): each window's energy per step is moved to the trial's
+            mean wait by it, or by its arm's own where the arm's windows tell it (0: as
+            measured); W.
     """
 
     incumbent: Schedule
@@ -643,18 +649,50 @@ class Trial:
         done = [w for i, w in enumerate(self.closed) if "ABBA"[i % 4] == "B"]
         return done + ([self.current] if self.current and self.arm == "B" else [])
 
+    def _energies_at_trial_wait(self, blocks: int) -> list[list[tuple[float, float, float, float]]]:
+        """Each block's (A1, B1, B2, A2) energies per step, each rank's, moved to the trial's
+        mean wait for the host (per step, over the steps its closed windows count on that rank:
+        a checkpoint's window counts few steps): e - P x (wait
+        - mean wait), P each arm's own (`arm_wait_power_w`: a schedule that holds its clocks
+        through the waits draws more in them than stock, which drops them), the job's
+        (wait_power_w) where the arm's windows do not tell it. As measured while wait_power_w
+        is 0 (the job's waits do not move its energy)."""
+        windows = self.closed[: 4 * blocks]
+        energies = [w.rank_energies_j for w in windows]
+        if self.wait_power_w <= 0.0 or not windows:
+            return [list(zip(*energies[4 * k : 4 * k + 4])) for k in range(blocks)]
+        waits = [[wait for wait, _ in w.rank_waits] for w in windows]
+        counts = [_rank_span_steps(w) for w in windows]
+        moved: list[list[float]] = [[] for _ in windows]
+        for r in range(len(energies[0])):
+            e = np.array([x[r] for x in energies])
+            w = np.array([x[r] for x in waits])
+            if not np.all(np.isfinite(w)):
+                for i, x in enumerate(e):
+                    moved[i].append(float(x))
+                continue
+            is_b = np.array(["ABBA"[i % 4] == "B" for i in range(len(windows))])
+            power = np.where(
+                is_b,
+                arm_wait_power_w(e[is_b], w[is_b], self.wait_power_w),
+                arm_wait_power_w(e[~is_b], w[~is_b], self.wait_power_w),
+            )
+            n = np.array([x[r] for x in counts])
+            mean_wait_s = float(n @ w / n.sum()) if n.sum() > 0 else float(np.mean(w))
+            at = e - power * (w - mean_wait_s)
+            for i, x in enumerate(at):
+                moved[i].append(float(x))
+        return [list(zip(*moved[4 * k : 4 * k + 4])) for k in range(blocks)]
+
     def outcome(self) -> Outcome:
         blocks = len(self.closed) // 4
         e_diff, t_diff, pairs = [], [], []
+        moved = self._energies_at_trial_wait(blocks)
         for k in range(blocks):
             a1, b1, b2, a2 = self.closed[4 * k : 4 * k + 4]
             # energy: each rank's block is a sample (pooled ranks: n a block, each card its own),
-            # each window's energy at the block's mean wait for the host (`_at_mean_wait`)
-            for energies, waits in zip(
-                zip(a1.rank_energies_j, b1.rank_energies_j, b2.rank_energies_j, a2.rank_energies_j),
-                zip(a1.rank_waits, b1.rank_waits, b2.rank_waits, a2.rank_waits),
-            ):
-                ea1, eb1, eb2, ea2 = _at_mean_wait(energies, [w for w, _ in waits], self.wait_power_w)
+            # each window's energy at the trial's mean wait for the host (_energies_at_trial_wait)
+            for ea1, eb1, eb2, ea2 in moved[k]:
                 diff = 0.5 * (eb1 + eb2) / (0.5 * (ea1 + ea2)) - 1.0
                 if math.isfinite(diff):  # a window whose counter span was all stall has no energy
                     e_diff.append(diff)
@@ -693,6 +731,32 @@ def energy_at_wait_j(energy_j: float, wait_s: float, to_wait_s: float, wait_powe
     moved to a mean wait of to_wait_s: e - P x (wait - to wait), the card drawing P =
     wait_power_w while the job waits (NoiseMeter.wait_power_w), J."""
     return energy_j - wait_power_w * (wait_s - to_wait_s)
+
+
+def _rank_span_steps(window: Window | PooledWindow) -> list[float]:
+    """The steps each rank's window counts its energy over (pro rata in its counter span)."""
+    ranks = window.windows if isinstance(window, PooledWindow) else [window]
+    return [w.span_steps if w.span_steps > 0.0 else float(w.steps) for w in ranks]
+
+
+def arm_wait_power_w(energies_j: np.ndarray, waits_s: np.ndarray, fallback_w: float) -> float:
+    """The power one schedule's windows draw while the job waits for its host, W: the slope of
+    their energy per step on their wait per step (least squares with an intercept), where it
+    lies WAIT_FIT_Z standard errors above 0 over MIN_ARM_WAIT_WINDOWS windows or more and
+    below MAX_ARM_WAIT_POWER_RATIO x fallback_w; else fallback_w (the job's,
+    NoiseMeter.wait_power_w)."""
+    finite = np.isfinite(energies_j) & np.isfinite(waits_s)
+    e, w = energies_j[finite], waits_s[finite]
+    if e.size < MIN_ARM_WAIT_WINDOWS:
+        return fallback_w
+    dw = w - w.mean()
+    sxx = float(dw @ dw)
+    if sxx <= 0.0:
+        return fallback_w
+    slope = float(dw @ (e - e.mean())) / sxx
+    resid = e - e.mean() - slope * dw
+    se = math.sqrt(float(resid @ resid) / max(e.size - 2, 1) / sxx)
+    return slope if WAIT_FIT_Z * se < slope < fallback_w * MAX_ARM_WAIT_POWER_RATIO else fallback_w
 
 
 def _at_mean_wait(energies_j: Sequence[float], waits_s: Sequence[float], wait_power_w: float) -> list[float]:

@@ -22,6 +22,7 @@ from kdvfs.runtime.trials import (
     sequential_z,
     trial_s_to_resolve,
 )
+from kdvfs.runtime.types import ClockPair
 
 STEP_S = 0.010
 POWER_W = 300.0
@@ -450,3 +451,55 @@ def test_windows_read_a_jobs_energy_per_step_when_its_checkpoint_waits_hold_thei
             window = open_window(stock, 2.0, 0.0, device.now_s())
     true_j = (device.true_energy_j() - start_j) / (job.steps - start_steps)
     assert read_j / steps == pytest.approx(true_j, rel=0.005)
+
+
+def _sync_job(seed: int, dry_run: bool = False):
+    from kdvfs.runtime.job_noise import job_noise
+    from kdvfs.runtime.registry import open_device, open_workload
+    from kdvfs.runtime.steps import SimulatedJob
+
+    device = open_device("sim:h200", seed=seed)
+    workload = open_workload("gpt3-xl-layer", device)
+    return device, SimulatedJob(
+        device, workload, dry_run=dry_run, job_noise=job_noise("sync"), job_noise_seed=seed
+    )
+
+
+def _energy_per_step_j(schedule: Schedule, seed: int, seconds: float) -> float:
+    """The simulated job's own energy per step under one schedule, waits included, J."""
+    device, job = _sync_job(seed)
+    job.step_until_update(schedule)
+    start_j, start_steps = device.true_energy_j(), job.steps
+    while device.now_s() < seconds:
+        job.step_until_update(schedule)
+    return (device.true_energy_j() - start_j) / (job.steps - start_steps)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_trial_reads_what_a_held_pair_draws_in_the_jobs_waits_where_the_syncs_fall_in_one_arm(seed):
+    # The H200 layer under the recorded sync job's waits (5 ms a step on average: 0.5-s
+    # evaluations, 1-2-s checkpoints every N steps). A held pair idles at its clocks through
+    # them (1770/3201: about 124 W) where stock drops its clocks (about 83 W), and the syncs
+    # come every few windows, so they fall in one arm more than the other. Judged at each
+    # block's mean wait with the job's one wait power, the trial read 1770/3201 as costing
+    # 8.6% where it costs 3.7%; at the trial's mean wait per step, each arm at its own wait
+    # power, it reads the cost within a point.
+    stock, held = Schedule.stock(), Schedule(((0, ClockPair(1770, 3201)),))
+    true_saving = 1.0 - _energy_per_step_j(held, seed, 300.0) / _energy_per_step_j(stock, seed, 300.0)
+    device, job = _sync_job(seed)
+    meter = NoiseMeter()
+
+    def trial(blocks: int) -> Trial:
+        t = Trial(stock, held, blocks, 2.0, 0.01, wait_power_w=meter.wait_power_w)
+        while not t.done:
+            if t.current is None:
+                t.open(device.now_s())
+            t.add(job.step_until_update(t.schedule()))
+        return t
+
+    for _ in range(3):  # the job's wait power, from its pairs of windows, as the tuner learns it
+        meter.add_pairs(trial(4).outcome().pairs)
+    assert meter.wait_power_w > 0.0
+    outcome = trial(24).outcome()
+    assert -outcome.energy_diff == pytest.approx(true_saving, abs=0.01)
+    assert outcome.energy_se < 0.005
