@@ -16,6 +16,7 @@ from kdvfs.tuner.run import (
     Point,
     TuningRun,
     choose_prior,
+    largest_cumulative_slowdown,
     point_metrics,
     reached_after,
 )
@@ -99,6 +100,19 @@ def test_reached_and_stayed_is_the_time_from_which_every_later_schedule_saves_th
     assert reached_after(history, savings.get, 0.05) == 3.0  # b fell below: counted from c
     assert reached_after(history[:1], savings.get, 0.05) == 1.0
     assert reached_after(history[:2], savings.get, 0.05) is None
+
+
+def test_the_largest_cumulative_slowdown_is_read_at_the_end_of_each_schedule_over_the_steps_so_far() -> None:
+    slowdowns = {"stock": 0.0, "trial": 0.10, "plan": 0.005}
+    # 10 s at stock, then a 1-s trial arm 10% slower, then a plan 0.5% slower to 100 s
+    history = [(0.0, "stock"), (10.0, "trial"), (11.0, "plan")]
+    largest = largest_cumulative_slowdown(history, 100.0, slowdowns.get)
+    after_trial = 11.0 / (10.0 + 1.0 / 1.10) - 1.0  # the worst point: the trial's end
+    assert largest == pytest.approx(after_trial)
+    assert largest_cumulative_slowdown(history, 100.0, slowdowns.get, from_s=50.0) == pytest.approx(
+        100.0 / (10.0 + 1.0 / 1.10 + 89.0 / 1.005) - 1.0
+    )
+    assert largest_cumulative_slowdown([(0.0, "stock")], 5.0, slowdowns.get) == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
