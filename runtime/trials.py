@@ -11,8 +11,8 @@ Gymnasium environment (envs/step_env.py) both measure through it.
   either, `pooled_report` merges the ranks' reports of one step (runtime/ranks.py pools them).
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows, sequential (it
   ends at its first decided block, or at its most blocks undecided); `Outcome`, its means
-  robust to a wrecked block (`robust_mean_se`), its windows' energies moved to a common wait
-  for the host; `NoiseMeter`: the job's noise per root second, from pairs of windows of one
+  robust to a wrecked block (`robust_mean_se`), its windows' energies moved to the trial's
+  mean wait for the host, each arm at its own wait power (`arm_wait_power_w`); `NoiseMeter`: the job's noise per root second, from pairs of windows of one
   schedule, kept up to date over the run, and how a window's energy follows the job's waits.
 - `StallFilter`: a step far longer than its schedule's typical step (an evaluation pass or a
   checkpoint inside the job's step) counts its excess as the job's wait, not the clocks'.
@@ -652,17 +652,18 @@ class Trial:
     def _energies_at_trial_wait(self, blocks: int) -> list[list[tuple[float, float, float, float]]]:
         """Each block's (A1, B1, B2, A2) energies per step, each rank's, moved to the trial's
         mean wait for the host (per step, over the steps its closed windows count on that rank:
-        a checkpoint's window counts few steps): e - P x (wait
-        - mean wait), P each arm's own (`arm_wait_power_w`: a schedule that holds its clocks
-        through the waits draws more in them than stock, which drops them), the job's
-        (wait_power_w) where the arm's windows do not tell it. As measured while wait_power_w
-        is 0 (the job's waits do not move its energy)."""
+        a checkpoint's window counts few steps): e - P x (wait - mean wait), P each arm's own
+        (`arm_wait_power_w`: a schedule that holds its clocks through the waits draws more in
+        them than stock, which drops them), the job's (wait_power_w) where the arm's windows do
+        not tell it. As measured while wait_power_w is 0 (the job's waits do not move its
+        energy)."""
         windows = self.closed[: 4 * blocks]
         energies = [w.rank_energies_j for w in windows]
         if self.wait_power_w <= 0.0 or not windows:
             return [list(zip(*energies[4 * k : 4 * k + 4])) for k in range(blocks)]
         waits = [[wait for wait, _ in w.rank_waits] for w in windows]
         counts = [_rank_span_steps(w) for w in windows]
+        is_b = np.array(["ABBA"[i % 4] == "B" for i in range(len(windows))])
         moved: list[list[float]] = [[] for _ in windows]
         for r in range(len(energies[0])):
             e = np.array([x[r] for x in energies])
@@ -671,7 +672,6 @@ class Trial:
                 for i, x in enumerate(e):
                     moved[i].append(float(x))
                 continue
-            is_b = np.array(["ABBA"[i % 4] == "B" for i in range(len(windows))])
             power = np.where(
                 is_b,
                 arm_wait_power_w(e[is_b], w[is_b], self.wait_power_w),
