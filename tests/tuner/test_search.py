@@ -66,9 +66,10 @@ def test_no_reported_plan_exceeds_the_budget_on_a_noisy_simulated_card():
     """Much noise: the plan solved from what the search measured goes over the budget (the
     winner's curse); the plan it reports, verified, does not."""
     # a seed whose raw plan overshoots on the ladder-calibrated card with copies of a kernel
-    # sharing its cells (seeds 0-5 at 4x the preset's noise: 2 and 4 do; at 2x none of 0-9)
-    device, workload = open_device("sim:a100", seed=4, noise=4.0), gpt3_xl_layer(batch=16)
-    r = run_search(device, workload, "crosskernel", budget=0.01, seed=4, window_s=0.3, max_per_kernel=6)
+    # sharing its cells (seeds 0-9 at 4x the preset's noise: 2 does, +1.32%, since fe2bd8d;
+    # 2 and 4 of 0-5 before; at 2x none of 0-9)
+    device, workload = open_device("sim:a100", seed=2, noise=4.0), gpt3_xl_layer(batch=16)
+    r = run_search(device, workload, "crosskernel", budget=0.01, seed=2, window_s=0.3, max_per_kernel=6)
     assert evaluate(device, workload, r.observations.kernel_level_choice(0.01)).slowdown > 0.01
     assert r.slowdown <= 0.01 and r.verify_measurements > 0
 
