@@ -12,8 +12,9 @@ Gymnasium environment (envs/step_env.py) both measure through it.
 - `Trial`: a candidate against the incumbent in A-B-B-A blocks of windows, sequential (it
   ends at its first decided block, or at its most blocks undecided); `Outcome`, its means
   robust to a wrecked block (`robust_mean_se`), its windows' energies moved to the trial's
-  mean wait for the host, each arm at its own wait power (`arm_wait_power_w`); `NoiseMeter`: the job's noise per root second, from pairs of windows of one
-  schedule, kept up to date over the run, and how a window's energy follows the job's waits.
+  mean wait for the host, each arm at its own wait power (`arm_wait_power_w`); `NoiseMeter`:
+  the job's noise per root second, from pairs of windows of one schedule, kept up to date
+  over the run, and how a window's energy follows the job's waits.
 - `StallFilter`: a step far longer than its schedule's typical step (an evaluation pass or a
   checkpoint inside the job's step) counts its excess as the job's wait, not the clocks'.
 - `StepAccount`: the cumulative budget against stock measured in training.
@@ -668,18 +669,16 @@ class Trial:
         for r in range(len(energies[0])):
             e = np.array([x[r] for x in energies])
             w = np.array([x[r] for x in waits])
-            if not np.all(np.isfinite(w)):
-                for i, x in enumerate(e):
-                    moved[i].append(float(x))
-                continue
-            power = np.where(
-                is_b,
-                arm_wait_power_w(e[is_b], w[is_b], self.wait_power_w),
-                arm_wait_power_w(e[~is_b], w[~is_b], self.wait_power_w),
-            )
-            n = np.array([x[r] for x in counts])
-            mean_wait_s = float(n @ w / n.sum()) if n.sum() > 0 else float(np.mean(w))
-            at = e - power * (w - mean_wait_s)
+            at = e  # a window whose wait is unknown: every window of this rank as measured
+            if np.all(np.isfinite(w)):
+                power = np.where(
+                    is_b,
+                    arm_wait_power_w(e[is_b], w[is_b], self.wait_power_w),
+                    arm_wait_power_w(e[~is_b], w[~is_b], self.wait_power_w),
+                )
+                n = np.array([x[r] for x in counts])
+                mean_wait_s = float(n @ w / n.sum()) if n.sum() > 0 else float(np.mean(w))
+                at = e - power * (w - mean_wait_s)
             for i, x in enumerate(at):
                 moved[i].append(float(x))
         return [list(zip(*moved[4 * k : 4 * k + 4])) for k in range(blocks)]
