@@ -131,6 +131,10 @@ SCREEN_EXTRA_BUDGETS = 1.5
 VERIFY_TIME_Z = CONFIDENCE_Z
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
+#: Verifications in a row of one group's next-best pairs after a verification that proved the
+#: saving but measured the time over the budget (each next pair explored faster than the one
+#: before it); verifications.
+MAX_FALLBACKS = 2
 #: A-B-B-A blocks of a verification run; blocks.
 VERIFY_BLOCKS = 4
 #: Most A-B-B-A blocks of a verification extended while its time bound is undecided; blocks.
@@ -433,6 +437,9 @@ class Verifying:
     Transitions:
         -> Verifying (itself, more blocks): the adoption is still open (a sequential trial:
            from verify_blocks to verify_max_blocks blocks).
+        -> Verifying (a new one, the group's next-best pair): the saving was proven but the
+           time measured over the budget, and a pair the group's decided trials measured
+           faster, with a saving, is left (at most MAX_FALLBACKS in a row).
         -> Exploring (the next group; after a whole schedule, the first) or Settled (no group
            left): the verification is judged, the candidate adopted or not.
         -> Retuning: the power limit moved, or the rank pool was lost.
@@ -451,6 +458,11 @@ class Verifying:
         first_look: the block after which the test was first judged (a verification going on
             from an earlier one of the same candidate and incumbent: that one's); blocks.
         screened: the screening whose choice is verified (None: not a screening's).
+        over_time: the judgement proved the saving but put the time over the budget (or the
+            trial was stopped on its measured time); the group's next-best pair may follow.
+        fallbacks: the verifications of next-best pairs before this one, in a row; verifications.
+        time_diff: the candidate's step time against the incumbent's as the verification
+            measured it (NaN until judged); a fraction.
     """
 
     group: int | None
@@ -461,6 +473,9 @@ class Verifying:
     z: float = ADOPT_Z
     first_look: int = 1
     screened: Screening | None = None
+    over_time: bool = False
+    fallbacks: int = 0
+    time_diff: float = math.nan
 
 
 @dataclass
@@ -1479,6 +1494,7 @@ class StepTuner:
         search: Search,
         undecided: int = 0,
         screened: Screening | None = None,
+        fallbacks: int = 0,
     ) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
@@ -1521,6 +1537,7 @@ class StepTuner:
                 z=z,
                 first_look=first_look,
                 screened=screened,
+                fallbacks=fallbacks,
             )
         )
         return self._verifying(self.phase, None)
@@ -1544,6 +1561,15 @@ class StepTuner:
             self._judge(ver, outcome)
             if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
                 ver.search.reopen.append(ver.group)
+            fallback = self._fallback_pair(ver)
+            if fallback is not None:
+                return self._verify(
+                    ver.group,
+                    self._with_pair(ver.group, fallback),
+                    ver.search,
+                    undecided=ver.explored_undecided,
+                    fallbacks=ver.fallbacks + 1,
+                )
             if ver.group is None:
                 return self._start_group(ver.search, 0)
             screened = ver.screened
@@ -1583,6 +1609,13 @@ class StepTuner:
         added, is within the budget: ver.z is ADOPT_Z held over the verification's looks."""
         judgement = self.judge(outcome, ver.trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z)
         ver.adopted = judgement.adopted
+        stopped_on_time = outcome.abandoned and not ver.trial.undecided_stop
+        proven_over_time = (
+            judgement.saving - ver.z * judgement.saving_se > 0.0
+            and judgement.slowdown + VERIFY_TIME_Z * judgement.time_se > self.budget
+        )
+        ver.over_time = not ver.adopted and (stopped_on_time or proven_over_time)
+        ver.time_diff = outcome.time_diff
         if not ver.adopted:
             closed = ver.trial.closed
             self._unadopted[(ver.trial.incumbent, ver.trial.candidate)] = (
@@ -1616,6 +1649,33 @@ class StepTuner:
             )
             self.adoptions.append(adoption)
             self._emit(adoption)
+
+    def _fallback_pair(self, ver: Verifying) -> ClockPair | None:
+        """After a verification over the budget on time alone, the group's next-best pair: of
+        the pairs its decided trials under this incumbent measured faster than the verified one
+        (than its exploring trial and its verification both: a tighter time bound), with a
+        saving, the least energy; None when there is none, the verification was not a group's
+        (the whole schedule, a screening's) or MAX_FALLBACKS were verified in a row."""
+        group = ver.group
+        if not ver.over_time or group is None or group == SCREEN_GROUP or ver.fallbacks >= MAX_FALLBACKS:
+            return None
+        verified = self._pair_from(ver.trial.candidate, group)
+        decided = [
+            (self.pairs[config], time_ratio, energy_ratio)
+            for incumbent, config, time_ratio, energy_ratio in self._decided.get(group, [])
+            if incumbent == self.incumbent
+        ]
+        # the verification's step time difference as a share of the group's time (the decided
+        # trials' time ratios are of the group's time under the incumbent)
+        group_s = self.incumbent_step_s if group == STEP_GROUP else self.incumbent_group_times_s[group]
+        bound = 1.0 + ver.time_diff * self.incumbent_step_s / group_s if math.isfinite(ver.time_diff) else math.inf
+        bound = min([bound] + [t for p, t, _ in decided if p == verified])
+        faster = [(e, p) for p, t, e in decided if t < bound and e < 1.0 and p != verified]
+        return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1] if faster else None
+
+    def _pair_from(self, schedule: Schedule, group: int) -> ClockPair | None:
+        """The schedule's pair of a group (STEP_GROUP: the first group's, every group at one)."""
+        return schedule.groups[0 if group == STEP_GROUP else group][1]
 
     def _adopt_group_times(self, b_group_times_s: np.ndarray) -> None:
         """Each group's time under the adopted schedule: the verification's B shares of the
