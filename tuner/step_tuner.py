@@ -1668,7 +1668,11 @@ class StepTuner:
         # the verification's step time difference as a share of the group's time (the decided
         # trials' time ratios are of the group's time under the incumbent)
         group_s = self.incumbent_step_s if group == STEP_GROUP else self.incumbent_group_times_s[group]
-        bound = 1.0 + ver.time_diff * self.incumbent_step_s / group_s if math.isfinite(ver.time_diff) else math.inf
+        bound = (
+            1.0 + ver.time_diff * self.incumbent_step_s / group_s
+            if math.isfinite(ver.time_diff)
+            else math.inf
+        )
         bound = min([bound] + [t for p, t, _ in decided if p == verified])
         faster = [(e, p) for p, t, e in decided if t < bound and e < 1.0 and p != verified]
         return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1] if faster else None
