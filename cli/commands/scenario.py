@@ -153,7 +153,8 @@ def _print_scenario(args: argparse.Namespace, doc: dict) -> None:
     )
     print(
         f"  saving at the end {pct(doc['energy_saving_after'])} (slowdown {pct(doc['slowdown_after'])}), "
-        f"oracle {pct(doc['oracle_saving_after'])} [{label}, noiseless]"
+        f"in-step realisable oracle {pct(doc['oracle_saving_after'])} ({doc['oracle_groups']} groups) "
+        f"[{label}, noiseless]"
     )
     if doc["false_alarms_stable"] is not None:
         print(f"  alarms on a stable run of the same length: {doc['false_alarms_stable']}")

@@ -267,6 +267,9 @@ def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_se
     assert {"settled_after_s", "recovered_after_s", "recovery_target_s"} <= set(doc)
     assert doc["phases_after"][:2] == ["Verifying", "Retuning"] or doc["phases_after"][0] == "Retuning"
     assert doc["max_slowdown_after"] <= 0.01 and doc["false_alarms_stable"] == 0
+    # the yardstick is searched in the step, and is at least the plan the tuner ended with
+    assert "evaluated in the step" in doc["oracle_method"]
+    assert doc["oracle_saving_after"] >= doc["energy_saving_after"] - 1e-9
     client = MlflowClient(sqlite_store_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("kdvfs-scenarios").experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["detected_after_s"] == doc["detected_after_s"]
