@@ -1405,8 +1405,8 @@ class StepTuner:
             ex.completed += 1
             energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
         else:
-            b = [w for w in ex.trial.b_windows() if w.steps]
-            power_w = b[-1].power_w if b and not math.isnan(b[-1].power_w) else math.nan
+            read = [w.power_w for w in ex.trial.b_windows() if w.steps and not math.isnan(w.power_w)]
+            power_w = read[-1] if read else math.nan  # B's latest window that read its power
             if math.isnan(power_w):
                 power_w = self.incumbent_energy_j / self.incumbent_step_s
             energy_j = power_w * outcome.b_step_s

@@ -21,7 +21,9 @@ from kdvfs.tuner.run import (
     DEFAULT_SWITCH_LATENCY_S,
     Card,
     TuningRun,
+    job_sites,
 )
+from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import (
     Exploring,
@@ -319,3 +321,30 @@ def test_a_verification_over_the_budget_on_time_alone_goes_on_to_a_faster_pair_o
     then_slowdown = truth.figures(*truth.schedule(then.candidate))[1]
     assert then_slowdown < first_slowdown and then_slowdown <= BUDGET
     assert {p for _, p in then.candidate.groups} != {p for _, p in first.candidate.groups}
+
+
+def test_a_candidate_stopped_on_its_measured_time_is_told_that_time_and_its_measured_power():
+    # the simulated H200 fast-switch layer, seed 0: the one-knob search's third pair, 1380/3201
+    # MHz (2% slower than stock, 7% less energy), is stopped on its time just after its second
+    # B window opened; told the incumbent's power (that open window had read none), the search
+    # read lower clocks as dearer and converged at 1965 MHz, saving nothing in 2 h
+    device = open_device("sim:h200-fastswitch", seed=0)
+    workload = open_workload("gpt3-xl-layer", device)
+    session = TuneSession(
+        device, workload, budget=BUDGET, seed=0, sites=job_sites(workload, device.switch_latency_s)
+    )
+    session.tuner.expected_run_s = 7200.0  # a 2-h run, as the peers' comparison runs it
+    told = []
+    tell = session.tuner.strategy.tell
+
+    def recording_tell(task, config, time_s, energy_j):
+        told.append((session.tuner.pairs[config], time_s / task.ref_time_s, energy_j / task.ref_energy_j))
+        tell(task, config, time_s, energy_j)
+
+    session.tuner.strategy.tell = recording_tell
+    session.run_until(100.0)
+    stopped = [(time_ratio, energy_ratio) for pair, time_ratio, energy_ratio in told if pair.core_mhz == 1380]
+    assert stopped, "the search did not try 1380 MHz"
+    time_ratio, energy_ratio = stopped[0]
+    assert 1.0 + BUDGET < time_ratio < 1.1  # over the budget, as measured
+    assert energy_ratio < 0.97  # B's own power: it saves energy
