@@ -1659,7 +1659,7 @@ class StepTuner:
         group = ver.group
         if not ver.over_time or group is None or group == SCREEN_GROUP or ver.fallbacks >= MAX_FALLBACKS:
             return None
-        verified = self._pair_from(ver.trial.candidate, group)
+        verified = self._pair_of(group, ver.trial.candidate)
         decided = [
             (self.pairs[config], time_ratio, energy_ratio)
             for incumbent, config, time_ratio, energy_ratio in self._decided.get(group, [])
@@ -1676,10 +1676,6 @@ class StepTuner:
         bound = min([bound] + [t for p, t, _ in decided if p == verified])
         faster = [(e, p) for p, t, e in decided if t < bound and e < 1.0 and p != verified]
         return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1] if faster else None
-
-    def _pair_from(self, schedule: Schedule, group: int) -> ClockPair | None:
-        """The schedule's pair of a group (STEP_GROUP: the first group's, every group at one)."""
-        return schedule.groups[0 if group == STEP_GROUP else group][1]
 
     def _adopt_group_times(self, b_group_times_s: np.ndarray) -> None:
         """Each group's time under the adopted schedule: the verification's B shares of the
@@ -1819,15 +1815,16 @@ class StepTuner:
             groups[g] = (groups[g][0], pair)
         return Schedule(tuple(groups))
 
-    def _pair_of(self, group: int) -> ClockPair | None:
-        """The incumbent's pair of a group (STEP_GROUP: the pair every group has, None: none;
-        SCREEN_GROUP: None)."""
+    def _pair_of(self, group: int, schedule: Schedule | None = None) -> ClockPair | None:
+        """A schedule's pair of a group (None: the incumbent's; STEP_GROUP: the pair every group
+        has, None: none; SCREEN_GROUP: None)."""
+        schedule = self.incumbent if schedule is None else schedule
         if group == SCREEN_GROUP:
             return None
         if group == STEP_GROUP:
-            pairs = {p for _, p in self.incumbent.groups}
+            pairs = {p for _, p in schedule.groups}
             return next(iter(pairs)) if len(pairs) == 1 else None
-        return self.incumbent.groups[group][1]
+        return schedule.groups[group][1]
 
     def _worst_slowdown(self, schedule: Schedule) -> float:
         """Bound on a schedule's slowdown: no kernel slower than its pair's largest clock ratio,
