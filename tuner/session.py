@@ -31,6 +31,12 @@ from kdvfs.tuner.run import NO_PRIOR, Card, Point, Prior, TuningRun, schedule_gr
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import StepTuner
 
+#: How far a re-plan may move the model's inlet air to meet the reported temperature, either
+#: way; C.
+REPLAN_AMBIENT_SPAN_C = 60.0
+#: Bisection rounds over that span (to about 0.01 C); rounds.
+REPLAN_AMBIENT_ROUNDS = 14
+
 
 @dataclass
 class TuneSession:
@@ -97,11 +103,23 @@ class TuneSession:
         return run
 
     def _replan(self, report: StepReport) -> Schedule | None:
-        """The card's model re-planned for the power limit the report shows (and the job's
-        workload now)."""
+        """The card's model re-planned for the conditions the report shows, the card settled at
+        stock: its power limit, and its temperature (the model's inlet air moved until the
+        model's stock steady temperature is the report's), for the job's workload now."""
         model = self.model
         if math.isfinite(report.power_limit_w) and hasattr(model, "set_power_cap_w"):
             model.set_power_cap_w(report.power_limit_w)
+        if math.isfinite(report.temperature_c) and hasattr(model, "set_ambient_c"):
+            # bisected: the steady temperature rises with the inlet air, but not in proportion
+            # (the leak grows with the heat; at a throttle step the card's power drops)
+            stock = [(k, None, k.launches) for k in self.workload.kernels]
+            lo_c, hi_c = model.ambient_c - REPLAN_AMBIENT_SPAN_C, model.ambient_c + REPLAN_AMBIENT_SPAN_C
+            for _ in range(REPLAN_AMBIENT_ROUNDS):
+                model.set_ambient_c((lo_c + hi_c) / 2.0)
+                if model.steady_temperature_c(stock) < report.temperature_c:
+                    lo_c = model.ambient_c
+                else:
+                    hi_c = model.ambient_c
         return model_schedule(model, self.workload, self.budget, self.sites)
 
     # --- what the run went through -------------------------------------------------------------

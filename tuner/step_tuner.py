@@ -1498,7 +1498,9 @@ class StepTuner:
     ) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
-        if group is None and self.retunes == 0 and self.proven_prior:
+        if group is None and (self.retunes > 0 or self.proven_prior):
+            # a stored plan jobs before proved, or after a drift alarm the plan before (or its
+            # re-plan for the new conditions) while the job runs stock: the first look earlier
             blocks = min(blocks, PROVEN_VERIFY_BLOCKS)
         max_blocks = max(t.verify_max_blocks, blocks)
         if group == SCREEN_GROUP:

@@ -21,11 +21,13 @@ from kdvfs.tuner.run import (
     DEFAULT_SWITCH_LATENCY_S,
     Card,
     TuningRun,
+    choose_prior,
     job_sites,
 )
 from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import (
+    PROVEN_VERIFY_BLOCKS,
     Exploring,
     Retuning,
     Settled,
@@ -348,3 +350,30 @@ def test_a_candidate_stopped_on_its_measured_time_is_told_that_time_and_its_meas
     time_ratio, energy_ratio = stopped[0]
     assert 1.0 + BUDGET < time_ratio < 1.1  # over the budget, as measured
     assert energy_ratio < 0.97  # B's own power: it saves energy
+
+
+def test_after_the_inlet_air_warms_the_model_replans_at_the_reported_temperature_and_verifies_from_two_blocks():
+    # the 3080 Ti layer settles on 1680/9501 MHz; 15 C warmer, its own model plans 1470 MHz
+    # (the stock card throttles): the re-plan after the alarm must see the warmer card, and
+    # while the job runs stock it is verified from PROVEN_VERIFY_BLOCKS blocks on
+    device = open_device("sim:rtx3080ti", seed=0)
+    workload = open_workload("gpt3-xl-layer", device)
+    model = open_device("sim:rtx3080ti", noise=0.0)
+    sites = job_sites(workload, device.switch_latency_s)
+    prior = choose_prior(device, workload, BUDGET, store=None, model=model, sites=sites)
+    session = TuneSession(device, workload, budget=BUDGET, seed=0, prior=prior, model=model, sites=sites)
+    session.run_until(420.0)
+    assert isinstance(session.tuner.phase, Settled)
+    warm = open_device("sim:rtx3080ti", noise=0.0)
+    get_scenario("ambient-step").apply(warm, workload)
+    expected = model_schedule(warm, workload, BUDGET, sites)
+    assert expected != session.tuner.incumbent  # the warmer card's plan is another
+
+    get_scenario("ambient-step").apply(device, workload)
+    end_s = session.seconds + 300.0
+    while not (session.tuner.retunes and isinstance(session.tuner.phase, Verifying)):
+        assert session.seconds < end_s, "no verification after a retune within 300 s of the change"
+        session.run_until(session.seconds + 1.0)
+    assert session.tuner.phase.group is None
+    assert session.tuner.phase.trial.candidate == expected
+    assert session.tuner.phase.trial.min_blocks == PROVEN_VERIFY_BLOCKS
