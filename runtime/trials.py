@@ -90,10 +90,13 @@ LONGEST_KEPT = 8
 CONFIDENCE_Z = 1.645
 #: The reference goes on until the 95% margin of its stock step time is at most this share of
 #: the budget (or REFERENCE_MAX_S, or the share of the run the tuner allows it); a fraction.
-#: The account keeps that margin off stock for the whole run, so it is measured down to a
-#: tenth of the budget. 0.5 until 2026-12-06: on the simulated H200's whole GPT-3-XL step the
-#: 20-s reference left 0.17%, and the one-knob optimum 1380/3201 MHz (+0.75%) out of reach.
-REFERENCE_MARGIN_SHARE = 0.1
+REFERENCE_MARGIN_SHARE = 0.5
+#: ... and on until it is at most this share, where the reference's longest length reaches
+#: it (the account keeps the margin off stock for the whole run); a fraction. Added on
+#: 2026-12-06: on the simulated H200's whole GPT-3-XL step the 20-s reference left 0.17%, and
+#: the one-knob optimum 1380/3201 MHz (+0.75%) out of reach; a job too noisy to reach it
+#: (the recorded Hugging Face job: ~40 min) ends at REFERENCE_MARGIN_SHARE, as before.
+REFERENCE_FINE_MARGIN_SHARE = 0.1
 #: The longest reference, however noisy the job; s.
 REFERENCE_MAX_S = 300.0
 #: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
@@ -1062,7 +1065,8 @@ class StockFigures:
 class StockReference:
     """Windows of whole steps at stock until at least min_s of steps and three windows, and
     on (up to max_s) while the 95% margin of the stock step time (CONFIDENCE_Z x the windows'
-    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer.
+    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer; then on
+    while it exceeds fine_margin, where max_s is long enough to reach it at the noise measured.
 
     Args:
         schedule: the stock schedule (every segment its own group, no pair).
@@ -1071,6 +1075,8 @@ class StockReference:
         max_margin: the largest 95% margin of the stock step time the reference ends with, a
             fraction (inf: end at min_s).
         max_s: training at stock measured at most, s.
+        fine_margin: the margin the reference goes on to where max_s reaches it, a fraction
+            (0: none; it ends at max_margin).
     """
 
     schedule: Schedule
@@ -1078,6 +1084,7 @@ class StockReference:
     min_s: float = REFERENCE_S
     max_margin: float = math.inf
     max_s: float = REFERENCE_MAX_S
+    fine_margin: float = 0.0
     windows: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     seconds: float = 0.0
@@ -1097,7 +1104,16 @@ class StockReference:
             return False
         if self.seconds >= max(self.max_s, self.min_s) or math.isinf(self.max_margin):
             return True
-        return closed and self.margin() <= self.max_margin
+        if not closed:
+            return False
+        margin = self.margin()
+        if margin > self.max_margin:
+            return False
+        if margin <= self.fine_margin:
+            return True
+        # the margin falls as one over the root of the seconds: reachable within max_s?
+        reach_s = self.seconds * (margin / self.fine_margin) ** 2 if self.fine_margin > 0.0 else math.inf
+        return reach_s > max(self.max_s, self.min_s)
 
     def margin(self) -> float:
         """The 95% margin of the mean stock step time so far, a fraction of it: the job's
