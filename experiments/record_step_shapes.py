@@ -8,7 +8,9 @@ Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU 
   SHAPES        the steps: ResNet-50 bf16 batch 128; GPT-2 small bf16 with SDPA attention and with
                 eager attention; an fp32 MLP with SGD; a large-batch transformer at the power cap;
                 a ViT-B/16 in fp32 with AdamW; GPT-2 medium bf16 SDPA at 8 x 1024; a small
-                launch-bound ResNet-18 bf16 batch 32 with SGD
+                launch-bound ResNet-18 bf16 batch 32 with SGD; steps that wait on their host for
+                more or less of the step: ResNet-18 at batch 16 and 64, ResNet-50 at batch 16,
+                GPT-2 small SDPA at 2 x 128
   select_shapes --shapes a,b,c: the named shapes, in SHAPES order (default: all); an unknown name
                 exits with one line naming it
   measure       per shape: warm up for warmup_s, then run window_s between two synchronisations
@@ -148,6 +150,10 @@ SHAPES = {
     "vit_b16_fp32_adamw_b64": vit_b16_fp32,
     "gpt2_medium_sdpa_bf16_b8x1024": lambda: gpt2("sdpa", 8, 1024, "medium"),
     "resnet18_bf16_b32_sgd": lambda: resnet_bf16("resnet18", 32),
+    "resnet18_bf16_b16_sgd": lambda: resnet_bf16("resnet18", 16),
+    "resnet18_bf16_b64_sgd": lambda: resnet_bf16("resnet18", 64),
+    "resnet50_bf16_b16_sgd": lambda: resnet_bf16("resnet50", 16),
+    "gpt2_small_sdpa_bf16_b2x128": lambda: gpt2("sdpa", 2, 128),
 }
 
 
