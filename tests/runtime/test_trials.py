@@ -200,10 +200,10 @@ def test_the_reference_of_a_noisy_job_runs_until_its_stock_margin_is_small_enoug
     assert lengths[0] < 6.0 < lengths[1]
 
 
-def test_the_reference_goes_on_to_its_fine_margin_only_where_its_longest_length_reaches_it():
+def test_a_quiet_jobs_reference_goes_on_to_its_fine_margin_and_a_noisier_ones_ends_as_before():
     # a quiet job (steps 5% apart) passes the 0.5% margin within 5 s and goes on to 0.1%; a
-    # noisy one (steps up to 2x) reaches 0.5% only after ~56 s, from where 0.1% would take
-    # 25 times as long, past max_s: it ends there, as it does without a fine margin
+    # noisier one (steps up to 2x) reaches 0.5% only after ~56 s, past REFERENCE_QUIET_S: it
+    # ends there, as it does without a fine margin
     rng = np.random.default_rng(8)
     quiet = [STEP_S * (1 + 0.05 * rng.standard_normal()) for _ in range(40_000)]
     noisy = [STEP_S * (1 + 0.5 * abs(rng.standard_normal())) for _ in range(40_000)]
