@@ -89,18 +89,8 @@ LONGEST_KEPT = 8
 #: One-sided 95% quantile of the normal: the budget is held at 95% confidence; sds.
 CONFIDENCE_Z = 1.645
 #: The reference goes on until the 95% margin of its stock step time is at most this share of
-#: the budget (or REFERENCE_MAX_S, or the share of the run the tuner allows it); a fraction.
+#: the budget (or REFERENCE_MAX_S); a fraction.
 REFERENCE_MARGIN_SHARE = 0.5
-#: ... and, for a quiet job (one within REFERENCE_MARGIN_SHARE by REFERENCE_QUIET_S), on
-#: until it is at most this share (or its longest length): the account keeps the margin off
-#: stock for the whole run; a fraction. Added on 2026-12-06: on the simulated H200's whole
-#: GPT-3-XL step the 20-s reference left 0.33% and the one-knob optimum 1380/3201 MHz (+0.75%)
-#: out of reach. A noisier job (the recorded Hugging Face job, 3% per root s: 0.5% at ~100 s)
-#: ends at REFERENCE_MARGIN_SHARE, as before: its trials need the time more.
-REFERENCE_FINE_MARGIN_SHARE = 0.1
-#: Stock measured within which a job's margin must come within REFERENCE_MARGIN_SHARE for its
-#: reference to go on to the fine margin; s.
-REFERENCE_QUIET_S = 30.0
 #: The longest reference, however noisy the job; s.
 REFERENCE_MAX_S = 300.0
 #: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
@@ -1069,9 +1059,7 @@ class StockFigures:
 class StockReference:
     """Windows of whole steps at stock until at least min_s of steps and three windows, and
     on (up to max_s) while the 95% margin of the stock step time (CONFIDENCE_Z x the windows'
-    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer; then on
-    while it exceeds fine_margin, for a job quiet enough to have come within max_margin by
-    REFERENCE_QUIET_S.
+    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer.
 
     Args:
         schedule: the stock schedule (every segment its own group, no pair).
@@ -1080,8 +1068,6 @@ class StockReference:
         max_margin: the largest 95% margin of the stock step time the reference ends with, a
             fraction (inf: end at min_s).
         max_s: training at stock measured at most, s.
-        fine_margin: the margin a quiet job's reference goes on to (up to max_s), a fraction
-            (0: none; it ends at max_margin).
     """
 
     schedule: Schedule
@@ -1089,8 +1075,6 @@ class StockReference:
     min_s: float = REFERENCE_S
     max_margin: float = math.inf
     max_s: float = REFERENCE_MAX_S
-    fine_margin: float = 0.0
-    quiet_by_s: float | None = None  # stock measured when the margin first came within max_margin, s
     windows: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     seconds: float = 0.0
@@ -1110,15 +1094,7 @@ class StockReference:
             return False
         if self.seconds >= max(self.max_s, self.min_s) or math.isinf(self.max_margin):
             return True
-        if not closed:
-            return False
-        margin = self.margin()
-        if margin > self.max_margin:
-            return False
-        if self.quiet_by_s is None:
-            self.quiet_by_s = self.seconds  # within max_margin first here
-        fine = self.fine_margin > 0.0 and self.quiet_by_s <= REFERENCE_QUIET_S
-        return not fine or margin <= self.fine_margin
+        return closed and self.margin() <= self.max_margin
 
     def margin(self) -> float:
         """The 95% margin of the mean stock step time so far, a fraction of it: the job's

@@ -45,7 +45,6 @@ from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
     ADOPT_Z,
     CONFIDENCE_Z,
-    REFERENCE_FINE_MARGIN_SHARE,
     REFERENCE_MARGIN,
     REFERENCE_MARGIN_SHARE,
     REFERENCE_MAX_S,
@@ -313,8 +312,6 @@ class Reference:
         max_margin: the reference goes on while the 95% margin of its stock step time exceeds
             this (a noisy job measures stock longer), a fraction.
         max_s: ... but no longer than this, s.
-        fine_margin: ... and on while it exceeds this, where max_s reaches it, a fraction (0:
-            none).
         measured: the windows so far (runtime/trials.py: StockReference).
     """
 
@@ -326,13 +323,10 @@ class Reference:
     first: dict[int, ClockPair | None] = field(default_factory=dict)
     max_margin: float = math.inf
     max_s: float = REFERENCE_MAX_S
-    fine_margin: float = 0.0
     measured: StockReference = field(init=False)
 
     def __post_init__(self) -> None:
-        self.measured = StockReference(
-            self.schedule, self.window_s, self.min_s, self.max_margin, self.max_s, self.fine_margin
-        )
+        self.measured = StockReference(self.schedule, self.window_s, self.min_s, self.max_margin, self.max_s)
 
 
 @dataclass
@@ -881,7 +875,6 @@ class StepTuner:
             t.trial_window_s,
             t.reference_s,
             max_margin=self.budget * REFERENCE_MARGIN_SHARE,
-            fine_margin=self.budget * REFERENCE_FINE_MARGIN_SHARE,
             max_s=max_s,
             **kwargs,
         )

@@ -200,28 +200,6 @@ def test_the_reference_of_a_noisy_job_runs_until_its_stock_margin_is_small_enoug
     assert lengths[0] < 6.0 < lengths[1]
 
 
-def test_a_quiet_jobs_reference_goes_on_to_its_fine_margin_and_a_noisier_ones_ends_as_before():
-    # a quiet job (steps 5% apart) passes the 0.5% margin within 5 s and goes on to 0.1%; a
-    # noisier one (steps up to 2x) reaches 0.5% only after ~56 s, past REFERENCE_QUIET_S: it
-    # ends there, as it does without a fine margin
-    rng = np.random.default_rng(8)
-    quiet = [STEP_S * (1 + 0.05 * rng.standard_normal()) for _ in range(40_000)]
-    noisy = [STEP_S * (1 + 0.5 * abs(rng.standard_normal())) for _ in range(40_000)]
-    ends = []
-    for steps in (quiet, noisy):
-        for fine in (0.0, 0.001):
-            ref = StockReference(
-                Schedule.stock(), window_s=0.5, min_s=5.0, max_margin=0.005, max_s=100.0, fine_margin=fine
-            )
-            for report in _reports(steps):
-                if ref.add(report):
-                    break
-            ends.append((ref.seconds, ref.margin()))
-    (quiet_coarse_s, quiet_coarse), (quiet_fine_s, quiet_fine), (noisy_coarse_s, _), (noisy_fine_s, _) = ends
-    assert quiet_coarse > 0.001 >= quiet_fine and quiet_coarse_s < quiet_fine_s < 100.0
-    assert noisy_fine_s == noisy_coarse_s < 100.0
-
-
 def test_a_trial_measures_time_on_the_gpus_busy_time_so_the_jobs_waits_do_not_blur_it():
     rng = np.random.default_rng(7)
     trial = Trial(Schedule.stock(), Schedule.stock(), 4, 0.5, 0.0)

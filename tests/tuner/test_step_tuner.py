@@ -305,12 +305,10 @@ def test_after_an_adoption_that_made_the_step_faster_only_schedules_within_the_b
 
 
 def test_a_verification_over_the_budget_on_time_alone_goes_on_to_a_faster_pair_of_the_same_group():
-    # the simulated H200's whole step under the hf job's noise, seed 2: the one-knob search's
-    # best, 1380/3201 MHz, is 0.75% slower than stock in truth, at the budget's edge once the
+    # the simulated H200's whole step under the hf job's noise, seed 1: the one-knob search's
+    # best, 1380/3201 MHz, is 0.8% slower than stock in truth, at the budget's edge once the
     # margins are counted; its verification proves the saving and puts the time over the budget
-    # (seeds 0, 1 and 4 adopt it; before the reference measured stock down to a tenth of the
-    # budget, seed 1 was the one that did not)
-    session = job_session("h200", "gpt3-xl", seed=2, budget=BUDGET, job_noise=job_noise("hf"))
+    session = job_session("h200", "gpt3-xl", seed=1, budget=BUDGET, job_noise=job_noise("hf"))
     verifications = []
     session.tuner.subscribe(
         lambda e: verifications.append(e) if isinstance(e, TrialFinished) and e.kind == "verify" else None
@@ -346,7 +344,7 @@ def test_a_candidate_stopped_on_its_measured_time_is_told_that_time_and_its_meas
         tell(task, config, time_s, energy_j)
 
     session.tuner.strategy.tell = recording_tell
-    session.run_until(200.0)  # a reference of ~95 s, then the one-knob search
+    session.run_until(100.0)
     stopped = [(time_ratio, energy_ratio) for pair, time_ratio, energy_ratio in told if pair.core_mhz == 1380]
     assert stopped, "the search did not try 1380 MHz"
     time_ratio, energy_ratio = stopped[0]
