@@ -2,7 +2,8 @@
 
     python experiments/record_gap_power.py --out DIR [--window-s 4 --warmup-s 3 --kernels a,b --gaps-us 0,50,...]
 
-Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU setting. Map:
+Standalone beside record_job.py (whose NVML sampler it uses) and record_step_shapes.py (whose window
+figures it uses); it changes no GPU setting. Map:
   KERNELS       the kernels: a small elementwise add, bf16 GEMMs of 1024^3, 2048^3 and 4096^3
   kernel_us     a kernel's mean duration launched back to back (CUDA events over 200 launches), us
   spaced_run    the kernel for `window_s`, each launch after the one before has ended (the host
@@ -34,8 +35,10 @@ import torch
 
 try:
     from record_job import NvmlSampler, quantile
+    from record_step_shapes import counter_power_w, sensor_figures
 except ImportError:
     from kdvfs.experiments.record_job import NvmlSampler, quantile
+    from kdvfs.experiments.record_step_shapes import counter_power_w, sensor_figures
 
 DEVICE = torch.device("cuda")
 
@@ -78,14 +81,6 @@ def kernel_us(launch) -> float:
     return start.elapsed_time(end) * 1e3 / 200
 
 
-def counter_power_w(rows: list[tuple]) -> float:
-    """Energy counter difference between its first and last update in `rows`, over their time, W."""
-    changes = [r for r in rows if r[2]]
-    if len(changes) < 2:
-        return float("nan")
-    return (changes[-1][1] - changes[0][1]) / 1e3 / (changes[-1][0] - changes[0][0])
-
-
 def spaced_run(launch, gap, window_s: float, sampler: NvmlSampler) -> dict:
     """The kernel for `window_s` at idle gaps of `gap` (GAPS_US); its launches and power."""
     torch.cuda.synchronize()
@@ -116,13 +111,7 @@ def spaced_run(launch, gap, window_s: float, sampler: NvmlSampler) -> dict:
         "launches": launches,
         "window_s": t1 - t0,
         "counter_power_w": counter_power_w(rows),
-        "power_mean_w": sum(r[5] for r in rows) / len(rows) if rows else None,
-        "sm_mhz_median": quantile([r[3] for r in rows], 0.5),
-        "sm_mhz_p1": quantile([r[3] for r in rows], 0.01),
-        "mem_mhz_median": quantile([r[4] for r in rows], 0.5),
-        "temperature_c_start": rows[0][6] if rows else None,
-        "temperature_c_end": rows[-1][6] if rows else None,
-        "throttle_share_any_but_idle": sum(1 for r in rows if r[7] & ~0x1) / len(rows) if rows else None,
+        **sensor_figures(rows),
         "samples": len(rows),
     }
 

@@ -13,6 +13,9 @@ Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU 
                 GPT-2 small SDPA at 2 x 128
   select_shapes --shapes a,b,c: the named shapes, in SHAPES order (default: all); an unknown name
                 exits with one line naming it
+  counter_power_w, sensor_figures
+                a window of the NVML sampler's rows: the energy counter's power, and the mean
+                power, clocks, temperatures and throttle share (record_gap_power.py uses them too)
   measure       per shape: warm up for warmup_s, then run window_s between two synchronisations
                 with the NVML sampler on: step time, energy per step from the energy counter,
                 mean power, SM clock, temperature, throttle reasons; then a torch.profiler trace
@@ -254,6 +257,30 @@ def grids_only(names: list[str], out: Path) -> None:
             torch.cuda.empty_cache()
 
 
+def counter_power_w(rows: list[tuple]) -> float:
+    """The NVML sampler's rows (record_job.NvmlSampler): the energy counter's difference between
+    its first and last update among them, over their time, W (NaN under two updates)."""
+    changes = [r for r in rows if r[2]]
+    if len(changes) < 2:
+        return float("nan")
+    return (changes[-1][1] - changes[0][1]) / 1e3 / (changes[-1][0] - changes[0][0])
+
+
+def sensor_figures(rows: list[tuple]) -> dict:
+    """The NVML sampler's rows over a window: mean reported power, SM and memory clocks,
+    temperature at its start and end, and the share of samples throttled for any reason but
+    idle (None where no sample fell in the window)."""
+    return {
+        "power_mean_w": sum(r[5] for r in rows) / len(rows) if rows else None,
+        "sm_mhz_median": quantile([r[3] for r in rows], 0.5),
+        "sm_mhz_p1": quantile([r[3] for r in rows], 0.01),
+        "mem_mhz_median": quantile([r[4] for r in rows], 0.5),
+        "temperature_c_start": rows[0][6] if rows else None,
+        "temperature_c_end": rows[-1][6] if rows else None,
+        "throttle_share_any_but_idle": sum(1 for r in rows if r[7] & ~0x1) / len(rows) if rows else None,
+    }
+
+
 def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSampler) -> tuple[dict, list]:
     step, description = build()
     t_end = time.perf_counter() + warmup_s
@@ -270,12 +297,7 @@ def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSam
     torch.cuda.synchronize()
     end_s = time.perf_counter() - sampler.t0_s
     rows = [r for r in sampler.rows[first:] if start_s <= r[0] <= end_s]
-    changes = [r for r in rows if r[2]]
-    counter_power_w = (
-        (changes[-1][1] - changes[0][1]) / 1e3 / (changes[-1][0] - changes[0][0])
-        if len(changes) > 1
-        else float("nan")
-    )
+    power_w = counter_power_w(rows)
     step_s = (end_s - start_s) / steps
     kernels = profile(step, 3)
     share, span_us = busy_share(kernels)
@@ -288,15 +310,9 @@ def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSam
         "steps": steps,
         "window_s": end_s - start_s,
         "step_s": step_s,
-        "counter_power_w": counter_power_w,
-        "energy_per_step_j": counter_power_w * step_s,
-        "power_mean_w": sum(r[5] for r in rows) / len(rows) if rows else None,
-        "sm_mhz_median": quantile([r[3] for r in rows], 0.5),
-        "sm_mhz_p1": quantile([r[3] for r in rows], 0.01),
-        "mem_mhz_median": quantile([r[4] for r in rows], 0.5),
-        "temperature_c_start": rows[0][6] if rows else None,
-        "temperature_c_end": rows[-1][6] if rows else None,
-        "throttle_share_any_but_idle": sum(1 for r in rows if r[7] & ~0x1) / len(rows) if rows else None,
+        "counter_power_w": power_w,
+        "energy_per_step_j": power_w * step_s,
+        **sensor_figures(rows),
         "throttle_reasons_seen": [n for bit, n in REASON_BITS.items() if seen & bit],
         "profiled_steps": 3,
         "profiled_span_us": span_us,
