@@ -640,7 +640,7 @@ class SimulatedDevice(ModelDevice):
             if self._control != control:
                 self._level = control_level(p, control)
                 self._control = control
-            self._window, self._window_s, self._idle_s, self._idle_j, self._window_j = {}, 0.0, 0.0, 0.0, 0.0
+            self._clear_window()
             self._launched, self._settled_on = None, None
             self._stretches.clear()
 
@@ -714,7 +714,7 @@ class SimulatedDevice(ModelDevice):
             temp_c = round(self._temp_c * 2.0) / 2.0
             self._level = control_level(self.preset, self._steady_control(items, temp_c))
             self._control = level_control(self.preset, self._level)
-            self._window, self._window_s, self._idle_s, self._idle_j, self._window_j = {}, 0.0, 0.0, 0.0, 0.0
+            self._clear_window()
             self._stretches.clear()
         return added_s
 
@@ -789,7 +789,7 @@ class SimulatedDevice(ModelDevice):
         self._level = target_level + (self._level - target_level) * (1.0 - CONTROL_GAIN) ** (whole - 1)
         self._control = level_control(self.preset, self._level)
         skipped_s = (whole - 1) * window_s - self._window_s
-        self._window, self._window_s, self._window_j = {}, 0.0, 0.0
+        self._clear_window()  # alone: nothing idled in it
         return left_s - skipped_s
 
     def _close_window(self) -> None:
@@ -814,6 +814,10 @@ class SimulatedDevice(ModelDevice):
         self._settled_on = None
         if only is not None and self._control == target:
             self._settled_on = (only[0], only[1], target, round(self._temp_c * 2.0) / 2.0)
+        self._clear_window()
+
+    def _clear_window(self) -> None:
+        """A new window for the controller to watch: no launch, no idle, no energy yet."""
         self._window, self._window_s, self._idle_s, self._idle_j, self._window_j = {}, 0.0, 0.0, 0.0, 0.0
 
     def _settled(self, kernel: Kernel, pair: ClockPair | None) -> bool:
