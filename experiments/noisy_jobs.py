@@ -22,7 +22,9 @@ the row's in-step truth gives for every schedule the card ran (trials' arms incl
 each change of schedule), the job's noise as the tuner measured it.
 
 --null: the same runs in dry run (clock requests recorded, none applied): adoptions and the
-run's measured saving must stay at zero.
+run's measured saving must stay at zero; and, per row, whether the errors the tuner states are
+honest (`judged_errors`): every candidate is stock, so each completed trial's judged saving over
+its stated error should be a standard normal draw (s.d. 1, as rarely beyond 3 as the normal).
 
 Every figure is simulated, prior none, yardstick the realisable oracle.
 
@@ -42,6 +44,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from kdvfs.runtime.job_noise import JobNoise
@@ -151,11 +155,37 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, ora
         else 0.0,
         "job_noise": summary["job_noise"],
         "phases": summary["phases"],
+        # each completed trial's judged saving over the error the tuner stated for it: in a dry
+        # run every candidate is stock, so these are the errors' own yardstick
+        "judged_z": [
+            o["judged"]["saving"] / o["judged"]["saving_se"]
+            for o in session.run.outcomes
+            if o["judged"] is not None and o["blocks"] >= 2 and o["judged"]["saving_se"] > 0.0
+        ],
     }
     if oracle is not None and oracle["energy_saving"] > 0:
         figures["reached"] = reached_after(session.schedule_log, saving, LEVEL * oracle["energy_saving"])
         figures["share_of_oracle"] = figures["plan_saving"] / oracle["energy_saving"]
     return figures
+
+
+def judged_errors(z: list[float]) -> dict:
+    """Whether the errors the tuner states are honest, from a dry run's judged savings over their
+    stated errors (z; every candidate stock, so each z should be a standard normal draw): their
+    count, mean and s.d., and how many lie beyond 2.5 and 3 errors on the saving's side (3 is
+    where one look adopts) against what the normal leaves there (0.62% and 0.135%)."""
+    from scipy import stats
+
+    v = np.asarray(z, dtype=float)
+    return {
+        "trials": int(v.size),
+        "mean": float(v.mean()) if v.size else math.nan,
+        "sd": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+        "beyond_2_5": int(np.sum(v > 2.5)),
+        "beyond_2_5_normal": float(v.size * stats.norm.sf(2.5)),
+        "beyond_3": int(np.sum(v > 3.0)),
+        "beyond_3_normal": float(v.size * stats.norm.sf(3.0)),
+    }
 
 
 def oracle_of(spec: str, budget: float) -> dict:
@@ -201,6 +231,7 @@ def row_figures(
         out["adoptions"] = sum(r["adopted"] for r in runs)
         out["largest_abs_run_saving"] = max(abs(r["run_energy_saving"]) for r in runs)
         out["held"] = out["adoptions"] == 0 and out["largest_abs_run_saving"] <= 0.003
+        out["judged_errors"] = judged_errors([z for r in runs for z in r["judged_z"]])
         return out
     reached = [r["reached"] for r in runs]
     hits = sorted(x for x in reached if x is not None)

@@ -391,6 +391,15 @@ class TuningRun:
                     "abandoned": o.abandoned,
                     "undecided": o.undecided,
                     "adopted": event.adopted,
+                    # what the tuner read it by: saving and slowdown with their stated errors
+                    "judged": None
+                    if event.judgement is None
+                    else {
+                        "saving": event.judgement.saving,
+                        "saving_se": event.judgement.saving_se,
+                        "slowdown": event.judgement.slowdown,
+                        "time_se": event.judgement.time_se,
+                    },
                 }
             )
         self._tell(event)

@@ -566,8 +566,10 @@ class PhaseEntered:
 
 @dataclass(frozen=True)
 class TrialFinished:
-    """A trial ("trial") or a verification ("verify") ended: its candidate and Outcome, and
-    for a verification whether the candidate was adopted (None for a trial)."""
+    """A trial ("trial") or a verification ("verify") ended: its candidate and Outcome, for a
+    verification whether the candidate was adopted (None for a trial), and the Judgement the
+    tuner read it by at its end (saving and slowdown with the errors it stated for them; None
+    where no block completed, and for the screening's probes and rows)."""
 
     step: int
     end_s: float
@@ -576,6 +578,7 @@ class TrialFinished:
     candidate: Schedule
     outcome: Outcome
     adopted: bool | None
+    judgement: Judgement | None = None
 
 
 @dataclass(frozen=True)
@@ -1419,9 +1422,10 @@ class StepTuner:
                 ex.task.ref_time_s * 10.0,
                 ex.task.ref_energy_j * 10.0,
             )  # nothing measured: too slow
+        judged = self.judge(outcome, ex.trial.window_s, z=DECIDE_Z) if outcome.blocks > 0 else None
         self._emit(
             TrialFinished(
-                self.account.steps, self._now_s, "trial", ex.group, ex.trial.candidate, outcome, None
+                self.account.steps, self._now_s, "trial", ex.group, ex.trial.candidate, outcome, None, judged
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
@@ -1634,6 +1638,7 @@ class StepTuner:
                 ver.trial.candidate,
                 outcome,
                 ver.adopted,
+                judgement if outcome.blocks > 0 else None,
             )
         )
         if ver.adopted:

@@ -68,3 +68,11 @@ def test_a_runs_schedules_are_measured_by_the_rows_own_yardstick(rows):
         == doc["one_knob"]["energy_saving"]
     )
     assert saving_of(step, Schedule.stock()) == 0.0
+
+
+def test_the_judged_errors_count_the_draws_beyond_each_boundary_on_the_savings_side():
+    from kdvfs.experiments.noisy_jobs import judged_errors
+
+    figures = judged_errors([3.5, 2.7, 0.0, -1.0, -4.0])
+    assert (figures["trials"], figures["beyond_2_5"], figures["beyond_3"]) == (5, 2, 1)
+    assert figures["beyond_3_normal"] == pytest.approx(5 * 0.0013499, rel=1e-3)

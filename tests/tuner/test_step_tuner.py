@@ -377,3 +377,20 @@ def test_after_the_inlet_air_warms_the_model_replans_at_the_reported_temperature
     assert session.tuner.phase.group is None
     assert session.tuner.phase.trial.candidate == expected
     assert session.tuner.phase.trial.min_blocks == PROVEN_VERIFY_BLOCKS
+
+
+def test_a_finished_trial_carries_the_judgement_the_tuner_read_it_by_and_the_run_keeps_it():
+    # the stated error is never below the blocks' own (judge takes the larger of it and the
+    # job's predicted noise); the run's outcome record keeps the same figures for its JSON
+    session = job_session("rtx3080ti", "gpt3-xl-layer", seed=0, budget=BUDGET, dry_run=True)
+    finished = []
+    session.tuner.subscribe(lambda e: finished.append(e) if isinstance(e, TrialFinished) else None)
+    session.run_until(240.0)
+    judged = [e for e in finished if e.kind in ("trial", "verify") and e.outcome.blocks > 0]
+    assert judged, "no trial completed a block in 240 s"
+    for e in judged:
+        assert e.judgement is not None
+        assert e.judgement.saving == pytest.approx(-e.outcome.energy_diff)
+        assert e.judgement.saving_se >= e.outcome.energy_se or math.isinf(e.outcome.energy_se)
+    kept = [o["judged"] for o in session.run.outcomes if o["blocks"] > 0 and o["kind"] in ("trial", "verify")]
+    assert [k["saving_se"] for k in kept] == [e.judgement.saving_se for e in judged]
