@@ -943,6 +943,7 @@ def compare_tuned(steps: list[tuple], reports: list[tuple], summary: dict, warmu
         "time_diff",
         "time_se",
         "adopted",
+        "judged",  # the saving and slowdown the tuner read, with the errors it stated
     )
     return {
         "reports": len(reports),
