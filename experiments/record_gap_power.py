@@ -5,6 +5,7 @@
 Standalone beside record_job.py (whose NVML sampler it uses) and record_step_shapes.py (whose window
 figures it uses); it changes no GPU setting. Map:
   KERNELS       the kernels: a small elementwise add, bf16 GEMMs of 1024^3, 2048^3 and 4096^3
+  back_to_back  a kernel launched back to back for some seconds (the warm-ups, gap "b2b")
   kernel_us     a kernel's mean duration launched back to back (CUDA events over 200 launches), us
   spaced_run    the kernel for `window_s`, each launch after the one before has ended (the host
                 synchronises) and a further `gap_us` of host spin: the GPU idles between
@@ -81,6 +82,19 @@ def kernel_us(launch) -> float:
     return start.elapsed_time(end) * 1e3 / 200
 
 
+def back_to_back(launch, seconds: float, per_sync: int = 20) -> int:
+    """The kernel back to back for `seconds`, synchronising every `per_sync` launches (the
+    queue stays short, so the time ends on time); returns the launches."""
+    t_end = time.perf_counter() + seconds
+    launches = 0
+    while time.perf_counter() < t_end:
+        for _ in range(per_sync):
+            launch()
+        launches += per_sync
+        torch.cuda.synchronize()
+    return launches
+
+
 def spaced_run(launch, gap, window_s: float, sampler: NvmlSampler) -> dict:
     """The kernel for `window_s` at idle gaps of `gap` (GAPS_US); its launches and power."""
     torch.cuda.synchronize()
@@ -89,11 +103,7 @@ def spaced_run(launch, gap, window_s: float, sampler: NvmlSampler) -> dict:
     t_end = t0 + window_s
     launches = 0
     if gap == "b2b":
-        while time.perf_counter() < t_end:
-            for _ in range(50):
-                launch()
-            launches += 50
-            torch.cuda.synchronize()  # keeps the queue short, so the window ends on time
+        launches = back_to_back(launch, window_s, per_sync=50)
     else:
         spin_s = float(gap) * 1e-6
         while time.perf_counter() < t_end:
@@ -118,11 +128,7 @@ def spaced_run(launch, gap, window_s: float, sampler: NvmlSampler) -> dict:
 
 def idle_decay(launch, warmup_s: float, idle_s: float, sampler: NvmlSampler) -> dict:
     """Power and SM clock after the kernel stops, in 100-ms bins from its last launch's end."""
-    t_end = time.perf_counter() + warmup_s
-    while time.perf_counter() < t_end:
-        for _ in range(20):
-            launch()
-        torch.cuda.synchronize()
+    back_to_back(launch, warmup_s)
     stop_s = time.perf_counter() - sampler.t0_s
     time.sleep(idle_s)
     rows = [r for r in sampler.rows if r[0] >= stop_s]
@@ -166,11 +172,7 @@ def main(argv: list[str]) -> None:
     sampler.start()
     doc = {"gpu": sampler.info(), "torch": torch.__version__, "window_s": window_s, "runs": []}
     big, _ = KERNELS["gemm_bf16_4096"]()
-    t_end = time.perf_counter() + warmup_s
-    while time.perf_counter() < t_end:
-        for _ in range(20):
-            big()
-        torch.cuda.synchronize()
+    back_to_back(big, warmup_s)
     for name in names:
         launch, description = KERNELS[name]()
         duration_us = kernel_us(launch)
