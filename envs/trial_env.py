@@ -120,7 +120,9 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
     ## Starting State
 
     The reference measured at stock (at least `reference_s` s of training, three windows);
-    the first (longest) group's search, nothing tried: all zeros.
+    the first (longest) group's search with only the incumbent's own pair known (at stock the
+    grid's top pair, the trial's A arm: tried 1, its time and energy those of the reference,
+    0), every other pair zeros.
 
     ## Episode End
 
@@ -156,8 +158,8 @@ class TrialDVFSEnv(gym.Env[np.ndarray, np.int64]):
     >>> env = gym.make("kdvfs/TrialDVFS-v0", device="sim:rtx3080ti", workload="gpt3-xl-layer",
     ...                window_s=0.5, blocks=2, reference_s=2.0, trials_per_group=2)
     >>> obs, info = env.reset(seed=0)
-    >>> float(obs.sum())
-    0.0
+    >>> float(obs.sum())  # the incumbent's own pair: known, not a candidate
+    1.0
     >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
     >>> info["source"], obs.shape == env.observation_space.shape
     ('simulated', True)

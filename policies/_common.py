@@ -199,8 +199,9 @@ class GridFacts:
 class BaseStrategy(ABC):
     """Bookkeeping shared by every strategy: per-task logs, the cap, CPU timing, best().
 
-    When the space's reference is a grid config, each task's log starts with the caller's
-    reference measurement at it, so no strategy spends a measurement on it again.
+    When the task's reference (its own, else the space's) is a grid config, each task's log
+    starts with the caller's reference measurement at it, so no strategy spends a measurement
+    on it again.
     ask() returns only unmeasured configs (no strategy here re-samples); once it has returned
     None for a task it keeps doing so until exchange_rates_w changes (a task converged at some rates may
     still have configs worth measuring at others).
@@ -230,8 +231,9 @@ class BaseStrategy(ABC):
         log = self._logs.get(task.key)
         if log is None:
             log = TaskLog.empty(len(self.space))
-            if self.space.reference is not None:
-                log.add(self.space.reference, task.ref_time_s, task.ref_energy_j)
+            reference = task.reference_in(self.space)
+            if reference is not None:
+                log.add(reference, task.ref_time_s, task.ref_energy_j)
                 log.order.clear()
             self._logs[task.key] = log
         return log

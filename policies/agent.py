@@ -79,8 +79,9 @@ def search_mask(facts: GridFacts, task: Task, log: TaskLog) -> np.ndarray:
 def task_log(space: SearchSpace, task: Task) -> TaskLog:
     """A task's log as BaseStrategy starts it: the reference config seeded where it is a grid pair."""
     log = TaskLog.empty(len(space))
-    if space.reference is not None:
-        log.add(space.reference, task.ref_time_s, task.ref_energy_j)
+    reference = task.reference_in(space)
+    if reference is not None:
+        log.add(reference, task.ref_time_s, task.ref_energy_j)
         log.order.clear()
     return log
 

@@ -52,6 +52,9 @@ class Task:
         ref_energy_j: reference energy per launch, J.
         budget: allowed slowdown, a fraction (0.01: 1 %).
         features: numeric description for strategies that share knowledge across tasks.
+        reference: index of the config the reference runs at, for this task alone (a tuner
+            whose incumbent runs the task at a grid pair); its log starts with the reference's
+            figures there, so it is never measured again. None: the space's reference.
     """
 
     key: str
@@ -59,6 +62,12 @@ class Task:
     ref_energy_j: float
     budget: float
     features: tuple[float, ...] = ()
+    reference: int | None = None
+
+    def reference_in(self, space: SearchSpace) -> int | None:
+        """The config the reference runs at: the task's own, else the space's (None: neither
+        is a grid pair)."""
+        return self.reference if self.reference is not None else space.reference
 
 
 #: What a strategy whose answers come from outside (an agent choosing between steps: the

@@ -150,7 +150,7 @@ class CrossKernelStrategy(SafeExplorer):
         """The task's measured configs and log ratios, without a grid reference (its ratios are
         0 for every task: they tell nothing about the kind)."""
         idx, y_t, y_e = log_ratios(log, task)
-        keep = idx != self.space.reference
+        keep = idx != task.reference_in(self.space)
         return idx[keep], y_t[keep], y_e[keep]
 
     def _log_likelihood(self, kind: int, task: Task, log: TaskLog) -> float:

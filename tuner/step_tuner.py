@@ -129,6 +129,11 @@ SCREEN_EXTRA_BUDGETS = 1.5
 #: counts against is already less its 95% margin, at least REFERENCE_MARGIN); the saving keeps
 #: the verification's sequential boundary (false adoptions); sds.
 VERIFY_TIME_Z = CONFIDENCE_Z
+#: Standard errors of saving a group's best pair must have shown in its exploring trial
+#: before it is verified (a best that saved nothing the trial could tell from 0, a strategy's
+#: least energy among null readings on a noisy job, is not worth a verification's minutes);
+#: sds.
+VERIFY_MIN_Z = 1.0
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: Verifications in a row of one group's next-best pairs after a verification that proved the
@@ -754,6 +759,9 @@ class StepTuner:
         # group -> what its decided trials measured since the last alarm: (the incumbent then,
         # config, time and energy as ratios of the task's reference), told again to a reopened round
         self._decided: dict[int, list[tuple[Schedule, int, float, float]]] = {}
+        # (group, the incumbent then, config) -> its latest completed trial's judged saving over
+        # that saving's standard error (VERIFY_MIN_Z)
+        self._saving_z: dict[tuple[int, Schedule, int], float] = {}
         # (incumbent, candidate) -> the whole blocks of its verification that did not adopt, and
         # the block it was first judged after: verified again, it goes on from them
         self._unadopted: dict[tuple[Schedule, Schedule], tuple[list[Window | PooledWindow], int]] = {}
@@ -1055,11 +1063,14 @@ class StepTuner:
         group_s = self.incumbent_step_s if g == STEP_GROUP else self.incumbent_group_times_s[g]
         extra_s = self._extra_allowed_s()
         where = "step" if g == STEP_GROUP else f"group{g}@{self.incumbent.groups[g][0]}"
+        current = self._own_pair(g)
         task = Task(
             key=f"{where}/{self.retunes}" + (f".{search.round}" if search.round else ""),
             ref_time_s=group_s,
             ref_energy_j=self.incumbent_energy_j,
             budget=max(extra_s / group_s, 0.0),
+            # the incumbent's own pair is the trial's A arm: known, never a candidate
+            reference=self.pairs.index(current) if current in self.pairs else None,
         )
         # a reopened round keeps what the rounds before decided under this incumbent (a decided
         # config is not measured again; what they left undecided is, with longer windows)
@@ -1067,7 +1078,6 @@ class StepTuner:
             if incumbent == self.incumbent:
                 self.strategy.tell(task, config, time_ratio * group_s, energy_ratio * self.incumbent_energy_j)
         first = search.first.get(g)
-        current = self._pair_of(g)
         first_config = self.pairs.index(first) if first is not None and first != current else None
         self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
@@ -1429,6 +1439,8 @@ class StepTuner:
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
+        if judged is not None and not outcome.abandoned and judged.saving_se > 0.0:
+            self._saving_z[(ex.group, self.incumbent, ex.config)] = judged.saving / judged.saving_se
         if outcome.blocks > 0 and not outcome.abandoned and not outcome.undecided:
             self._decided.setdefault(ex.group, []).append(
                 (self.incumbent, ex.config, group_s / ex.task.ref_time_s, energy_j / ex.task.ref_energy_j)
@@ -1477,9 +1489,11 @@ class StepTuner:
     def _verify_best(self, ex: Exploring) -> Schedule:
         self._trials_per_group.append(ex.trials)
         best = self.strategy.best(ex.task)
-        current = self._pair_of(ex.group)
+        current = self._own_pair(ex.group)
         if best is not None:
             self._best_so_far[ex.group] = self.pairs[best]
+            if self._saving_z.get((ex.group, self.incumbent, best), math.inf) < VERIFY_MIN_Z:
+                best = None  # its trial saw no saving: nothing to verify
         if ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS:
             ex.search.reopen.append(ex.group)  # searched too little to stop at, whatever it adopts
         elif (ex.undecided or ex.abandoned) and (best is None or self.pairs[best] == current):
@@ -1784,6 +1798,7 @@ class StepTuner:
         self._screen_verified.clear()
         self._unadopted.clear()
         self._decided.clear()  # ... and what was measured under the old ones is not told again
+        self._saving_z.clear()
         self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
         return self.incumbent
 
@@ -1832,6 +1847,16 @@ class StepTuner:
             pairs = {p for _, p in schedule.groups}
             return next(iter(pairs)) if len(pairs) == 1 else None
         return schedule.groups[group][1]
+
+    def _own_pair(self, group: int) -> ClockPair | None:
+        """The pair the incumbent runs a group at, as its search knows it: the group's pair, or
+        at stock the top pair (stock's clocks at their highest; a trial of the top pair against
+        stock is a null trial, and one noisy reading of it over the budget would rule out every
+        pair below it); STEP_GROUP: the pair every group has (None: groups at different pairs)."""
+        if group == STEP_GROUP:
+            pairs = {p or self.top_pair for _, p in self.incumbent.groups}
+            return next(iter(pairs)) if len(pairs) == 1 else None
+        return self._pair_of(group) or self.top_pair
 
     def _worst_slowdown(self, schedule: Schedule) -> float:
         """Bound on a schedule's slowdown: no kernel slower than its pair's largest clock ratio,
