@@ -1410,11 +1410,18 @@ class StepTuner:
         """The group's time under B and the step's energy at B (the incumbent's, moved by the
         measured difference; an abandoned B: its power so far, or stock power, x its time)."""
         self._trial_ended(ex.trial, outcome)
-        if outcome.undecided:
+        completed = outcome.blocks > 0 and not outcome.abandoned
+        # an energy at or below none is no reading (a first trial's windows moved to a common
+        # wait before the job's wait power was known can read -150%): told as the incumbent's,
+        # and the trial counts as undecided
+        impossible = completed and not (1.0 + outcome.energy_diff > 0.0)
+        if outcome.undecided or impossible:
             ex.undecided += 1
         if outcome.abandoned:
             ex.abandoned += 1
-        if outcome.blocks > 0 and not outcome.abandoned:
+        if impossible:
+            energy_j = self.incumbent_energy_j
+        elif completed:
             ex.completed += 1
             energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
         else:
@@ -1439,9 +1446,12 @@ class StepTuner:
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
-        if judged is not None and not outcome.abandoned and judged.saving_se > 0.0:
+        if impossible:
+            ex.config = None
+            return
+        if judged is not None and completed and judged.saving_se > 0.0:
             self._saving_z[(ex.group, self.incumbent, ex.config)] = judged.saving / judged.saving_se
-        if outcome.blocks > 0 and not outcome.abandoned and not outcome.undecided:
+        if completed and not outcome.undecided:
             self._decided.setdefault(ex.group, []).append(
                 (self.incumbent, ex.config, group_s / ex.task.ref_time_s, energy_j / ex.task.ref_energy_j)
             )
