@@ -200,3 +200,29 @@ def test_a_best_whose_trial_saw_no_saving_is_not_verified():
     assert session.run.summary()["trials"] >= 5 and min(last_z.values()) < VERIFY_MIN_Z
     for candidate in verified:
         assert last_z.get(candidate, VERIFY_MIN_Z) >= VERIFY_MIN_Z
+
+
+def test_an_energy_reading_at_or_below_none_is_not_told_to_the_strategy():
+    # seed 2 of the 3080 Ti layer under the sync waits: its first trial, its windows moved to
+    # a common wait before the job's wait power is known, reads the candidate's energy at
+    # -227%; told as such, the GP's log of it would stop the run
+    session = job_session("rtx3080ti", "gpt3-xl-layer", 2, budget=BUDGET, job_noise=job_noise("sync"))
+    session.tuner.expected_run_s = 3600.0
+    told, impossible = [], []
+    tell = session.tuner.strategy.tell
+
+    def telling(task, config, time_s, energy_j):
+        told.append(energy_j)
+        tell(task, config, time_s, energy_j)
+
+    session.tuner.strategy.tell = telling
+    session.tuner.subscribe(
+        lambda e: (
+            impossible.append(e)
+            if isinstance(e, TrialFinished) and e.outcome.blocks > 0 and e.outcome.energy_diff <= -1.0
+            else None
+        )
+    )
+    session.run_until(120.0)
+    assert impossible and told
+    assert all(energy_j > 0.0 for energy_j in told)
