@@ -1,11 +1,13 @@
-"""Replay the real jobs recorded on an H200 (data/h200/jobs/) through the tuner of `kdvfs.tune`,
-as a dry run: what the tuner decides on a real job's noise, on the CPU, in seconds.
+"""Replay the real jobs recorded on an H200 (data/h200/jobs/; an H100's: data/h100/jobs/)
+through the tuner of `kdvfs.tune`, as a dry run: what the tuner decides on a real job's noise,
+on the CPU, in seconds.
 
 Each recording holds a real job's step-start times, each step's GPU time (CUDA events between
 step starts) and the energy counter's updates, at stock clocks. Here they are fed, step by step,
-to a TuningRun built as `kdvfs.tune` builds it (botorch, budget 1%, no prior, the H200's clock
-grid, the default switch latency and counter period of a real card), exactly as a dry run would
-see them: the tuner's clock requests change nothing, so what it measures is the recording.
+to a TuningRun built as `kdvfs.tune` builds it (botorch, budget 1%, no prior, the recording
+card's simulated clock grid: `grid_device`, the default switch latency and counter period of a
+real card), exactly as a dry run would see them: the tuner's clock requests change nothing, so
+what it measures is the recording.
 
 The recordings carry no per-site split, so the step is one segment (site "step"): the trials are
 whole-step trials. A bare recording's steps count whole as the clocks' (wait 0: the bare recorder
@@ -21,10 +23,10 @@ consecutive 2-s windows of whole steps; `noise_ratio` against the regular steps,
 its typical step as the tuner's StallFilter takes it, `noise_ratio_all_steps` against every
 step as recorded), and what the job allows (the run's summary).
 
-Every figure is replayed from recorded data (H200, 2026-12-02), prior none, yardstick: none (a
+Every figure is replayed from recorded data (the card and date in each recording's meta), prior none, yardstick: none (a
 null test: the right answer is no change).
 
-    python -m kdvfs.experiments.replay_jobs [--seconds 300] [--jobs vision hf sync] [--seed 0]
+    python -m kdvfs.experiments.replay_jobs [--seconds 300] [--jobs vision hf sync] [--seed 0] [--recordings DIR]
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Args:
     strategy: str = "botorch"  # the search strategy
     budget: float = 0.01  # largest cumulative slowdown, a fraction
     expected_s: float = 0.0  # how long the job says it trains (kdvfs.tune's expected_s), s; 0 = not said
+    recordings: str = ""  # the recordings' folder; "": the checkout's data/h200/jobs
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Recording:
     waits: dict[int, float]  # step index -> the wait kdvfs.tune measured (tuned recordings only), s
     counter: list[tuple[float, float]]
     samples: list[tuple[float, float, int, float]]  # host s, temperature C, throttle mask, limit W
+    gpu_name: str = "NVIDIA H200"  # the recording card's name (its meta's)
 
 
 def load(job: str, folder: Path = JOBS_DIR) -> Recording:
@@ -94,7 +98,15 @@ def load(job: str, folder: Path = JOBS_DIR) -> Recording:
             samples.append(
                 (t, float(r["temperature_c"]), int(r["throttle_reasons"]), float(r["power_limit_w"]))
             )
-    return Recording(job, steps, waits, counter, samples)
+    gpu_name = str((meta.get("nvml") or {}).get("gpu_name") or meta.get("gpu_name_torch") or "NVIDIA H200")
+    return Recording(job, steps, waits, counter, samples, gpu_name)
+
+
+def grid_device(rec: Recording) -> str:
+    """The simulated card whose clock grid the replay's tuner searches: the H100's for a
+    recording made on an H100 (its memory clock at 2619 MHz alone; the real card also offers
+    1593), else the H200's."""
+    return "sim:h100" if "H100" in rec.gpu_name else "sim:h200"
 
 
 def reports(rec: Recording, seconds: float) -> Iterator:
@@ -159,10 +171,11 @@ def replay(job: str, args: Args) -> dict:
     from kdvfs.runtime.step_feed import site_workload
     from kdvfs.tuner.run import DEFAULT_ENERGY_UPDATE_PERIOD_S, DEFAULT_SWITCH_LATENCY_S, Card, TuningRun
 
-    rec = load(job)
+    folder = Path(args.recordings) if args.recordings else JOBS_DIR
+    rec = load(job, folder)
     card = Card(
-        name=f"NVIDIA H200 (replayed: data/h200/jobs/{job})",
-        grid=open_device("sim:h200").grid,
+        name=f"{rec.gpu_name} (replayed: {args.recordings or 'data/h200/jobs'}/{job})",
+        grid=open_device(grid_device(rec)).grid,
         switch_latency_s=DEFAULT_SWITCH_LATENCY_S,
         energy_update_period_s=DEFAULT_ENERGY_UPDATE_PERIOD_S,
         source="replayed",
@@ -221,19 +234,31 @@ def replay(job: str, args: Args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="replay_jobs", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=Args.seconds, help="training replayed per job, s")
-    p.add_argument("--jobs", nargs="+", default=list(Args.jobs), help="recordings in data/h200/jobs")
+    p.add_argument("--jobs", nargs="+", default=list(Args.jobs), help="recordings in the recordings' folder")
+    p.add_argument("--recordings", default=Args.recordings,
+                   help="the recordings' folder (NAME_meta.json, NAME_steps.csv.gz, ...); default: data/h200/jobs")  # fmt: skip
     p.add_argument("--seed", type=int, default=Args.seed, help="seeds the strategy")
     p.add_argument("--expected-s", type=float, default=Args.expected_s,
                    help="how long the job says it trains (kdvfs.tune's expected_s), s; 0: not said")  # fmt: skip
     ns = p.parse_args(argv)
     if not (math.isfinite(ns.seconds) and ns.seconds > 0):
         p.error(f"--seconds must be a positive number, got {ns.seconds}")
+    folder = Path(ns.recordings) if ns.recordings else JOBS_DIR
+    if not folder.is_dir():
+        p.error(f"--recordings: no folder {str(folder)!r}")
+    have = sorted(f.name.removesuffix("_meta.json") for f in folder.glob("*_meta.json"))
     for job in ns.jobs:
-        if not (JOBS_DIR / f"{job}_meta.json").exists():
-            p.error(f"--jobs: no recording {job!r} in data/h200/jobs (have: {', '.join(JOBS)})")
+        if not (folder / f"{job}_meta.json").exists():
+            p.error(f"--jobs: no recording {job!r} in {folder} (have: {', '.join(have)})")
     if not (math.isfinite(ns.expected_s) and ns.expected_s >= 0):
         p.error(f"--expected-s must be a number >= 0, got {ns.expected_s}")
-    args = Args(seconds=ns.seconds, jobs=tuple(ns.jobs), seed=ns.seed, expected_s=ns.expected_s)
+    args = Args(
+        seconds=ns.seconds,
+        jobs=tuple(ns.jobs),
+        seed=ns.seed,
+        expected_s=ns.expected_s,
+        recordings=ns.recordings,
+    )
     rows = [replay(job, args) for job in args.jobs]
     json.dump({"source": "replayed", "prior": "none", "yardstick": "none (null test)", "rows": rows},
               sys.stdout, indent=1)  # fmt: skip

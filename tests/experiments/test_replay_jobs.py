@@ -34,3 +34,18 @@ def test_a_recording_that_is_not_there_is_refused_with_one_line(capsys):
         replay_jobs.main(["--jobs", "nosuchjob"])
     assert exit_info.value.code != 0
     assert "no recording 'nosuchjob'" in capsys.readouterr().err
+
+
+def test_a_recording_of_another_card_replays_from_its_folder_on_that_cards_grid():
+    folder = replay_jobs.JOBS_DIR.parent.parent / "h100" / "jobs"
+    row = replay_jobs.replay("sync_tuned_20261206c", replay_jobs.Args(seconds=120.0, recordings=str(folder)))
+    assert row["source"] == "replayed" and row["adopted"] == 0
+    rec = replay_jobs.load("sync_tuned_20261206c", folder)
+    assert "H100" in rec.gpu_name and replay_jobs.grid_device(rec) == "sim:h100"
+
+
+def test_a_recordings_folder_that_is_not_there_is_refused_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        replay_jobs.main(["--recordings", "no/such/folder"])
+    assert exit_info.value.code != 0
+    assert "no folder 'no/such/folder'" in capsys.readouterr().err
