@@ -70,6 +70,11 @@ class Recording:
     gpu_name: str = "NVIDIA H200"  # the recording card's name (its meta's)
 
 
+def recordings_folder(recordings: str) -> Path:
+    """The recordings' folder Args.recordings names ("": the checkout's data/h200/jobs)."""
+    return Path(recordings) if recordings else JOBS_DIR
+
+
 def load(job: str, folder: Path = JOBS_DIR) -> Recording:
     meta = json.loads((folder / f"{job}_meta.json").read_text())
     warm_s = float(meta["warmup_end_host_s"])
@@ -171,8 +176,7 @@ def replay(job: str, args: Args) -> dict:
     from kdvfs.runtime.step_feed import site_workload
     from kdvfs.tuner.run import DEFAULT_ENERGY_UPDATE_PERIOD_S, DEFAULT_SWITCH_LATENCY_S, Card, TuningRun
 
-    folder = Path(args.recordings) if args.recordings else JOBS_DIR
-    rec = load(job, folder)
+    rec = load(job, recordings_folder(args.recordings))
     card = Card(
         name=f"{rec.gpu_name} (replayed: {args.recordings or 'data/h200/jobs'}/{job})",
         grid=open_device(grid_device(rec)).grid,
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     if not (math.isfinite(ns.seconds) and ns.seconds > 0):
         p.error(f"--seconds must be a positive number, got {ns.seconds}")
-    folder = Path(ns.recordings) if ns.recordings else JOBS_DIR
+    folder = recordings_folder(ns.recordings)
     if not folder.is_dir():
         p.error(f"--recordings: no folder {str(folder)!r}")
     have = sorted(f.name.removesuffix("_meta.json") for f in folder.glob("*_meta.json"))

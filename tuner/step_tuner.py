@@ -1182,7 +1182,7 @@ class StepTuner:
         times_s = np.asarray(self.incumbent_group_times_s, dtype=float)
         allowed_s = self._extra_allowed_s()
         left_s = sc.extra_budgets * self.budget * self.stock_step_s
-        at_base = {g for g in range(len(times_s)) if (self._pair_of(g) or self.top_pair) == sc.base}
+        at_base = {g for g in range(len(times_s)) if self._own_pair(g) == sc.base}
         candidates: dict[int, tuple[ClockPair, float]] = {}
         found = candidate_pairs(sc.probed, times_s)
         for g, (pair, extra_s) in sorted(found.items(), key=lambda item: item[1][1]):
@@ -1446,12 +1446,10 @@ class StepTuner:
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
-        if impossible:
-            ex.config = None
-            return
-        if judged is not None and completed and judged.saving_se > 0.0:
+        read = completed and not impossible  # a reading the bookkeeping below may keep
+        if judged is not None and read and judged.saving_se > 0.0:
             self._saving_z[(ex.group, self.incumbent, ex.config)] = judged.saving / judged.saving_se
-        if completed and not outcome.undecided:
+        if read and not outcome.undecided:
             self._decided.setdefault(ex.group, []).append(
                 (self.incumbent, ex.config, group_s / ex.task.ref_time_s, energy_j / ex.task.ref_energy_j)
             )
