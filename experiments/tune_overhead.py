@@ -18,8 +18,10 @@ Map, top to bottom:
                 recordings ran it (experiments/record_job.py), bare or with
                 hf_callback(kdvfs.tune(...)); a step is the time between two step starts, timed
                 after `warmup_s`
-  main          `rounds` of a bare arm then a tuned one; prints JSON: both per-step medians, the
-                overhead (tuned over bare, less 1), each round's, and the threads' figures
+  main          `rounds` of a bare arm then a tuned one per counter poller (`pollers`: thread,
+                process or both, each round's order reversed every other round); prints JSON:
+                the per-step medians, the overhead (tuned over bare, less 1) for each poller,
+                each round's, and the threads' figures
 kdvfs.tune runs as the recorded jobs used it: NvmlDevice in dry run (no clock is changed), no
 plan store, no MLflow run; the tuner stays in its Reference phase (its default timing measures
 stock for the first minute). Arms alternate because a shared host's speed drifts by tens of
@@ -50,6 +52,7 @@ from torch import nn
 
 import kdvfs
 from kdvfs.experiments.record_job import parse_fields
+from kdvfs.runtime.counter_process import COUNTER_POLLER_ENV, POLLER_KINDS
 from kdvfs.runtime.nvml_device import NVML_MODULE_ENV, NvmlDevice
 from kdvfs.runtime.torch_integration import HFTrainerHooks
 
@@ -75,6 +78,7 @@ class Args:
     threads: int = 1  # torch CPU threads; threads
     fake_read_ms: float = 4.0  # CPU: one fake energy read, the GIL released (an H200's NVML read: ~4 ms); ms
     seed: int = 0  # seeds the weights and the data
+    pollers: str = "thread"  # a round's tuned arms, one per counter poller: thread, process (comma-separated)
     out: str = ""  # also write the JSON to this file; "": print only
 
 
@@ -87,7 +91,29 @@ def parse_args(argv: list[str]) -> Args:
         or args.driver not in ("hf", "step")
     ):
         sys.exit("tune_overhead: --job is mlp or hf, --device cpu or cuda, --driver hf or step")
+    kinds = poller_kinds(args)
+    if not kinds or any(k not in POLLER_KINDS for k in kinds) or len(set(kinds)) < len(kinds):
+        sys.exit(f"tune_overhead: --pollers is a comma-separated list of distinct {', '.join(POLLER_KINDS)}, got {args.pollers!r}")  # fmt: skip
     return args
+
+
+def poller_kinds(args: Args) -> list[str]:
+    """The tuned arms' counter pollers, in the order of the first round."""
+    return [k.strip() for k in args.pollers.split(",") if k.strip()]
+
+
+@contextlib.contextmanager
+def poller_env(kind: str) -> Iterator[None]:
+    """kdvfs.tune reads the counter where `kind` says ($KDVFS_COUNTER_POLLER) inside the block."""
+    previous = os.environ.get(COUNTER_POLLER_ENV)
+    os.environ[COUNTER_POLLER_ENV] = kind
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(COUNTER_POLLER_ENV, None)
+        else:
+            os.environ[COUNTER_POLLER_ENV] = previous
 
 
 # --- the job and the card ----------------------------------------------------------------------
@@ -209,6 +235,7 @@ def tuner_figures(tuning: Any) -> dict[str, Any]:
     return {
         "phase": summary["phase"],
         "counter_reads_per_s": (summary["counter_polling"] or {}).get("reads_per_s"),
+        "counter_in_process": bool((summary["counter_polling"] or {}).get("process")),
         "answer_median_ms": None if answer_s is None else 1e3 * answer_s,
         "mismatched_steps": summary["mismatched_steps"],
     }
@@ -296,6 +323,11 @@ def hf_arm(args: Args, tuned: bool, model: nn.Module, sync: Callable[[], None]) 
 
 
 # --- main --------------------------------------------------------------------------------------
+def tuned_key(kind: str, kinds: list[str]) -> str:
+    """A round's key of the tuned arm with that poller: "tuned" where there is one poller."""
+    return "tuned" if len(kinds) == 1 else f"tuned_{kind}"
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -322,9 +354,20 @@ def main(argv: list[str]) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         if not cuda:
             stack.enter_context(fake_card(args.fake_read_ms))
-        rounds = [{"bare": arm(False), "tuned": arm(True)} for _ in range(args.rounds)]
+        kinds = poller_kinds(args)
+        rounds = []
+        for r in range(args.rounds):
+            # each round: bare, then one tuned arm per poller, their order reversed every other round
+            this_round = {"bare": arm(False)}
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                with poller_env(kind):
+                    this_round[tuned_key(kind, kinds)] = arm(True)
+            rounds.append(this_round)
     bare_ms = statistics.median(r["bare"]["step_ms"] for r in rounds)
-    tuned_ms = statistics.median(r["tuned"]["step_ms"] for r in rounds)
+    by_poller = {
+        kind: statistics.median(r[tuned_key(kind, kinds)]["step_ms"] for r in rounds) for kind in kinds
+    }
+    tuned_ms = by_poller[kinds[0]]
     if cuda:
         measured_on = f"{torch.cuda.get_device_name(device)} (NVML index {args.index}, dry run)"
     else:
@@ -336,7 +379,17 @@ def main(argv: list[str]) -> dict[str, Any]:
         "bare_step_ms": round(bare_ms, 4),
         "tuned_step_ms": round(tuned_ms, 4),
         "overhead": round(tuned_ms / bare_ms - 1.0, 4),
-        "overhead_per_round": [round(r["tuned"]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds],
+        "overhead_per_round": [
+            round(r[tuned_key(kinds[0], kinds)]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds
+        ],
+        "pollers": kinds,
+        "overhead_by_poller": {kind: round(ms / bare_ms - 1.0, 4) for kind, ms in by_poller.items()},
+        "overhead_per_round_by_poller": {
+            kind: [
+                round(r[tuned_key(kind, kinds)]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds
+            ]
+            for kind in kinds
+        },
         "rounds": rounds,
     }
     text = json.dumps(result, indent=1)

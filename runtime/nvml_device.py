@@ -6,6 +6,9 @@ back on exit, on SIGINT/SIGTERM, and after a crash (the next start resets them).
 `dry_run=True` records the NVML Set/Reset calls it would make in `calls` and makes none:
 the only mode allowed on shared GPUs. Each record is logged too (resets at INFO, locks at
 DEBUG), so a dry run's stock restore on a signal is on record after the process is gone.
+`NvmlCounter`: the energy counter and sensors alone, read-only (no lease, no clocks): what
+the counter's poller opens in a process of its own (counter_process.py), named by a
+`CounterSource` (`NvmlDevice.counter_source()`).
 
 The NVML module is `pynvml` unless $KDVFS_NVML_MODULE names another (the tests' fake).
 """
@@ -18,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -158,7 +162,83 @@ class PowerIntegrator:
         self._thread.join()
 
 
-class NvmlDevice:
+@dataclass(frozen=True)
+class CounterSource:
+    """Where another process opens the same card's counter: its NVML index and NVML module.
+
+    Attributes:
+        index: the GPU's NVML index.
+        module: the NVML module to import (pynvml unless $KDVFS_NVML_MODULE named another).
+    """
+
+    index: int
+    module: str
+
+
+class NvmlCounter:
+    """One GPU's energy counter and sensors through NVML, read-only: it sets nothing and
+    takes no clock lease. Call close() when done.
+
+    Args:
+        index: the GPU's NVML index.
+    """
+
+    source: Source = "measured"
+
+    def __init__(self, index: int = 0) -> None:
+        self._nvml = load_nvml()
+        self.index = index
+        try:
+            self._open_handle(index)
+        except BaseException:
+            self._nvml.nvmlShutdown()
+            raise
+
+    def _open_handle(self, index: int) -> None:
+        nvml = self._nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            if not 0 <= index < count:
+                raise NvmlUnavailable(f"no NVIDIA GPU with index {index} ({count} found)")
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            self.name = _text(nvml.nvmlDeviceGetName(self._handle))
+        except nvml.NVMLError as exc:
+            raise NvmlUnavailable(f"GPU {index} could not be opened ({type(exc).__name__})") from None
+
+    def energy_j(self) -> float:
+        """Total-energy counter, J since driver load."""
+        return self._read("nvmlDeviceGetTotalEnergyConsumption") / 1000.0
+
+    def temperature_c(self) -> float:
+        return float(self._read("nvmlDeviceGetTemperature", self._nvml.NVML_TEMPERATURE_GPU))
+
+    def power_limit_w(self) -> float:
+        """The enforced power limit."""
+        return self._read("nvmlDeviceGetEnforcedPowerLimit") / 1000.0
+
+    def throttle_reasons(self) -> frozenset[str]:
+        nvml = self._nvml
+        try:
+            mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(self._handle)
+        except (AttributeError, nvml.NVMLError_FunctionNotFound):  # older pynvml or driver
+            mask = self._read("nvmlDeviceGetCurrentClocksThrottleReasons")
+        return decode_clock_event_reasons(nvml, int(mask))
+
+    def close(self) -> None:
+        """Shut NVML down (once)."""
+        if self._nvml is not None:
+            self._nvml.nvmlShutdown()
+            self._nvml = None
+
+    def _read(self, fn_name: str, *args: Any) -> Any:
+        nvml = self._nvml
+        try:
+            return getattr(nvml, fn_name)(self._handle, *args)
+        except nvml.NVMLError as exc:
+            raise KdvfsError(f"GPU {self.index} ({self.name}): {fn_name} failed: {exc}") from None
+
+
+class NvmlDevice(NvmlCounter):
     """One real GPU through NVML. Use as a context manager, or call close().
 
     Args:
@@ -204,12 +284,8 @@ class NvmlDevice:
 
     def _open(self, index: int) -> None:
         nvml = self._nvml
+        self._open_handle(index)
         try:
-            count = nvml.nvmlDeviceGetCount()
-            if not 0 <= index < count:
-                raise NvmlUnavailable(f"no NVIDIA GPU with index {index} ({count} found)")
-            self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            self.name = _text(nvml.nvmlDeviceGetName(self._handle))
             self.uuid = _text(nvml.nvmlDeviceGetUUID(self._handle))
             self.grid = self._read_grid()
         except nvml.NVMLError as exc:
@@ -281,9 +357,6 @@ class NvmlDevice:
             return self._power_integrator.energy_j()
         return self._read("nvmlDeviceGetTotalEnergyConsumption") / 1000.0
 
-    def temperature_c(self) -> float:
-        return float(self._read("nvmlDeviceGetTemperature", self._nvml.NVML_TEMPERATURE_GPU))
-
     def power_w(self) -> float:
         return self._read("nvmlDeviceGetPowerUsage") / 1000.0
 
@@ -295,10 +368,6 @@ class NvmlDevice:
             int(self._read("nvmlDeviceGetClockInfo", nvml.NVML_CLOCK_MEM)),
         )
 
-    def power_limit_w(self) -> float:
-        """The enforced power limit."""
-        return self._read("nvmlDeviceGetEnforcedPowerLimit") / 1000.0
-
     def power_limit_range_w(self) -> tuple[float, float]:
         low_mw, high_mw = self._read("nvmlDeviceGetPowerManagementLimitConstraints")
         return low_mw / 1000.0, high_mw / 1000.0
@@ -306,13 +375,13 @@ class NvmlDevice:
     def driver_version(self) -> str:
         return _text(self._nvml.nvmlSystemGetDriverVersion())
 
-    def throttle_reasons(self) -> frozenset[str]:
-        nvml = self._nvml
-        try:
-            mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(self._handle)
-        except (AttributeError, nvml.NVMLError_FunctionNotFound):  # older pynvml or driver
-            mask = self._read("nvmlDeviceGetCurrentClocksThrottleReasons")
-        return decode_clock_event_reasons(nvml, int(mask))
+    def counter_source(self) -> CounterSource | None:
+        """Where another process reads this card's counter (`NvmlCounter`), or None: a card
+        without an energy counter (its energy is integrated here), or an NVML module whose
+        counters are this process's own (`COUNTERS_SHARED = False`: the tests' fake)."""
+        if not self.energy_counter or not getattr(self._nvml, "COUNTERS_SHARED", True):
+            return None
+        return CounterSource(self.index, self._nvml.__name__)
 
     def close(self) -> None:
         """Reset held locks, stop the power sampler, shut NVML down (once)."""
@@ -447,13 +516,6 @@ class NvmlDevice:
             f"GPU {self.index} ({self.name}): not allowed to lock clocks ({why}); run with root or "
             "CAP_SYS_ADMIN, ask the GPU's admin, or use dry-run to record the calls without making them"
         )
-
-    def _read(self, fn_name: str, *args: Any) -> Any:
-        nvml = self._nvml
-        try:
-            return getattr(nvml, fn_name)(self._handle, *args)
-        except nvml.NVMLError as exc:
-            raise KdvfsError(f"GPU {self.index} ({self.name}): {fn_name} failed: {exc}") from None
 
     def _recover_stale_lease(self) -> None:
         """A lease whose owner died means clocks may still be locked: reset them and remove

@@ -15,6 +15,9 @@
   into that step's StepReport (runtime/steps.py), so the tuner's windows close at observed
   updates (data/h200-window-noise/README.md: polling sees an update within ~2 ms; the NVML
   field-value timestamp is no better a clock).
+- `CounterReader`: what the controller needs of a poller (the Protocol); runtime/counter_process.py's
+  `ProcessCounterPoller` reads a real card's counter in a process of its own instead, so
+  that its reads never take the training process's GIL.
 - `site_groups`: which schedule group each step site's time belongs to.
 - `site_workload`: a workload of one segment per site, for a job whose kernels were not
   discovered (kdvfs.tune does not need them: clocks change only at sites).
@@ -29,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kdvfs.runtime.device import Device
@@ -50,6 +53,28 @@ UPDATE_GUARD_S = 0.008
 GUARD_SHRINK = 0.98
 #: Observed update gaps the period estimate needs before the poller sleeps between updates.
 PERIOD_GAPS = 5
+
+
+class CounterReader(Protocol):
+    """What the clock controller reads of the counter's poller (CounterPoller, ProcessCounterPoller)."""
+
+    error: BaseException | None
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def take(self, until_s: float) -> tuple[tuple[float, float], ...]:
+        """The updates seen at or before until_s (host time, s), oldest first, handed out once."""
+        ...
+
+    def sensors(self) -> tuple[float, frozenset[str], float]:
+        """(temperature C, throttle reasons, power limit W) as last read."""
+        ...
+
+    def figures(self) -> dict[str, object]:
+        """What the polling cost and saw."""
+        ...
 
 
 class Clock(Protocol):
@@ -90,6 +115,9 @@ class CounterPoller:
             while updates come before the wake); None: never sleeps between updates (reads
             back to back throughout).
         clock: the host time reads are stamped with and the waits between them.
+        on_update: called on the poller's thread with each update it keeps: host time (s), J.
+        on_sensors: called on the poller's thread with each sensor read: (temperature C,
+            throttle reasons, power limit W).
     """
 
     def __init__(
@@ -100,8 +128,12 @@ class CounterPoller:
         sensor_period_s: float = SENSOR_PERIOD_S,
         guard_s: float | None = UPDATE_GUARD_S,
         clock: Clock = MONOTONIC,
+        on_update: Callable[[float, float], None] | None = None,
+        on_sensors: Callable[[tuple[float, frozenset[str], float]], None] | None = None,
     ) -> None:
         self.device = device
+        self.on_update = on_update
+        self.on_sensors = on_sensors
         self.clock = clock
         self.poll_s = poll_s
         self.sensor_period_s = sensor_period_s
@@ -185,6 +217,8 @@ class CounterPoller:
                     else:
                         with self._lock:
                             self._updates.append((now, value_j))
+                        if self.on_update is not None:
+                            self.on_update(now, value_j)
                         if seen_s is not None:
                             self._gaps_s.append(now - seen_s)
                         if self.guard_s is not None and period is not None:
@@ -194,6 +228,8 @@ class CounterPoller:
                         wake_s = seen_s + period - self.wake_guard_s
                 if now - self._sensors_s >= self.sensor_period_s:
                     self._sensors, self._sensors_s = self._read_sensors(), now
+                    if self.on_sensors is not None:
+                        self.on_sensors(self._sensors)
         except Exception as exc:  # the card stopped answering: the tuner sees no more updates
             self.error = exc
             log.warning("kdvfs: energy counter poller stopped: %s", exc)

@@ -36,9 +36,10 @@ from typing import Any, Protocol
 import torch
 
 from kdvfs.runtime import clock_lease
+from kdvfs.runtime.counter_process import open_poller
 from kdvfs.runtime.device import Device, RunnableDevice
 from kdvfs.runtime.schedule import Schedule
-from kdvfs.runtime.step_feed import COUNTER_POLL_S, CounterPoller, site_groups
+from kdvfs.runtime.step_feed import COUNTER_POLL_S, site_groups
 from kdvfs.runtime.steps import StepController, StepReport
 from kdvfs.runtime.torch_discovery import STEP_SITE, StepSites, workload_sites
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
@@ -249,7 +250,8 @@ class ClockController:
         window_steps: training steps per energy-counter window.
         tuner: answers each step's StepReport with the schedule of the next steps (a
             tuner.step_tuner.StepTuner); None: the schedule stays. With a tuner, every site
-            is timed and the counter is polled on its own thread (CounterPoller).
+            is timed and the counter is polled aside (counter_process.open_poller: on a thread
+            of its own, or with $KDVFS_COUNTER_POLLER=process in a process of its own).
         poll_s: least time between the starts of two counter reads of the poller, s.
     """
 
@@ -293,7 +295,7 @@ class ClockController:
         self.answer_total_s = 0.0
         self.answer_max_s = 0.0
         self._next: Schedule | None = None  # the tuner's answer, applied from the next step
-        self.poller = CounterPoller(device, poll_s=poll_s) if tuner is not None else None
+        self.poller = open_poller(device, poll_s) if tuner is not None else None
         """The energy counter's poller (None without a tuner); its figures() say what polling cost."""
         self._site_groups = site_groups(schedule, kernel_sites, len(self.placement.sites))
         self._site_stamps: list[Any] = []

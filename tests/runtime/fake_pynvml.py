@@ -34,6 +34,9 @@ GPU_COUNT_ENV = "KDVFS_FAKE_NVML_GPU_COUNT"
 MEM_CLOCKS_MHZ = (3201, 2201)
 GRAPHICS_CLOCKS_MHZ = (1980, 1755, 1410, 990, 345)
 ENERGY_UPDATE_PERIOD_S = 0.1
+#: The counters are this process's own state (set by configure() and the clocks locked here):
+#: another process opening this module reads a card of its own.
+COUNTERS_SHARED = False
 
 
 @dataclass
