@@ -113,6 +113,11 @@ MIN_SCREEN_GROUPS = 3
 SCREEN_Z = 0.5
 #: Most screenings in a row (each after the one before adopted its choice); rounds.
 SCREEN_ROUNDS = 2
+#: A screening's verification that ends undecided with its saving at this many errors or more
+#: goes on at once, its blocks kept (one longer test); sds.
+SCREEN_GO_ON_Z = 2.0
+#: ... at most this many times in a row; verifications.
+SCREEN_EXTENSIONS = 1
 #: The screening's probes lower one clock of the whole step's pair to the lowest supported at
 #: or above this share of it (a probe far below it is over the budget before its first
 #: window, and slows every group too much to be a candidate); a fraction.
@@ -445,6 +450,9 @@ class Verifying:
         -> Verifying (a new one, the group's next-best pair): the saving was proven but the
            time measured over the budget, and a pair the group's decided trials measured
            faster, with a saving, is left (at most MAX_FALLBACKS in a row).
+        -> Verifying (the same screening's choice, its blocks kept): a screening's verification
+           reached its longest length undecided, its saving at SCREEN_GO_ON_Z errors or more
+           and its time within the budget (at most SCREEN_EXTENSIONS times).
         -> Exploring (the next group; after a whole schedule, the first) or Settled (no group
            left): the verification is judged, the candidate adopted or not.
         -> Retuning: the power limit moved, or the rank pool was lost.
@@ -468,6 +476,9 @@ class Verifying:
         fallbacks: the verifications of next-best pairs before this one, in a row; verifications.
         time_diff: the candidate's step time against the incumbent's as the verification
             measured it (NaN until judged); a fraction.
+        extensions: for a screening's choice, the times its verification went on undecided
+            before this one; verifications.
+        saving_z: the judged saving over its standard error (NaN until judged); sds.
     """
 
     group: int | None
@@ -481,6 +492,8 @@ class Verifying:
     over_time: bool = False
     fallbacks: int = 0
     time_diff: float = math.nan
+    extensions: int = 0
+    saving_z: float = math.nan
 
 
 @dataclass
@@ -1521,6 +1534,7 @@ class StepTuner:
         undecided: int = 0,
         screened: Screening | None = None,
         fallbacks: int = 0,
+        extensions: int = 0,
     ) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
@@ -1566,6 +1580,7 @@ class StepTuner:
                 first_look=first_look,
                 screened=screened,
                 fallbacks=fallbacks,
+                extensions=extensions,
             )
         )
         return self._verifying(self.phase, None)
@@ -1585,8 +1600,15 @@ class StepTuner:
                 self._maybe_abandon(trial)
         if trial.done:
             outcome = trial.outcome()
+            # adopted or not as the sequential test stopped on it: judged before this trial's
+            # windows refine the job's noise and stock (they moved a decided adoption's error)
+            stopped_on = self.judge(outcome, trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z)
             self._trial_ended(trial, outcome)
-            self._judge(ver, outcome)
+            self._judge(ver, outcome, adopted=stopped_on.adopted)
+            if self._screen_goes_on(ver, outcome):  # one longer test: its blocks kept
+                return self._verify(
+                    SCREEN_GROUP, trial.candidate, ver.search, screened=ver.screened, extensions=ver.extensions + 1
+                )
             if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
                 ver.search.reopen.append(ver.group)
             fallback = self._fallback_pair(ver)
@@ -1631,12 +1653,27 @@ class StepTuner:
             time_z=time_z,
         )
 
-    def _judge(self, ver: Verifying, outcome: Outcome) -> None:
+    def _screen_goes_on(self, ver: Verifying, outcome: Outcome) -> bool:
+        """Whether a screening's verification that reached its longest length undecided goes on
+        at once (SCREEN_EXTENSIONS at most): its saving at SCREEN_GO_ON_Z errors or more and its
+        time not over the budget. The groups' own searches after it resolve less than the
+        choice's saving on a job whose groups each move a small share of the step."""
+        return (
+            ver.group == SCREEN_GROUP
+            and not ver.adopted
+            and outcome.undecided
+            and not ver.over_time
+            and ver.saving_z >= SCREEN_GO_ON_Z
+            and ver.extensions < SCREEN_EXTENSIONS
+        )
+
+    def _judge(self, ver: Verifying, outcome: Outcome, adopted: bool | None = None) -> None:
         """Adopt when the saving exceeds ver.z standard errors (of the blocks' differences, and
         no less than the job's noise predicts) and the candidate's slowdown, ver.z time errors
-        added, is within the budget: ver.z is ADOPT_Z held over the verification's looks."""
+        added, is within the budget: ver.z is ADOPT_Z held over the verification's looks.
+        adopted: that judgement as made when the trial stopped (None: made here)."""
         judgement = self.judge(outcome, ver.trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z)
-        ver.adopted = judgement.adopted
+        ver.adopted = judgement.adopted if adopted is None else adopted
         stopped_on_time = outcome.abandoned and not ver.trial.undecided_stop
         proven_over_time = (
             judgement.saving - ver.z * judgement.saving_se > 0.0
@@ -1644,6 +1681,7 @@ class StepTuner:
         )
         ver.over_time = not ver.adopted and (stopped_on_time or proven_over_time)
         ver.time_diff = outcome.time_diff
+        ver.saving_z = judgement.saving / judgement.saving_se if judgement.saving_se > 0.0 else math.nan
         if not ver.adopted:
             closed = ver.trial.closed
             self._unadopted[(ver.trial.incumbent, ver.trial.candidate)] = (
