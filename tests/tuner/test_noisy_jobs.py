@@ -145,20 +145,21 @@ def test_a_groups_first_verification_is_judged_at_adopt_z_and_each_one_after_at_
 
 
 def test_a_candidate_verified_again_against_the_same_incumbent_goes_on_from_its_earlier_blocks():
-    # seed 0 of the 3080 Ti layer on the vision job verifies its one-knob pair, undecided,
-    # and again in a reopened round, adopting nothing in 1200 s (seeds 0 and 2 of 0-39 verify
-    # one candidate twice so since the search never trials the incumbent's own pair; 15, 28
-    # and 29 at fe2bd8d; 10, 22 and 29 at b4b9647): the second verification adds its blocks to
-    # the first's
+    # seed 6 of the 3080 Ti layer on the vision job verifies its one-knob pair, undecided
+    # after 12 blocks, and again in a reopened round, which adopts it after 24 (seeds 3 and 6
+    # of 0-7 verify one candidate twice since a verification is adopted as its test stopped;
+    # 0 and 2 of 0-39 before): the second verification adds its blocks to the first's
     verified = []
 
-    def follow(_session, event):
+    def follow(session, event):
         if isinstance(event, TrialFinished) and event.kind == "verify":
-            verified.append((event.candidate, event.outcome.blocks))
+            verified.append((event.candidate, event.outcome.blocks, len(session.tuner.adoptions)))
 
-    session = tuned("vision", 0, seconds=1200.0, expected_run_s=3600.0, preset="rtx3080ti", follow=follow)
-    (first, first_blocks), (again, blocks) = verified[:2]
-    assert again == first and session.tuner.adoptions == []
+    session = tuned("vision", 6, seconds=1200.0, expected_run_s=3600.0, preset="rtx3080ti", follow=follow)
+    (first, first_blocks, _), (again, blocks, adopted_by_then) = verified[:2]
+    # the same incumbent: nothing adopted before the second verification ended (its own adoption
+    # is counted after its event)
+    assert again == first and adopted_by_then == 0
     assert blocks > first_blocks >= session.tuner.timing.verify_blocks
 
 
