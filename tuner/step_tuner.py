@@ -1607,7 +1607,11 @@ class StepTuner:
             self._judge(ver, outcome, adopted=stopped_on.adopted)
             if self._screen_goes_on(ver, outcome):  # one longer test: its blocks kept
                 return self._verify(
-                    SCREEN_GROUP, trial.candidate, ver.search, screened=ver.screened, extensions=ver.extensions + 1
+                    SCREEN_GROUP,
+                    trial.candidate,
+                    ver.search,
+                    screened=ver.screened,
+                    extensions=ver.extensions + 1,
                 )
             if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
                 ver.search.reopen.append(ver.group)
