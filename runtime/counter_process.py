@@ -1,10 +1,11 @@
 """The energy counter read in a process of its own, so that its reads never take the GIL of
 the training process.
 
-- `ProcessCounterPoller`: a CounterPoller (step_feed.py) run in a child process
-  (`python -m kdvfs.runtime.counter_process`) on the same card, opened read-only
+- `ProcessCounterPoller`: a CounterPoller (step_feed.py) run in a child process (this
+  module's main, on this process's import path) on the same card, opened read-only
   (nvml_device.NvmlCounter); it hands the controller the same updates, sensors and figures,
-  read from the child's output at each take().
+  read from the child's output at each take(); a child that fails before its first update is
+  replaced by the fallback (kdvfs.tune's: a CounterPoller thread).
 - `open_poller(device, poll_s)`: the poller kdvfs.tune uses: a thread of the training process
   (CounterPoller) unless $KDVFS_COUNTER_POLLER is `process` and the card's counter can be read
   from another process (a real card: `NvmlDevice.counter_source()`).
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kdvfs.runtime.device import Device
@@ -51,6 +53,15 @@ COUNTER_POLLER_ENV = "KDVFS_COUNTER_POLLER"
 POLLER_KINDS = ("thread", "process")
 #: How long stop() waits for the child to hand over its figures and exit; s.
 STOP_TIMEOUT_S = 5.0
+#: The child's program: this process's import path (argv[1], JSON) first, then the child's own
+#: ($PYTHONPATH and site; not its working directory), so that `kdvfs` is the package this
+#: process imported (`python -m` would put the working directory first: in a clone of kdvfs,
+#: its bare kdvfs/ folder), then main() on the rest.
+CHILD_CODE = (
+    "import json, sys; first = json.loads(sys.argv[1]); "
+    "sys.path[:] = first + [p for p in sys.path if p and p not in first]; "
+    "from kdvfs.runtime.counter_process import main; sys.exit(main(sys.argv[2:]))"
+)
 
 
 class ProcessCounterPoller:
@@ -63,6 +74,8 @@ class ProcessCounterPoller:
         sensor_period_s: time between two sensor reads, s.
         guard_s: how long before an expected update the child wakes at least, s; None: it
             reads back to back throughout (it costs the training process nothing either way).
+        fallback: builds the poller to read the counter with instead if the child fails before
+            its first update (it cannot start, import kdvfs, or open the card); None: none.
     """
 
     def __init__(
@@ -72,8 +85,12 @@ class ProcessCounterPoller:
         poll_s: float = COUNTER_POLL_S,
         sensor_period_s: float = SENSOR_PERIOD_S,
         guard_s: float | None = UPDATE_GUARD_S,
+        fallback: Callable[[], CounterReader] | None = None,
     ) -> None:
         self.source = source
+        self.fallback = fallback
+        self.replaced_by: CounterReader | None = None
+        """The fallback poller once the child failed before its first update (None: not needed)."""
         self.poll_s = poll_s
         self.sensor_period_s = sensor_period_s
         self.guard_s = guard_s
@@ -92,8 +109,9 @@ class ProcessCounterPoller:
         """Start the child (it opens the card and polls until stop())."""
         cmd = [
             sys.executable,
-            "-m",
-            "kdvfs.runtime.counter_process",
+            "-c",
+            CHILD_CODE,
+            json.dumps(sys.path),  # the child imports kdvfs from where this process did
             "--index",
             str(self.source.index),
             "--poll-s",
@@ -103,18 +121,22 @@ class ProcessCounterPoller:
             "--guard-s",
             "none" if self.guard_s is None else repr(self.guard_s),
         ]
-        # the child imports kdvfs and the NVML module from where this process did
-        path = os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p)
-        env = dict(os.environ, **{NVML_MODULE_ENV: self.source.module, "PYTHONPATH": path})
+        env = dict(os.environ, **{NVML_MODULE_ENV: self.source.module})
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop(): it outlives this call)
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env
-        )
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env
+            )
+        except OSError as exc:
+            self._fail(f"the counter's process could not start: {exc}")
+            return
         assert self._proc.stdout is not None
         os.set_blocking(self._proc.stdout.fileno(), False)
 
     def stop(self) -> None:
         """Close the child's stdin, take its last updates and figures, wait for it to exit."""
+        if self.replaced_by is not None:
+            self.replaced_by.stop()
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
@@ -138,6 +160,8 @@ class ProcessCounterPoller:
         """The updates the child saw at or before until_s (host time), oldest first; handed out once."""
         with self._lock:
             self._drain()
+            if self.replaced_by is not None:
+                return self.replaced_by.take(until_s)
             n = next((i for i, (t, _) in enumerate(self._updates) if t > until_s), len(self._updates))
             taken, self._updates = self._updates[:n], self._updates[n:]
         return tuple(taken)
@@ -147,13 +171,15 @@ class ProcessCounterPoller:
         none, NaN until its first read arrives)."""
         with self._lock:
             self._drain()
-            return self._sensors
+            return self._sensors if self.replaced_by is None else self.replaced_by.sensors()
 
     def figures(self) -> dict[str, Any]:
         """The child's polling figures (CounterPoller.figures: reads, reads a second, period,
         ...; None until it stopped), with `process`: True and the updates received."""
         with self._lock:
             self._drain()
+            if self.replaced_by is not None:
+                return self.replaced_by.figures() | {"process": False, "process_error": str(self.error)}
             figures = dict(self._figures) if self._figures is not None else {
                 "reads": None, "reads_per_s": None, "period_s": None,
                 "early_updates": None, "guard_s": self.guard_s, "wake_guard_s": None,
@@ -201,7 +227,12 @@ class ProcessCounterPoller:
 
     def _fail(self, message: str) -> None:
         self.error = KdvfsError(message)
-        log.warning("kdvfs: energy counter poller stopped: %s", message)
+        if self.fallback is not None and self._received == 0 and self.replaced_by is None:
+            log.warning("kdvfs: %s; reading the energy counter on a thread instead", message)
+            self.replaced_by = self.fallback()
+            self.replaced_by.start()
+        else:
+            log.warning("kdvfs: energy counter poller stopped: %s", message)
 
     def _stderr_tail(self) -> str:
         if self._stderr is None:
@@ -227,7 +258,7 @@ def open_poller(device: Device, poll_s: float = COUNTER_POLL_S) -> CounterReader
             f"{COUNTER_POLLER_ENV}=process, but {getattr(device, 'name', device)}'s counter cannot be read "
             "from another process (a simulated or replayed card, a fake NVML, or no energy counter)"
         )
-    return ProcessCounterPoller(source, poll_s=poll_s)
+    return ProcessCounterPoller(source, poll_s=poll_s, fallback=lambda: CounterPoller(device, poll_s=poll_s))
 
 
 # --- the child ---------------------------------------------------------------------------------

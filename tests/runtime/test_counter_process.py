@@ -135,3 +135,43 @@ def test_kdvfs_tune_asked_for_a_process_polls_a_real_cards_counter_there(
     polling = tuning.summary()["counter_polling"]
     assert polling["process"] is True and polling["reads"] >= polling["updates_received"] >= 10
     assert polling["period_s"] == pytest.approx(0.1, abs=0.02)
+
+
+def test_the_counter_process_imports_kdvfs_from_where_this_process_did(
+    child_finds_the_fake, tmp_path, monkeypatch
+):
+    # a working directory holding a bare kdvfs/ folder (a clone of kdvfs: its layers live beside it)
+    (tmp_path / "kdvfs").mkdir()
+    (tmp_path / "kdvfs" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    poller = ProcessCounterPoller(CounterSource(0, "fake_pynvml"))
+    poller.start()
+    try:
+        wait_for(lambda: poller.figures()["updates_received"] >= 2 or poller.error is not None, "2 updates")
+    finally:
+        poller.stop()
+    assert poller.error is None and poller.figures()["process"] is True
+
+
+def test_kdvfs_tune_reads_the_counter_on_a_thread_when_its_process_fails(
+    fake_card, child_finds_the_fake, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(fake_pynvml, "COUNTERS_SHARED", True, raising=False)
+    monkeypatch.setenv(COUNTER_POLLER_ENV, "process")
+    device = NvmlDevice(0, dry_run=True, lease_dir=tmp_path / "leases")
+    monkeypatch.setattr(device, "counter_source", lambda: CounterSource(0, "no_such_nvml_module"))
+    model, optimizer, step = tiny_mlp()
+    tuning = kdvfs.tune(
+        model, optimizer, device=device, dry_run=True, plan_store=False, track=False, warmup_s=0.2
+    )
+    deadline_s = time.monotonic() + PATIENCE_S
+    with tuning:
+        while tuning.summary()["counter_polling"].get("period_s") is None:
+            assert time.monotonic() < deadline_s, "the counter was not read on a thread"
+            with tuning.step():
+                step()
+            time.sleep(0.005)
+    device.close()
+    polling = tuning.summary()["counter_polling"]
+    assert polling["process"] is False and "no_such_nvml_module is not installed" in polling["process_error"]
+    assert polling["period_s"] == pytest.approx(0.1, abs=0.02)  # the in-process fake card's counter
