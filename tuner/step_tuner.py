@@ -1600,11 +1600,14 @@ class StepTuner:
                 self._maybe_abandon(trial)
         if trial.done:
             outcome = trial.outcome()
-            # adopted or not as the sequential test stopped on it: judged before this trial's
-            # windows refine the job's noise and stock (they moved a decided adoption's error)
-            stopped_on = self.judge(outcome, trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z)
+            # a test that stopped at a look (adopted, or clearly not) stands as it stopped: judged
+            # again after this trial's windows refine the job's noise and stock, a decided
+            # adoption's error moved and it was dropped, neither adopted nor reopened
+            stopped_on = (
+                self.judge(outcome, trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z) if trial.decided else None
+            )
             self._trial_ended(trial, outcome)
-            self._judge(ver, outcome, adopted=stopped_on.adopted)
+            self._judge(ver, outcome, adopted=None if stopped_on is None else stopped_on.adopted)
             if self._screen_goes_on(ver, outcome):  # one longer test: its blocks kept
                 return self._verify(
                     SCREEN_GROUP,
@@ -1675,7 +1678,8 @@ class StepTuner:
         """Adopt when the saving exceeds ver.z standard errors (of the blocks' differences, and
         no less than the job's noise predicts) and the candidate's slowdown, ver.z time errors
         added, is within the budget: ver.z is ADOPT_Z held over the verification's looks.
-        adopted: that judgement as made when the trial stopped (None: made here)."""
+        adopted: the judgement its test stopped on at a look before its last (None: made here,
+        the trial run to its last block)."""
         judgement = self.judge(outcome, ver.trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z)
         ver.adopted = judgement.adopted if adopted is None else adopted
         stopped_on_time = outcome.abandoned and not ver.trial.undecided_stop
