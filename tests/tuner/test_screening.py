@@ -158,3 +158,19 @@ def test_a_probe_far_slower_than_the_budget_runs_its_block_where_a_trial_would_b
     assert all(p.outcome.blocks == 1 and not p.outcome.abandoned for p in probes)
     assert max(p.outcome.time_diff for p in probes) > 0.10
     assert session.run.summary()["max_cumulative_slowdown"] <= 0.01
+
+
+def test_a_screenings_undecided_choice_goes_on_and_stands_where_its_test_stopped(tmp_path):
+    # the table's second screening round: its choice reads +0.125% +- 0.037% after its 12
+    # blocks, goes on with its blocks kept, and its test adopts it after 18 (at 4.08 errors,
+    # which a second judgement after its windows refined the noise read as 3.75 and dropped)
+    out = tmp_path / "run.json"
+    args = ["tune", "--device", f"replay:{TABLE}", "--workload", "table", "--seconds", "1800"]
+    assert main([*args, "--prior", "none", "--no-mlflow", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    verifications = [o for o in run["tuner"]["outcomes"] if o["kind"] == "verify"]
+    (first, undecided, went_on) = verifications[:3]
+    assert first["adopted"] and undecided["candidate"] == went_on["candidate"]
+    assert undecided["blocks"] == 12 and undecided["undecided"] and not undecided["adopted"]
+    assert went_on["blocks"] > 12 and went_on["adopted"] and not went_on["undecided"]
+    assert run["tuner"]["adopted"] == 2 and run["max_cumulative_slowdown"] <= 0.01
