@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -102,20 +103,6 @@ def poller_kinds(args: Args) -> list[str]:
     return [k.strip() for k in args.pollers.split(",") if k.strip()]
 
 
-@contextlib.contextmanager
-def poller_env(kind: str) -> Iterator[None]:
-    """kdvfs.tune reads the counter where `kind` says ($KDVFS_COUNTER_POLLER) inside the block."""
-    previous = os.environ.get(COUNTER_POLLER_ENV)
-    os.environ[COUNTER_POLLER_ENV] = kind
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(COUNTER_POLLER_ENV, None)
-        else:
-            os.environ[COUNTER_POLLER_ENV] = previous
-
-
 # --- the job and the card ----------------------------------------------------------------------
 def make_mlp(args: Args, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None]]:
     """The network, its optimizer and one training step (forward, backward, optimizer step)."""
@@ -150,17 +137,12 @@ def fake_card(read_ms: float) -> Iterator[None]:
         time.sleep(read_ms / 1e3)  # a C call's time, the GIL released
         return read(handle)
 
-    previous = os.environ.get(NVML_MODULE_ENV)
-    os.environ[NVML_MODULE_ENV] = "fake_pynvml"
-    fake.nvmlDeviceGetTotalEnergyConsumption = slow_read
-    try:
-        yield
-    finally:
-        fake.nvmlDeviceGetTotalEnergyConsumption = read
-        if previous is None:
-            os.environ.pop(NVML_MODULE_ENV, None)
-        else:
-            os.environ[NVML_MODULE_ENV] = previous
+    with mock.patch.dict(os.environ, {NVML_MODULE_ENV: "fake_pynvml"}):
+        fake.nvmlDeviceGetTotalEnergyConsumption = slow_read
+        try:
+            yield
+        finally:
+            fake.nvmlDeviceGetTotalEnergyConsumption = read
 
 
 def open_tuning(args: Args, model: nn.Module | None = None, optimizer: Any = None) -> tuple[Any, NvmlDevice]:
@@ -360,12 +342,18 @@ def main(argv: list[str]) -> dict[str, Any]:
             # each round: bare, then one tuned arm per poller, their order reversed every other round
             this_round = {"bare": arm(False)}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                with poller_env(kind):
+                with mock.patch.dict(
+                    os.environ, {COUNTER_POLLER_ENV: kind}
+                ):  # where kdvfs.tune reads the counter
                     this_round[tuned_key(kind, kinds)] = arm(True)
             rounds.append(this_round)
     bare_ms = statistics.median(r["bare"]["step_ms"] for r in rounds)
     by_poller = {
         kind: statistics.median(r[tuned_key(kind, kinds)]["step_ms"] for r in rounds) for kind in kinds
+    }
+    per_round = {
+        kind: [round(r[tuned_key(kind, kinds)]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds]
+        for kind in kinds
     }
     tuned_ms = by_poller[kinds[0]]
     if cuda:
@@ -379,17 +367,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         "bare_step_ms": round(bare_ms, 4),
         "tuned_step_ms": round(tuned_ms, 4),
         "overhead": round(tuned_ms / bare_ms - 1.0, 4),
-        "overhead_per_round": [
-            round(r[tuned_key(kinds[0], kinds)]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds
-        ],
+        "overhead_per_round": per_round[kinds[0]],
         "pollers": kinds,
         "overhead_by_poller": {kind: round(ms / bare_ms - 1.0, 4) for kind, ms in by_poller.items()},
-        "overhead_per_round_by_poller": {
-            kind: [
-                round(r[tuned_key(kind, kinds)]["step_ms"] / r["bare"]["step_ms"] - 1.0, 4) for r in rounds
-            ]
-            for kind in kinds
-        },
+        "overhead_per_round_by_poller": per_round,
         "rounds": rounds,
     }
     text = json.dumps(result, indent=1)

@@ -138,21 +138,20 @@ class ProcessCounterPoller:
         if self.replaced_by is not None:
             self.replaced_by.stop()
         proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        try:
-            assert proc.stdin is not None
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        with self._lock:
-            self._drain()
-        if self._stderr is not None:
+        if proc is not None and proc.returncode is None:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            with self._lock:
+                self._drain()
+        if self._stderr is not None:  # also where the child had exited already
             self._stderr.close()
             self._stderr = None
 

@@ -252,8 +252,6 @@ class NvmlDevice(NvmlCounter):
             clocks itself and it exists, else NVML directly (daemon_client.socket_for).
     """
 
-    source: Source = "measured"
-
     def __init__(
         self,
         index: int = 0,

@@ -84,6 +84,24 @@ def test_a_card_the_counter_process_cannot_open_is_a_one_line_error(child_finds_
     assert "energy counter poller stopped: no NVIDIA GPU with index 5" in caplog.text
 
 
+def tuned_until(device, done, what: str) -> dict:
+    """A CPU training loop under kdvfs.tune (dry run) on `device` until done(its counter_polling
+    figures while it runs); the device closed; the figures after kdvfs.tune closed."""
+    model, optimizer, step = tiny_mlp()
+    tuning = kdvfs.tune(
+        model, optimizer, device=device, dry_run=True, plan_store=False, track=False, warmup_s=0.2
+    )
+    deadline_s = time.monotonic() + PATIENCE_S
+    with tuning:
+        while not done(tuning.summary()["counter_polling"]):
+            assert time.monotonic() < deadline_s, f"no {what} within {PATIENCE_S} s"
+            with tuning.step():
+                step()
+            time.sleep(0.005)
+    device.close()
+    return tuning.summary()["counter_polling"]
+
+
 @pytest.fixture
 def fake_card(monkeypatch, lease_registry):
     """The fake NVML card as `pynvml` in this process."""
@@ -120,19 +138,7 @@ def test_kdvfs_tune_asked_for_a_process_polls_a_real_cards_counter_there(
     assert isinstance(open_poller(device), CounterPoller)  # the default
     monkeypatch.setenv(COUNTER_POLLER_ENV, "process")
     assert isinstance(open_poller(device), ProcessCounterPoller)
-    model, optimizer, step = tiny_mlp()
-    tuning = kdvfs.tune(
-        model, optimizer, device=device, dry_run=True, plan_store=False, track=False, warmup_s=0.2
-    )
-    deadline_s = time.monotonic() + PATIENCE_S
-    with tuning:
-        while tuning.summary()["counter_polling"]["updates_received"] < 10:
-            assert time.monotonic() < deadline_s, "the tuner received no counter updates"
-            with tuning.step():
-                step()
-            time.sleep(0.005)
-    device.close()
-    polling = tuning.summary()["counter_polling"]
+    polling = tuned_until(device, lambda polling: polling["updates_received"] >= 10, "counter updates")
     assert polling["process"] is True and polling["reads"] >= polling["updates_received"] >= 10
     assert polling["period_s"] == pytest.approx(0.1, abs=0.02)
 
@@ -160,18 +166,6 @@ def test_kdvfs_tune_reads_the_counter_on_a_thread_when_its_process_fails(
     monkeypatch.setenv(COUNTER_POLLER_ENV, "process")
     device = NvmlDevice(0, dry_run=True, lease_dir=tmp_path / "leases")
     monkeypatch.setattr(device, "counter_source", lambda: CounterSource(0, "no_such_nvml_module"))
-    model, optimizer, step = tiny_mlp()
-    tuning = kdvfs.tune(
-        model, optimizer, device=device, dry_run=True, plan_store=False, track=False, warmup_s=0.2
-    )
-    deadline_s = time.monotonic() + PATIENCE_S
-    with tuning:
-        while tuning.summary()["counter_polling"].get("period_s") is None:
-            assert time.monotonic() < deadline_s, "the counter was not read on a thread"
-            with tuning.step():
-                step()
-            time.sleep(0.005)
-    device.close()
-    polling = tuning.summary()["counter_polling"]
+    polling = tuned_until(device, lambda polling: polling.get("period_s") is not None, "counter period")
     assert polling["process"] is False and "no_such_nvml_module is not installed" in polling["process_error"]
     assert polling["period_s"] == pytest.approx(0.1, abs=0.02)  # the in-process fake card's counter
