@@ -18,10 +18,14 @@ Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU 
                 power, clocks, temperatures and throttle share (record_gap_power.py uses them too)
   measure       per shape: warm up for warmup_s, then run window_s between two synchronisations
                 with the NVML sampler on: step time, energy per step from the energy counter,
-                mean power, SM clock, temperature, throttle reasons; then a torch.profiler trace
-                of 3 steps: GPU busy share (union of kernel intervals over the steps' span)
+                mean power, SM clock, temperature, throttle reasons; the host's time to issue a
+                step to an idle GPU (host_issue_s); then a torch.profiler trace of 3 steps: GPU
+                busy share (union of kernel intervals over the steps' span)
+  gpu_events    a chrome trace's GPU events, each with the start of the host call that launched
+                it (its correlation id) and, on request, its launch shape
   main          the selected shapes, one after another; writes DIR/steps_summary.json (one entry per shape, after each shape) and
-                DIR/steps_kernels.csv.gz (shape, name, start_us, duration_us per GPU event)
+                DIR/steps_kernels.csv.gz (KERNEL_COLUMNS per GPU event: shape, name, start_us,
+                duration_us, launch_us, grid_blocks, block_threads, blocks_per_sm)
   grids_only    --grids-only 1: per shape, a 3-s warm-up and the profiled 3 steps alone (no
                 energy window), each GPU event with its launch shape from the profiler's trace
                 (grid and block as products of their x, y, z; the profiler's blocks per SM):
@@ -50,6 +54,9 @@ except ImportError:
     from kdvfs.experiments.record_job import REASON_BITS, EncoderLM, NvmlSampler, quantile
 
 DEVICE = torch.device("cuda")
+HOST_ISSUE_STEPS = 20  # steps timed one by one on the host, each after a synchronisation
+KERNEL_COLUMNS = ("shape", "name", "start_us", "duration_us", "launch_us", "grid_blocks", "block_threads", "blocks_per_sm")
+"""steps_kernels.csv.gz's columns (launch_us and the launch shape since 2026-12-06)."""
 
 
 def resnet_bf16(arch: str, batch: int) -> tuple:
@@ -191,9 +198,9 @@ def busy_share(kernels: list[tuple[str, float, float]]) -> tuple[float, float]:
 
 
 def profile(step, steps: int, launch: bool = False) -> list[tuple]:
-    """GPU events (kernels, memcpys, memsets) of `steps` steps: (name, start_us, duration_us),
-    and with launch=True each one's (grid blocks, block threads, blocks per SM) after them
-    (empty strings where the trace has none: copies and fills)."""
+    """GPU events (kernels, memcpys, memsets) of `steps` steps: (name, start_us, duration_us,
+    launch_us), and with launch=True each one's (grid blocks, block threads, blocks per SM) after
+    them (gpu_events)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -204,19 +211,48 @@ def profile(step, steps: int, launch: bool = False) -> list[tuple]:
         torch.cuda.synchronize()
     path = Path(tempfile.mkdtemp()) / "trace.json"
     prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())["traceEvents"]
+    return gpu_events(json.loads(path.read_text())["traceEvents"], launch)
+
+
+def gpu_events(events: list[dict], launch: bool = False) -> list[tuple]:
+    """A chrome trace's GPU events in start order: (name, start_us, duration_us, launch_us), times
+    from the first GPU event's start; launch_us: the start of the host's runtime or driver call
+    that launched it (the call of the same correlation id; "" where the trace has none). With
+    launch=True each one's launch_shape after them (empty strings for copies and fills)."""
+    calls = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
     gpu = [
         (
             e["name"],
             float(e["ts"]),
             float(e.get("dur", 0.0)),
+            calls.get(e.get("args", {}).get("correlation"), ""),
             *(launch_shape(e.get("args", {})) if launch else ()),
         )
         for e in events
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     ]
     t0 = min((k[1] for k in gpu), default=0.0)
-    return [(k[0], k[1] - t0, *k[2:]) for k in sorted(gpu, key=lambda k: k[1])]
+    return [
+        (k[0], k[1] - t0, k[2], "" if k[3] == "" else round(k[3] - t0, 3), *k[4:])
+        for k in sorted(gpu, key=lambda k: k[1])
+    ]
+
+
+def host_issue_s(step, steps: int = HOST_ISSUE_STEPS) -> tuple[float, float, float]:
+    """The host's time to issue one step to an idle GPU: (median, p10, p90) over `steps` steps,
+    each timed from its call to its return, after a synchronisation (no profiler running)."""
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return quantile(times, 0.5), quantile(times, 0.1), quantile(times, 0.9)
 
 
 def launch_shape(args: dict) -> tuple:
@@ -245,7 +281,7 @@ def grids_only(names: list[str], out: Path) -> None:
                 step()
             events = profile(step, 3, launch=True)
             writer.writerows(
-                (name, i, n, round(s, 3), round(d, 3), g, b, m) for i, (n, s, d, g, b, m) in enumerate(events)
+                (name, i, n, round(s, 3), round(d, 3), g, b, m) for i, (n, s, d, _, g, b, m) in enumerate(events)
             )
             print(
                 json.dumps(
@@ -299,8 +335,9 @@ def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSam
     rows = [r for r in sampler.rows[first:] if start_s <= r[0] <= end_s]
     power_w = counter_power_w(rows)
     step_s = (end_s - start_s) / steps
-    kernels = profile(step, 3)
-    share, span_us = busy_share(kernels)
+    issue_s, issue_p10_s, issue_p90_s = host_issue_s(step)
+    kernels = profile(step, 3, launch=True)
+    share, span_us = busy_share([k[:3] for k in kernels])
     seen = 0
     for r in rows:
         seen |= r[7]
@@ -318,6 +355,9 @@ def measure(name: str, build, warmup_s: float, window_s: float, sampler: NvmlSam
         "profiled_span_us": span_us,
         "profiled_gpu_events": len(kernels),
         "gpu_busy_share": share,
+        "host_issue_s": issue_s,
+        "host_issue_p10_s": issue_p10_s,
+        "host_issue_p90_s": issue_p90_s,
         "memory_allocated_max_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
     return summary, kernels
@@ -343,7 +383,7 @@ def main(argv: list[str]) -> None:
     results = {"gpu": sampler.info(), "torch": torch.__version__, "warmup_s": warmup_s, "shapes": []}
     with gzip.open(out / "steps_kernels.csv.gz", "wt", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(("shape", "name", "start_us", "duration_us"))
+        writer.writerow(KERNEL_COLUMNS)
         for name in names:
             build = SHAPES[name]
             if time.perf_counter() - t0 + warmup_s + window_s + 15 > budget_s:
@@ -353,7 +393,7 @@ def main(argv: list[str]) -> None:
                 summary, kernels = measure(name, build, warmup_s, window_s, sampler)
             except Exception as error:
                 summary, kernels = {"shape": name, "error": repr(error)}, []
-            writer.writerows((name, n, round(s, 3), round(d, 3)) for n, s, d in kernels)
+            writer.writerows((name, n, round(s, 3), round(d, 3), *rest) for n, s, d, *rest in kernels)
             results["shapes"].append(summary)
             (out / "steps_summary.json").write_text(json.dumps(results, indent=2) + "\n")
             print(json.dumps({k: summary.get(k) for k in ("shape", "step_s", "energy_per_step_j", "power_mean_w",

@@ -47,3 +47,19 @@ def test_a_grids_only_value_other_than_0_or_1_exits_non_zero_with_one_line_namin
     message = str(stop.value.code)
     assert "--grids-only" in message and "'yes'" in message and "\n" not in message
     assert not (tmp_path / "unused").exists() and not capsys.readouterr().out
+
+
+def test_a_gpu_event_gets_the_start_of_the_host_call_of_its_correlation_id():
+    events = [
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 95.0, "args": {"correlation": 7}},
+        {"cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 120.0, "args": {"correlation": 8}},
+        {"cat": "kernel", "name": "k1", "ts": 100.0, "dur": 4.0, "args": {"correlation": 7}},
+        {"cat": "kernel", "name": "k2", "ts": 130.0, "dur": 2.0, "args": {"correlation": 8}},
+        {"cat": "gpu_memset", "name": "Memset", "ts": 110.0, "dur": 1.0, "args": {"correlation": 9}},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 90.0, "dur": 9.0, "args": {}},
+    ]
+    assert record_step_shapes.gpu_events(events) == [
+        ("k1", 0.0, 4.0, -5.0),
+        ("Memset", 10.0, 1.0, ""),
+        ("k2", 30.0, 2.0, 20.0),
+    ]
