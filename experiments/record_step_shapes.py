@@ -55,7 +55,16 @@ except ImportError:
 
 DEVICE = torch.device("cuda")
 HOST_ISSUE_STEPS = 20  # steps timed one by one on the host, each after a synchronisation
-KERNEL_COLUMNS = ("shape", "name", "start_us", "duration_us", "launch_us", "grid_blocks", "block_threads", "blocks_per_sm")
+KERNEL_COLUMNS = (
+    "shape",
+    "name",
+    "start_us",
+    "duration_us",
+    "launch_us",
+    "grid_blocks",
+    "block_threads",
+    "blocks_per_sm",
+)
 """steps_kernels.csv.gz's columns (launch_us and the launch shape since 2026-12-06)."""
 
 
@@ -281,7 +290,8 @@ def grids_only(names: list[str], out: Path) -> None:
                 step()
             events = profile(step, 3, launch=True)
             writer.writerows(
-                (name, i, n, round(s, 3), round(d, 3), g, b, m) for i, (n, s, d, _, g, b, m) in enumerate(events)
+                (name, i, n, round(s, 3), round(d, 3), g, b, m)
+                for i, (n, s, d, _, g, b, m) in enumerate(events)
             )
             print(
                 json.dumps(
