@@ -158,13 +158,19 @@ def load_trace(path: str | Path) -> Workload:
 
 
 def trace_workload(
-    path: Path, name: str, rows: Sequence[CsvRow], busy_shares: Mapping[str, float] | None = None
+    path: Path,
+    name: str,
+    rows: Sequence[CsvRow],
+    busy_shares: Mapping[str, float] | None = None,
+    card: str = "h200",
 ) -> Workload:
     """One training step of a kernel trace's rows (cells TRACE_COLUMNS; `path` is the file
     they came from, named in errors and the meta) as the Workload `name`; `busy_shares`: each
     kind's in-step busy share (kind -> share in (0, 1]; None or a kind left out: busy_share).
     A row's optional cell `blocks_per_sm` (its grid's blocks over the card's SMs) scales its
-    kernel's share by the SMs the grid fills (`grid_fill`)."""
+    kernel's share by the SMs the grid fills (`grid_fill`). `card`: the preset of the card the
+    trace was recorded on, whose simulated twin runs each kernel its recorded duration at stock
+    (work_for_duration)."""
     if not rows:
         raise KdvfsError(f"{path}: no data rows")
     trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
@@ -191,9 +197,11 @@ def trace_workload(
                 durations_s[i],
                 _filled(shares.get(c.kind), c.kind, first[i].blocks_per_sm),
                 UNCAPPED,
+                card,
             )
             for i, c in enumerate(classes)
-        ]
+        ],
+        card,
     )
     whole = kernels[: steps * period]
     span_us = max(k.start_us + k.duration_us for k in whole) - min(k.start_us for k in whole)
@@ -289,18 +297,19 @@ def kernel_from_duration(
     duration_s: float,
     busy: float | None = None,
     control: CapControl | None = None,
+    card: str = "h200",
 ) -> Kernel:
     """A trace kernel with the work that runs `duration_s` on the simulated H200 at stock
     (work_for_duration): flops for a GEMM or a tensor-core kernel, bytes moved for the rest;
     busy for `busy` of the chip (None: its kind's in-step share, busy_share); capped alone
-    (control None) or under a window's cap control."""
+    (control None) or under a window's cap control; `card`: the preset it was recorded on."""
     features = (
         ("duration_s", duration_s),
         *((f"is_{kind}", float(c.kind == kind)) for kind in KINDS),
         ("tensor_core", float(c.tensor_core)),
     )
     share = busy_share(c.kind) if busy is None else _share(busy)
-    work = work_for_duration(c.kind, c.tensor_core, duration_s, control, share)
+    work = work_for_duration(c.kind, c.tensor_core, duration_s, control, share, card)
     flops = computes_flops(c.kind, c.tensor_core)
     return Kernel(
         name=f"{position:03d}.{c.short}",
@@ -337,7 +346,7 @@ WORK_BISECTION_STEPS = 40  # steps of the bisection on log(work): relative preci
 WINDOW_FIT_ROUNDS = 4  # rounds of window controls and works: the step's time settles to ~0.1%
 
 
-def under_window_cap(kernels: list[Kernel]) -> tuple[Kernel, ...]:
+def under_window_cap(kernels: list[Kernel], card: str = "h200") -> tuple[Kernel, ...]:
     """The step's kernels with their work re-set so that each takes its recorded time under
     the cap control of its power window (the card holds the mean power over a window, so a
     GEMM among small kernels ran faster than it would alone at the cap); the controls depend
@@ -346,7 +355,8 @@ def under_window_cap(kernels: list[Kernel]) -> tuple[Kernel, ...]:
 
     from kdvfs.runtime.simulator import window_control, windows
 
-    card = get_preset("h200")
+    name = card
+    card = get_preset(name)
     if card.power_window_s <= 0.0:
         return tuple(kernels)
     temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
@@ -359,7 +369,7 @@ def under_window_cap(kernels: list[Kernel]) -> tuple[Kernel, ...]:
             control = window_control(card, entries, temp_c, card.power_cap_w) if len(window) > 1 else None
             controls.update({i: control for i, _ in window})
         for i, k in enumerate(kernels):
-            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i], k.busy_share)
+            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i], k.busy_share, name)
             flops = computes_flops(k.kind, k.tensor_core)
             kernels[i] = replace(k, flops=work if flops else 0.0, bytes_moved=0.0 if flops else work)
     return tuple(kernels)
@@ -372,17 +382,19 @@ def work_for_duration(
     duration_s: float,
     control: CapControl | None = None,
     busy_share: float = 1.0,
+    card: str = "h200",
 ) -> float:
     """The work (flops for a GEMM or a tensor-core kernel, else bytes: computes_flops) a kernel
-    of this kind needs to run `duration_s` on the simulated H200 at stock, at its training
-    temperature, busy for `busy_share` of the chip: the recorded kernel, as the simulator costs
+    of this kind needs to run `duration_s` on the simulated `card` (a preset's name) at stock,
+    at its training temperature, busy for `busy_share` of the chip: the recorded kernel, as the simulator costs
     it, capped alone (control None) or under a window's cap control. A recorded duration is the
     kernel's own run; the launch before it (the card's launch_latency_s, the gap between
     kernels back to back) comes on top, as in the step. A duration under the kind's floor gets
     no work (the simulated kernel then runs its floor, a little longer than recorded)."""
     from kdvfs.runtime.simulator import controlled_point, operating_point
 
-    card = get_preset("h200")
+    name = card
+    card = get_preset(name)
     temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
     flops = computes_flops(kind, tensor_core)
 

@@ -27,8 +27,9 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 
-from kdvfs.runtime.presets import STEP_BUSY_FITTED_ON
+from kdvfs.runtime.presets import PRESETS, STEP_BUSY_FITTED_ON
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
@@ -90,6 +91,9 @@ STEPS_KERNELS = "steps_kernels.csv.gz"
 #: The launch shapes of the recorded steps' GPU events (record_step_shapes.py --grids-only 1),
 #: where recorded: each kernel's blocks per SM, matched to the kernels by their names in order.
 STEPS_GRIDS = "steps_grids.csv.gz"
+#: Columns of STEPS_KERNELS read where present (recorded since 2026-12-06): each event's launch
+#: by the host and its grid's blocks per SM.
+OPTIONAL_KERNEL_COLUMNS = ("launch_us", "blocks_per_sm")
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,12 @@ class StepRow:
         measured_power_w: the counter's mean power, W.
         simulated_time_s: the simulated card's time of the step's kernels back to back, s.
         simulated_energy_j: their energy, J.
+        energy_at_measured_time_j: the simulated energy of the step where it lasts its
+            measured time (the GPU idle at its boost clocks for what its kernels leave of it):
+            the card's energy error apart from the host's pace, J.
+        wait_source: where the simulated wait on the host came from: "launches" (the
+            recorded launches at the host's issue time, launch_paced_wait_s) or "profiled
+            span" (host_pace_s).
     """
 
     shape: str
@@ -115,6 +125,8 @@ class StepRow:
     measured_power_w: float
     simulated_time_s: float
     simulated_energy_j: float
+    energy_at_measured_time_j: float = math.nan
+    wait_source: str = "profiled span"
 
     @property
     def time_error(self) -> float:
@@ -125,6 +137,11 @@ class StepRow:
     def energy_error(self) -> float:
         """Simulated energy against the measured energy per step, a fraction."""
         return self.simulated_energy_j / self.measured_energy_j - 1.0
+
+    @property
+    def energy_error_at_measured_time(self) -> float:
+        """Simulated energy of the step at its measured time against the measured energy."""
+        return self.energy_at_measured_time_j / self.measured_energy_j - 1.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,11 @@ class RecordedStep:
         energy_j: its measured energy, J.
         busy_share: the profiled GPU-busy share of its time (1.0 where not recorded).
         power_w: its measured mean power, W.
+        host_issue_s: the host's time to issue one step to an idle GPU, without the profiler,
+            s (0.0 where not recorded).
+        card: the preset of the card it was recorded on (the recording's GPU name; the H200
+            where the recording names none), whose simulated twin runs each kernel its recorded
+            duration.
     """
 
     shape: str
@@ -149,6 +171,8 @@ class RecordedStep:
     energy_j: float
     busy_share: float = 1.0
     power_w: float = 0.0
+    host_issue_s: float = 0.0
+    card: str = "h200"
 
 
 def recorded_steps(folder: Path) -> list[RecordedStep]:
@@ -158,7 +182,9 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
         if not path.is_file():
             raise KdvfsError(f"--against-steps {folder}: no {path.name} there (a folder of recorded steps)")
     try:
-        shapes = json.loads(summary_path.read_text())["shapes"]
+        summary = json.loads(summary_path.read_text())
+        shapes = summary["shapes"]
+        card = recorded_card(str(summary.get("gpu", {}).get("gpu_name", "")))
         with gzip.open(kernels_path, "rt", newline="") as f:
             events: dict[str, list[CsvRow]] = {}
             reader = csv.DictReader(f)
@@ -169,6 +195,7 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
                     "name": row["name"],
                     "start_us": row["start_us"],
                     "duration_us": row["duration_us"],
+                    **{c: row[c] for c in OPTIONAL_KERNEL_COLUMNS if row.get(c)},
                 }
                 rows.append(CsvRow(len(rows) + 1, reader.line_num, cells))
     except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
@@ -182,6 +209,7 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
             step_s, energy_j = float(entry["step_s"]), float(entry["energy_per_step_j"])
             busy = float(entry.get("gpu_busy_share", 1.0))
             power_w = float(entry.get("counter_power_w", 0.0))
+            issue_s = float(entry.get("host_issue_s", 0.0))
         except (KeyError, TypeError, ValueError) as e:
             raise KdvfsError(f"--against-steps {folder}: a step in {STEPS_SUMMARY} lacks {e}") from None
         if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(energy_j) and energy_j > 0):
@@ -189,9 +217,17 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
         power_w = power_w or energy_j / step_s
         if shape not in events:
             raise KdvfsError(f"--against-steps {folder}: step {shape!r} has no kernels in {STEPS_KERNELS}")
-        steps.append(RecordedStep(shape, kernels_path, tuple(events[shape]), step_s, energy_j, busy, power_w))
+        if not (math.isfinite(issue_s) and issue_s >= 0):
+            raise KdvfsError(f"--against-steps {folder}: step {shape!r} has a host_issue_s of {issue_s!r}")
+        rows = tuple(events[shape])
+        steps.append(RecordedStep(shape, kernels_path, rows, step_s, energy_j, busy, power_w, issue_s, card))
     grids = _launch_shapes(folder / STEPS_GRIDS)
     return [_with_grids(step, grids.get(step.shape, [])) for step in steps]
+
+
+def recorded_card(gpu_name: str) -> str:
+    """The preset whose GPU name is `gpu_name` ("h200" where none is)."""
+    return next((name for name, p in PRESETS.items() if p.gpu_name == gpu_name), "h200")
 
 
 def _launch_shapes(path: Path) -> dict[str, list[tuple[str, str]]]:
@@ -215,6 +251,8 @@ def _with_grids(step: RecordedStep, grids: list[tuple[str, str]]) -> RecordedSte
     names = [n for n, _ in grids]
     period = repeating_period(names)
     rows = step.rows
+    if any("blocks_per_sm" in r.cells for r in rows):
+        return step  # recorded with its kernels
     if not period or any(r.cells["name"] != names[i % period] for i, r in enumerate(rows)):
         return step
     with_grid = tuple(
@@ -243,6 +281,48 @@ def host_pace_s(workload: Workload, profiler_overhead_s: float = PROFILER_OVERHE
     return max(0.0, span_s - len(workload.kernels) * profiler_overhead_s)
 
 
+STEADY_STEPS = 4
+"""Steps launch_paced_wait_s runs one after another; the last one's time is the steady pace (a
+step that the host delays starts its successor late at most once over)."""
+
+
+def launch_paced_wait_s(step: RecordedStep, launch_latency_s: float) -> float | None:
+    """The GPU's idle time a step, waiting for its host's launches, in steady state (s), from the
+    recorded launches: each GPU event starts at the later of its predecessor's end (plus the
+    card's launch latency, `launch_latency_s`) and its launch by the host. The launches are the
+    profiled trace's, each at its offset from its step's first launch (the mean over the
+    profiled steps), scaled so that a step's launches span the host's time to issue it without
+    the profiler (host_issue_s); the steps follow one another every host_issue_s, and each
+    event runs its recorded duration (the mean over the steps). None where the recording has
+    no host_issue_s, an event without its launch, or fewer than two whole steps."""
+    rows = step.rows
+    if step.host_issue_s <= 0.0 or not rows or any("launch_us" not in r.cells for r in rows):
+        return None
+    period = repeating_period([r.cells["name"] for r in rows])
+    steps = len(rows) // period if period else 0
+    if steps < 2:
+        return None
+    launch_s = [float(r.cells["launch_us"]) * 1e-6 for r in rows]
+    duration_s = [float(r.cells["duration_us"]) * 1e-6 for r in rows]
+    host_span_s = (launch_s[(steps - 1) * period] - launch_s[0]) / (steps - 1)
+    if not host_span_s > 0.0:
+        return None
+    scale = step.host_issue_s / host_span_s
+    offsets_s = [
+        scale * fmean(launch_s[k * period + i] - launch_s[k * period] for k in range(steps))
+        for i in range(period)
+    ]
+    runs_s = [
+        launch_latency_s + fmean(duration_s[k * period + i] for k in range(steps)) for i in range(period)
+    ]
+    end_s, ends_s = 0.0, []
+    for k in range(STEADY_STEPS):
+        for offset_s, run_s in zip(offsets_s, runs_s, strict=True):
+            end_s = max(end_s, k * step.host_issue_s + offset_s) + run_s
+        ends_s.append(end_s)
+    return max(0.0, ends_s[-1] - ends_s[-2] - sum(runs_s))
+
+
 def simulate_step(
     device: SimulatedDevice,
     step: RecordedStep,
@@ -251,18 +331,29 @@ def simulate_step(
 ) -> StepRow:
     """A recorded step's kernels (a `trace:` workload, each kind busy for its in-step share:
     busy_shares, default the H200 preset's) run at stock on the simulated card, noiselessly at
-    their steady temperature, against the measured step. The step takes the longer of the
-    kernels' time and its host's pace (host_pace_s): where the host is slower, the GPU waits
-    out the rest idle at its boost clocks (between a running step's kernels the card keeps
-    them: the host-bound recording's SM clock read 1980 MHz throughout)."""
-    workload = trace_workload(step.source, step.shape, step.rows, busy_shares)  # seq: the events' order
+    their steady temperature, against the measured step. Where the GPU waits on its host it
+    idles at its boost clocks (between a running step's kernels the card keeps them: the
+    host-bound recordings' SM clock read 1980 MHz throughout), for the wait of the recorded
+    launches (launch_paced_wait_s) where the recording has them, else for the host's pace less
+    the kernels' time (host_pace_s, the profiled trace's span less `profiler_overhead_s` a GPU
+    event) where that is longer."""
+    workload = trace_workload(
+        step.source, step.shape, step.rows, busy_shares, step.card
+    )  # seq: the events' order
     items = [(k, None, k.launches) for k in workload.kernels]
-    time_s, sim_j = device.expected_step(items)
-    wait_s = host_pace_s(workload, profiler_overhead_s) - time_s
-    if wait_s > 0.0:
-        p = device.preset
-        boost = ClockPair(p.max_core_mhz, p.max_mem_mhz)
-        time_s, sim_j = device.expected_step(items, waits=[[(wait_s, boost)]])
+    kernels_s, kernels_j = device.expected_step(items)
+    boost = ClockPair(device.preset.max_core_mhz, device.preset.max_mem_mhz)
+
+    def waiting(wait_s: float) -> tuple[float, float]:
+        return (
+            device.expected_step(items, waits=[[(wait_s, boost)]]) if wait_s > 0.0 else (kernels_s, kernels_j)
+        )
+
+    wait_s, source = launch_paced_wait_s(step, device.preset.launch_latency_s), "launches"
+    if wait_s is None:
+        wait_s, source = host_pace_s(workload, profiler_overhead_s) - kernels_s, "profiled span"
+    time_s, sim_j = waiting(wait_s)
+    _, at_measured_j = waiting(step.step_s - kernels_s)
     return StepRow(
         step.shape,
         len(workload.kernels),
@@ -272,6 +363,8 @@ def simulate_step(
         step.power_w or step.energy_j / step.step_s,
         time_s,
         sim_j,
+        at_measured_j,
+        source,
     )
 
 

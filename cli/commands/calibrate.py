@@ -82,18 +82,20 @@ def _run_steps(args: argparse.Namespace, device) -> int:
         print(
             f"{device.name} (simulated, stock clocks, noiseless, each step's kernels in order, the launch gap "
             f"before each, busy for its kind's in-step share, at the host's pace where slower) against "
-            f"{args.against_steps} (measured on a real GPU, energy from its counter)"
+            f"{args.against_steps} (measured on a real GPU, energy from its counter); 'at meas. time': the "
+            "simulated energy where the step lasts its measured time; host: what paced the simulated host"
         )
         print(
             f"  {'step':32s} {'kernels':>7s} {'time ms meas/sim':>20s} {'err':>8s} {'energy J meas/sim':>20s} {'err':>8s}"
-            "  in-step model"
+            f" {'at meas. time':>13s}  {'host':13s}  in-step model"
         )
         for r in rows:
             within = abs(r.time_error) <= STEP_TARGET and abs(r.energy_error) <= STEP_TARGET
             print(
                 f"  {r.shape:32s} {r.kernels:7d} {r.measured_step_s * 1e3:9.2f}/{r.simulated_time_s * 1e3:<9.2f} "
                 f"{pct(r.time_error):>8s} {r.measured_energy_j:9.2f}/{r.simulated_energy_j:<9.2f} "
-                f"{pct(r.energy_error):>8s}  {fit_role(r.shape)}"
+                f"{pct(r.energy_error):>8s} {pct(r.energy_error_at_measured_time):>13s}  {r.wait_source:13s}"
+                f"  {fit_role(r.shape)}"
                 f"{'' if within else f'  (beyond {100 * STEP_TARGET:g}%)'}"
             )
         doc = phases.mark(
@@ -114,6 +116,9 @@ def _run_steps(args: argparse.Namespace, device) -> int:
                         "simulated_energy_j": r.simulated_energy_j,
                         "time_error": r.time_error,
                         "energy_error": r.energy_error,
+                        "energy_at_measured_time_j": r.energy_at_measured_time_j,
+                        "energy_error_at_measured_time": r.energy_error_at_measured_time,
+                        "host_paced_by": r.wait_source,
                         "fit": fit_role(r.shape),
                     }
                     for r in rows

@@ -1,0 +1,116 @@
+"""Whole steps recorded with their host's launches (data/h100/steps/: launch_us and host_issue_s):
+the simulated GPU waits for each launch of a host that issues a step in its measured issue
+time, and a trace recorded on another card is sized for that card's simulated twin."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from kdvfs.cli import main
+from kdvfs.runtime.simulator import SimulatedDevice
+from kdvfs.runtime.tables import CsvRow
+from kdvfs.tuner.calibration import RecordedStep, launch_paced_wait_s, recorded_steps, simulate_step
+
+H100_STEPS = Path(__file__).resolve().parents[2] / "data" / "h100" / "steps"
+RECORDED = {step.shape: step for step in recorded_steps(H100_STEPS)}
+LATENCY_S = 1e-6
+
+
+def _step(launches_us: list[float], durations_us: list[float], host_issue_s: float) -> RecordedStep:
+    """A recorded step of kernels a, b, a, b, ... launched at `launches_us`."""
+    rows = tuple(
+        CsvRow(
+            i + 1,
+            i + 2,
+            {
+                "seq": str(i),
+                "name": "ab"[i % 2],
+                "start_us": str(launch),
+                "duration_us": str(d),
+                "launch_us": str(launch),
+            },
+        )
+        for i, (launch, d) in enumerate(zip(launches_us, durations_us, strict=True))
+    )
+    return RecordedStep("s", Path("s.csv"), rows, step_s=1.0, energy_j=1.0, host_issue_s=host_issue_s)
+
+
+def test_a_host_slower_than_the_kernels_leaves_the_gpu_idle_for_the_rest_of_its_issue_time():
+    # two kernels of 100 us launched 1 ms apart; the host issues a step in 2 ms unprofiled
+    step = _step([0.0, 1000.0, 3000.0, 4000.0, 6000.0, 7000.0], [100.0] * 6, host_issue_s=2e-3)
+    wait_s = launch_paced_wait_s(step, LATENCY_S)
+    assert wait_s == pytest.approx(2e-3 - 2 * (100e-6 + LATENCY_S))
+
+
+def test_a_host_that_issues_ahead_of_the_kernels_leaves_no_wait():
+    step = _step([0.0, 10.0, 30.0, 40.0, 60.0, 70.0], [500.0] * 6, host_issue_s=50e-6)
+    assert launch_paced_wait_s(step, LATENCY_S) == 0.0
+
+
+def test_a_host_slow_in_one_part_of_the_step_delays_only_what_the_queue_cannot_cover():
+    # the host issues kernel a late (at 900 of its 1000 us); the GPU runs b (300 us) then a (300 us):
+    # the steps follow every 1000 us, so b waits until its launch and a for the host's late issue
+    step = _step([0.0, 900.0, 1000.0, 1900.0], [300.0, 300.0, 300.0, 300.0], host_issue_s=1e-3)
+    wait_s = launch_paced_wait_s(step, LATENCY_S)
+    assert wait_s == pytest.approx(1e-3 - 2 * (300e-6 + LATENCY_S))
+    # with kernels longer than the step's issue time the queue covers the host's late part
+    step = _step([0.0, 900.0, 1000.0, 1900.0], [600.0, 600.0, 600.0, 600.0], host_issue_s=1e-3)
+    assert launch_paced_wait_s(step, LATENCY_S) == 0.0
+
+
+def test_a_recording_without_launches_or_without_the_hosts_issue_time_has_no_launch_pace():
+    step = _step([0.0, 10.0, 30.0, 40.0], [5.0] * 4, host_issue_s=1e-3)
+    assert launch_paced_wait_s(dataclasses.replace(step, host_issue_s=0.0), LATENCY_S) is None
+    bare = tuple(
+        CsvRow(r.row, r.line, {k: v for k, v in r.cells.items() if k != "launch_us"}) for r in step.rows
+    )
+    assert launch_paced_wait_s(dataclasses.replace(step, rows=bare), LATENCY_S) is None
+
+
+def test_the_h100_recordings_kernels_are_sized_for_the_simulated_h100_and_keep_their_recorded_time():
+    step = RECORDED["mlp_fp32_sgd"]  # GPU-bound: its time is its kernels'
+    assert step.card == "h100"
+    row = simulate_step(SimulatedDevice("h100", noise=0.0), step)
+    assert row.wait_source == "launches"
+    assert row.time_error == pytest.approx(0.0, abs=0.01)
+    as_h200 = simulate_step(SimulatedDevice("h100", noise=0.0), dataclasses.replace(step, card="h200"))
+    assert as_h200.simulated_time_s > row.simulated_time_s  # the H200's memory: more bytes a kernel
+
+
+def test_a_launch_bound_step_takes_its_hosts_issue_time_and_a_gpu_bound_one_its_kernels_time():
+    device = SimulatedDevice("h100", noise=0.0)
+    launch_bound = RECORDED["resnet50_bf16_b16_sgd"]
+    row = simulate_step(device, launch_bound)
+    assert row.simulated_time_s == pytest.approx(launch_bound.host_issue_s, rel=0.02)
+    gpu_bound = RECORDED["gpt2_medium_sdpa_bf16_b8x1024"]  # host issues in 97 of its 142 ms
+    row = simulate_step(device, gpu_bound)
+    assert row.simulated_time_s > 1.4 * gpu_bound.host_issue_s
+    assert abs(row.time_error) <= 0.01
+
+
+def test_calibrate_prints_what_paced_the_host_and_the_energy_at_the_measured_time(tmp_path, capsys):
+    code = main(
+        [
+            "calibrate",
+            "--device",
+            "sim:h100",
+            "--against-steps",
+            str(H100_STEPS),
+            "--json",
+            str(tmp_path / "c.json"),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "at meas. time" in out and "launches" in out
+    rows = {r["shape"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert set(rows) == set(RECORDED)
+    for r in rows.values():
+        assert r["host_paced_by"] == "launches"
+        assert r["energy_error_at_measured_time"] == pytest.approx(
+            r["energy_at_measured_time_j"] / r["measured_energy_j"] - 1.0
+        )
