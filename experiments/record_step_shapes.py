@@ -3,6 +3,7 @@
     python experiments/record_step_shapes.py --out DIR [--warmup-s 6 --window-s 20 --budget-s 270]
                                              [--shapes NAME,NAME,...]
     python experiments/record_step_shapes.py --out DIR --grids-only 1 [--shapes ...]
+    python experiments/record_step_shapes.py --out DIR --graphs 1 [--shapes ...]
 
 Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU setting. Map:
   SHAPES        the steps: ResNet-50 bf16 batch 128; GPT-2 small bf16 with SDPA attention and with
@@ -11,6 +12,8 @@ Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU 
                 launch-bound ResNet-18 bf16 batch 32 with SGD; steps that wait on their host for
                 more or less of the step: ResNet-18 at batch 16 and 64, ResNet-50 at batch 16,
                 GPT-2 small SDPA at 2 x 128
+  graphed       --graphs 1: each step captured in one CUDA graph and replayed (its kernels back
+                to back, the host's launches gone), measured and written as main writes steps
   select_shapes --shapes a,b,c: the named shapes, in SHAPES order (default: all); an unknown name
                 exits with one line naming it
   counter_power_w, sensor_figures
@@ -174,6 +177,27 @@ SHAPES = {
     "resnet50_bf16_b16_sgd": lambda: resnet_bf16("resnet50", 16),
     "gpt2_small_sdpa_bf16_b2x128": lambda: gpt2("sdpa", 2, 128),
 }
+
+
+def graphed(build):
+    """A shape's builder whose step is a replay of its step captured in one CUDA graph (after 3
+    eager steps on a side stream, as torch.cuda.graphs prescribes): the same kernels back to
+    back, without the host's launches between them."""
+
+    def build_graphed() -> tuple:
+        step, description = build()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return graph.replay, f"{description}; one CUDA graph replayed a step"
+
+    return build_graphed
 
 
 def select_shapes(text: str | None) -> list[str]:
@@ -383,6 +407,9 @@ def main(argv: list[str]) -> None:
     grids = opts.get("--grids-only", "0")  # 1: the launch shapes alone, no energy window
     if grids not in ("0", "1"):
         sys.exit(f"record_step_shapes: --grids-only is 0 or 1, got {grids!r}")
+    graphs = opts.get("--graphs", "0")  # 1: each step captured in a CUDA graph and replayed
+    if graphs not in ("0", "1"):
+        sys.exit(f"record_step_shapes: --graphs is 0 or 1, got {graphs!r}")
     out.mkdir(parents=True, exist_ok=True)
     if grids == "1":
         grids_only(names, out)
@@ -395,7 +422,7 @@ def main(argv: list[str]) -> None:
         writer = csv.writer(f)
         writer.writerow(KERNEL_COLUMNS)
         for name in names:
-            build = SHAPES[name]
+            build = graphed(SHAPES[name]) if graphs == "1" else SHAPES[name]
             if time.perf_counter() - t0 + warmup_s + window_s + 15 > budget_s:
                 print(f"skipped {name}: budget", flush=True)
                 continue

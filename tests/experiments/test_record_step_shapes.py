@@ -63,3 +63,9 @@ def test_a_gpu_event_gets_the_start_of_the_host_call_of_its_correlation_id():
         ("Memset", 10.0, 1.0, ""),
         ("k2", 30.0, 2.0, 20.0),
     ]
+
+
+def test_a_graphs_value_other_than_0_or_1_exits_non_zero_with_one_line_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        record_step_shapes.main(["--out", str(tmp_path), "--graphs", "yes"])
+    assert exit_.value.code != 0 and "--graphs is 0 or 1, got 'yes'" in str(exit_.value.code)
