@@ -176,7 +176,8 @@ class RecordedStep:
 
 
 def recorded_steps(folder: Path) -> list[RecordedStep]:
-    """The recorded steps of `folder` (STEPS_SUMMARY, STEPS_KERNELS), in the summary's order."""
+    """The recorded steps of `folder` (STEPS_SUMMARY, STEPS_KERNELS), in the summary's order;
+    a shape the recorder could not run (its entry holds an "error") is left out."""
     summary_path, kernels_path = folder / STEPS_SUMMARY, folder / STEPS_KERNELS
     for path in (summary_path, kernels_path):
         if not path.is_file():
@@ -204,6 +205,8 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
         ) from None
     steps = []
     for entry in shapes:
+        if "error" in entry:
+            continue  # the recorder could not run this shape: its entry holds why, and no figures
         try:
             shape = str(entry["shape"])
             step_s, energy_j = float(entry["step_s"]), float(entry["energy_per_step_j"])
