@@ -150,3 +150,67 @@ def choose(
             chosen.append(g)
             spent_s += extra
     return sorted(chosen)
+
+
+def pool_savings(
+    savings: Sequence[float],
+    ses: Sequence[float],
+    times_s: Sequence[float],
+    extra_s: Sequence[float],
+    kinds: Sequence[object],
+    history: Sequence[tuple[object, float, float, float, float]] = (),
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each factor's saving pooled with what the factors of its kind show together.
+
+    The factors of one kind (moved to one corner pair) follow one relation, the energy the
+    lowered clock saves over the group's time less what its extra time costs at the step's
+    power: saving = a * time - b * extra time, (a, b) fitted by weighted least squares over
+    every estimate of that kind (this design's and `history`'s, each weighted by 1 / its
+    error squared). A factor's own estimate is then averaged with the relation's prediction
+    for it, each weighted by its precision: the prediction's variance is the fit's own plus
+    the spread of the factors about the relation beyond their errors, in proportion to their
+    time (the method of moments; none when the estimates scatter no more than their errors).
+    A kind with fewer than 3 estimates keeps its factors' own estimates.
+
+    Args:
+        savings, ses: each factor's fitted saving and its standard error (fit_savings).
+        times_s: each factor's time per step under the incumbent, s.
+        extra_s: each factor's extra time at its candidate, s per step.
+        kinds: each factor's kind (its candidate pair).
+        history: (kind, time s, extra s, saving, error) of earlier designs' factors.
+    Returns:
+        (savings, errors), the pooled ones.
+    """
+    s = np.asarray(savings, dtype=float)
+    e = np.asarray(ses, dtype=float)
+    pooled_s, pooled_e = s.copy(), e.copy()
+    points = [
+        (k, float(t), float(x), float(v), float(se))
+        for k, t, x, v, se in [*zip(kinds, times_s, extra_s, s, e), *history]
+        if math.isfinite(v) and math.isfinite(se) and se > 0 and math.isfinite(t) and math.isfinite(x)
+    ]
+    for kind in dict.fromkeys(kinds):
+        mine = [p for p in points if p[0] == kind]
+        if len(mine) < 3:
+            continue
+        x = np.array([[t, -xs] for _, t, xs, _, _ in mine])
+        y = np.array([v for *_, v, _ in mine])
+        w = 1.0 / np.array([se for *_, se in mine]) ** 2
+        cov = np.linalg.pinv(x.T @ (x * w[:, None]))
+        beta = cov @ (x.T @ (w * y))
+        resid = y - x @ beta
+        t2 = float(np.sum(x[:, 0] ** 2))
+        spread = max(float(np.sum(resid**2 - 1.0 / w)), 0.0) / t2 if t2 > 0 else 0.0
+        for g, k in enumerate(kinds):
+            if k != kind or not (math.isfinite(s[g]) and math.isfinite(e[g]) and e[g] > 0):
+                continue
+            row = np.array([float(times_s[g]), -float(extra_s[g])])
+            mean = float(row @ beta)
+            var = float(row @ cov @ row) + spread * float(times_s[g]) ** 2
+            if var <= 0.0:
+                pooled_s[g], pooled_e[g] = mean, 0.0
+                continue
+            precision = 1.0 / var + 1.0 / e[g] ** 2
+            pooled_s[g] = (mean / var + s[g] / e[g] ** 2) / precision
+            pooled_e[g] = math.sqrt(1.0 / precision)
+    return pooled_s, pooled_e

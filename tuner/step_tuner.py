@@ -74,7 +74,14 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
 )
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload, finite_number
 from kdvfs.tuner.drift import ConditionWatch, DriftMonitor, group_stream, stream_group
-from kdvfs.tuner.screening import candidate_clocks, candidate_pairs, choose, design_rows, fit_savings
+from kdvfs.tuner.screening import (
+    candidate_clocks,
+    candidate_pairs,
+    choose,
+    design_rows,
+    fit_savings,
+    pool_savings,
+)
 
 #: Most A-B-B-A blocks of one trial while its decision is open (fewer when the measured noise,
 #: the run's expected length or the budget's slack says so); blocks.
@@ -419,6 +426,9 @@ class Screening:
             and the design built anew, when a quarter of its rows ran over the budget: the
             probes, every group at one pair, do not see what a row's mixed pairs cost); times.
         over_budget: rows of this design abandoned for their measured time.
+        history: each group the rounds before fitted: (its candidate pair, its time under that
+            round's incumbent s, its extra time there s, its own saving and error), which the
+            relation of its kind is fitted over again (screening.pool_savings).
     """
 
     search: Search
@@ -437,6 +447,7 @@ class Screening:
     round: int = 1
     extra_budgets: float = SCREEN_EXTRA_BUDGETS
     over_budget: int = 0
+    history: list[tuple[ClockPair, float, float, float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -1115,6 +1126,7 @@ class StepTuner:
                     dict(after.probe_saving),
                     round=after.round + 1,
                     extra_budgets=after.extra_budgets,
+                    history=list(after.history),
                 )
             )
             return self._screening(self.phase, None)
@@ -1269,8 +1281,11 @@ class StepTuner:
             sc.rows, sc.row, sc.results, sc.over_budget = None, 0, [], 0
 
     def _screened(self, sc: Screening) -> Schedule:
-        """The design fitted: the groups whose saving exceeds SCREEN_Z errors, the largest per
-        second first, within the time the budget leaves, verified together."""
+        """The design fitted: each group's saving pooled with the relation of the groups moved
+        to the same pair (`pool_savings`: saving = a * time - b * extra time over this round's
+        and the earlier rounds' estimates), the groups whose pooled saving exceeds SCREEN_Z
+        errors, the largest per second first, within the time the budget leaves, verified
+        together."""
         chosen: list[int] = []
         if sc.results:
             rows = sc.rows[[r for r, *_ in sc.results]]
@@ -1283,6 +1298,13 @@ class StepTuner:
                 extra_s.append(
                     float(np.mean(seen)) - self.incumbent_group_times_s[g] if seen else sc.candidates[g][1]
                 )
+            # each group's own estimate pooled with the relation its kind (its candidate pair)
+            # follows over every screened group, this design's and the earlier rounds'
+            times = [self.incumbent_group_times_s[g] for g in sc.factors]
+            kinds = [sc.candidates[g][0] for g in sc.factors]
+            own = list(zip(kinds, times, extra_s, savings, ses))
+            savings, ses = pool_savings(savings, ses, times, extra_s, kinds, sc.history)
+            sc.history.extend(own)
             picked = choose(savings, ses, extra_s, self._extra_allowed_s(), SCREEN_Z)
             chosen = [sc.factors[k] for k in picked]
         if not chosen:

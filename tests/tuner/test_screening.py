@@ -11,13 +11,22 @@ import numpy as np
 import pytest
 
 from kdvfs.cli import main
-from kdvfs.tuner.screening import candidate_clocks, candidate_pairs, choose, design_rows, fit_savings
+from kdvfs.tuner import step_tuner
+from kdvfs.tuner.screening import (
+    candidate_clocks,
+    candidate_pairs,
+    choose,
+    design_rows,
+    fit_savings,
+    pool_savings,
+)
 from kdvfs.tuner.step_tuner import TrialFinished
 from tests.tuner.sim_jobs import job_session
 
 TABLE = (
     Path(__file__).resolve().parents[2] / "data" / "dvfs-real" / "gtx1080ti-dvfs-real-Performance-Power.csv"
 )
+TABLE_2070S = TABLE.with_name("gtx2070s-dvfs-real-Performance-Power.csv")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 20, 30])
@@ -64,6 +73,49 @@ def test_the_choice_takes_the_most_saving_per_second_within_the_allowance_and_sk
     assert choose(savings, ses, extra_s, allowance_s=0.003, z=1.0) == [1, 2, 4]
     assert choose(savings, ses, extra_s, allowance_s=0.02, z=1.0) == [0, 1, 2, 4]
     assert choose(savings, ses, extra_s, allowance_s=0.02, z=0.4) == [0, 1, 2, 3, 4]
+
+
+def test_pooling_pulls_each_groups_noisy_saving_to_the_relation_its_kind_follows():
+    # two kinds (two corner pairs), each saving = a * time - b * extra time exactly, read with
+    # errors far larger than the small groups' savings
+    rng = np.random.default_rng(1)
+    kinds = ["core"] * 8 + ["mem"] * 8
+    times = rng.uniform(0.5e-3, 20e-3, 16)
+    extra = rng.uniform(-0.05e-3, 0.5e-3, 16)
+    a = np.where(np.array(kinds) == "core", 0.4, 0.1)
+    b = np.where(np.array(kinds) == "core", 4.0, 3.0)
+    truth = a * times - b * extra
+    ses = np.full(16, 0.003)
+    noisy = truth + rng.normal(0.0, 0.003, 16)
+    pooled, pooled_se = pool_savings(noisy, ses, times, extra, kinds)
+    assert np.all(pooled_se <= ses)
+    assert np.abs(pooled - truth).mean() < 0.5 * np.abs(noisy - truth).mean()
+    # a kind of fewer than three groups keeps its own estimates
+    few, few_se = pool_savings(noisy[:2], ses[:2], times[:2], extra[:2], kinds[:2])
+    np.testing.assert_array_equal(few, noisy[:2])
+    np.testing.assert_array_equal(few_se, ses[:2])
+
+
+def test_pooling_keeps_a_groups_own_estimate_where_the_groups_scatter_about_the_relation():
+    # no relation: the groups' savings scatter far beyond their errors; each keeps close to its own
+    times = np.array([1e-3, 2e-3, 4e-3, 8e-3, 16e-3])
+    extra = np.zeros(5)
+    savings = np.array([0.02, -0.03, 0.05, -0.04, 0.01])
+    ses = np.full(5, 0.0005)
+    pooled, pooled_se = pool_savings(savings, ses, times, extra, ["k"] * 5)
+    np.testing.assert_allclose(pooled, savings, atol=0.001)
+    assert np.all(pooled_se <= ses)
+
+
+def test_earlier_rounds_estimates_fit_the_relation_of_a_round_of_small_groups():
+    # a second round of small groups alone (their own errors 0.4%, their savings 0.05-0.15%) reads
+    # each one near the relation the first round's large groups fitted
+    history = [("k", t, 0.0, 0.1 * t / 1e-3 * 1e-3, 0.003) for t in (10e-3, 20e-3, 40e-3)]
+    times = np.array([0.5e-3, 1.0e-3, 1.5e-3])
+    truth = 0.1 * times
+    noisy = truth + np.array([0.004, -0.004, 0.003])
+    pooled, _ = pool_savings(noisy, np.full(3, 0.004), times, np.zeros(3), ["k"] * 3, history)
+    np.testing.assert_allclose(pooled, truth, atol=0.0003)
 
 
 def test_each_group_gets_the_probe_that_slowed_it_least():
@@ -160,10 +212,15 @@ def test_a_probe_far_slower_than_the_budget_runs_its_block_where_a_trial_would_b
     assert session.run.summary()["max_cumulative_slowdown"] <= 0.01
 
 
-def test_a_screenings_undecided_choice_goes_on_and_stands_where_its_test_stopped(tmp_path):
-    # the table's second screening round: its choice reads +0.125% +- 0.037% after its 12
-    # blocks, goes on with its blocks kept, and its test adopts it after 18 (at 4.08 errors,
-    # which a second judgement after its windows refined the noise read as 3.75 and dropped)
+def test_a_screenings_undecided_choice_goes_on_and_stands_where_its_test_stopped(tmp_path, monkeypatch):
+    # the table's second screening round with each group's own estimate alone (no pooling; with
+    # it the first round's choice takes the groups this round chose): its choice reads +0.125%
+    # +- 0.037% after its 12 blocks, goes on with its blocks kept, and its test adopts it after
+    # 18 (at 4.08 errors, which a second judgement after its windows refined the noise read as
+    # 3.75 and dropped)
+    monkeypatch.setattr(
+        step_tuner, "pool_savings", lambda savings, ses, *_: (np.asarray(savings), np.asarray(ses))
+    )
     out = tmp_path / "run.json"
     args = ["tune", "--device", f"replay:{TABLE}", "--workload", "table", "--seconds", "1800"]
     assert main([*args, "--prior", "none", "--no-mlflow", "--json", str(out)]) == 0
@@ -174,3 +231,17 @@ def test_a_screenings_undecided_choice_goes_on_and_stands_where_its_test_stopped
     assert undecided["blocks"] == 12 and undecided["undecided"] and not undecided["adopted"]
     assert went_on["blocks"] > 12 and went_on["adopted"] and not went_on["undecided"]
     assert run["tuner"]["adopted"] == 2 and run["max_cumulative_slowdown"] <= 0.01
+
+
+@pytest.mark.parametrize("table", [TABLE, TABLE_2070S], ids=["gtx1080ti", "rtx2070s"])
+def test_an_hour_of_a_replayed_table_reaches_nine_tenths_of_its_realisable_oracle(tmp_path, table):
+    # the savings pooled over each corner's groups: the small groups the design alone cannot
+    # resolve (0.06-0.17% each against 0.3-0.4% errors) are chosen by the relation the large ones
+    # fit, within the time the budget leaves (95% on both tables; 84% on the 2070 Super and 92%
+    # on the 1080 Ti before)
+    out = tmp_path / "run.json"
+    args = ["tune", "--device", f"replay:{table}", "--workload", "table", "--seconds", "3600"]
+    assert main([*args, "--prior", "none", "--no-mlflow", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert run["share_of_oracle"] >= 0.9
+    assert run["running"]["slowdown"] <= 0.01 and run["max_cumulative_slowdown"] <= 0.01
