@@ -11,10 +11,13 @@
   trace_workload: each kernel its recorded duration, the launch gap before it, busy for its
   kind's in-step share) that the simulated card runs at stock, noiselessly at its steady
   temperature (`simulate_step`, expected_step); time and energy per step are compared with the
-  measured ones; the step takes the longer of its kernels' time and its host's pace
-  (`host_pace_s`: the profiled trace's time a step less PROFILER_OVERHEAD_S a GPU event), the
-  GPU idle at its boost clocks for the rest. `fit_role`: whether a step was fitted (the in-step
-  busy shares, presets.STEP_BUSY_FITTED_ON; the profiler's overhead, to time only) or held out.
+  measured ones. Where the GPU waits on its host it idles at its boost clocks: for the wait the
+  recorded launches give (`launch_paced_wait_s`: each event after its launch by a host that
+  issues a step in its measured issue time) where the recording has them, else for its host's
+  pace (`host_pace_s`: the profiled trace's time a step less PROFILER_OVERHEAD_S a GPU event)
+  less the kernels' time. A trace is sized for the card it was recorded on (`recorded_card`).
+  `fit_role`: whether a step was fitted (the in-step busy shares, presets.STEP_BUSY_FITTED_ON;
+  the profiler's overhead, to time only) or held out.
 """
 
 from __future__ import annotations
