@@ -188,7 +188,8 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
     try:
         summary = json.loads(summary_path.read_text())
         shapes = summary["shapes"]
-        card = recorded_card(str(summary.get("gpu", {}).get("gpu_name", "")))
+        gpu = summary.get("gpu")
+        card = recorded_card(str(gpu.get("gpu_name", "")) if isinstance(gpu, dict) else "")
         with gzip.open(kernels_path, "rt", newline="") as f:
             events: dict[str, list[CsvRow]] = {}
             reader = csv.DictReader(f)
@@ -201,6 +202,8 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
                     "duration_us": row["duration_us"],
                     **{c: row[c] for c in OPTIONAL_KERNEL_COLUMNS if row.get(c)},
                 }
+                if "launch_us" in cells and not math.isfinite(float(cells["launch_us"])):
+                    raise ValueError(f"line {reader.line_num}: launch_us {cells['launch_us']!r}")
                 rows.append(CsvRow(len(rows) + 1, reader.line_num, cells))
     except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
         raise KdvfsError(

@@ -138,3 +138,38 @@ def test_a_shape_the_recorder_could_not_run_is_left_out_and_the_others_are_calib
         == 0
     )
     assert len(json.loads((tmp_path / "c.json").read_text())["rows"]) == 5
+
+
+def _copy(folder: Path) -> Path:
+    """A copy of the H100 recording to spoil."""
+    import shutil
+
+    shutil.copytree(H100_STEPS, folder)
+    return folder
+
+
+def test_a_negative_host_issue_time_is_refused_in_one_line(tmp_path, capsys):
+    folder = _copy(tmp_path / "steps")
+    summary = json.loads((folder / "steps_summary.json").read_text())
+    summary["shapes"][0]["host_issue_s"] = -0.01
+    (folder / "steps_summary.json").write_text(json.dumps(summary))
+    assert main(["calibrate", "--device", "sim:h100", "--against-steps", str(folder)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "host_issue_s of -0.01" in err[0]
+
+
+def test_a_launch_time_that_is_not_a_number_is_refused_in_one_line(tmp_path, capsys):
+    import csv
+    import gzip
+
+    folder = _copy(tmp_path / "steps")
+    with gzip.open(folder / "steps_kernels.csv.gz", "rt", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[5]["launch_us"] = "soon"
+    with gzip.open(folder / "steps_kernels.csv.gz", "wt", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows(rows)
+    assert main(["calibrate", "--device", "sim:h100", "--against-steps", str(folder)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unreadable recording" in err[0] and "soon" in err[0]
