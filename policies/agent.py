@@ -111,6 +111,7 @@ def train_agent(env, steps: int, *, seed: int = 0):
     """A MaskablePPO model ("MlpPolicy", on CPU) trained `steps` env steps through `env` (a
     Gymnasium env with this module's observation and `action_masks()`)."""
     from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.logger import Logger
 
     with one_thread():
         model = MaskablePPO(
@@ -122,6 +123,7 @@ def train_agent(env, steps: int, *, seed: int = 0):
             device="cpu",
             verbose=0,
         )
+        model.set_logger(Logger(folder=None, output_formats=[]))  # no SB3-* log folder in the temp dir
         return model.learn(total_timesteps=steps)
 
 

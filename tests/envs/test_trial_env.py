@@ -122,8 +122,12 @@ def test_ppo_trains_a_few_hundred_steps_and_the_agent_is_a_strategy() -> None:
     assert result.energy_saving >= 0.0
 
 
-def test_a_saved_agent_loads_on_its_grid_and_is_refused_on_another(tmp_path: Path) -> None:
+def test_a_saved_agent_loads_on_its_grid_and_is_refused_on_another(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where SB3 would put a log folder
     model = train_agent(make(workload=LONG, **TRAIN), 8, seed=0)
+    assert not list(tmp_path.glob("SB3-*"))  # training leaves no log folder behind
     model.save(tmp_path / "agent.zip")
     loaded = AgentStrategy(search_space(open_device("sim:rtx3080ti")), 0, model=tmp_path / "agent.zip")
     obs = np.zeros(model.observation_space.shape, dtype=np.float32)
