@@ -113,7 +113,13 @@ STEP_GROUP = -1
 #: The screening's place in a search's order (`Screening`: every group with a candidate pair
 #: at once, in a designed set of trials, after the whole step's pair).
 SCREEN_GROUP = -2
-#: Fewest groups a first run screens (fewer are searched one by one); groups.
+#: The wait group (`StepTuner.wait_group`): where a job's waits for its host are long enough
+#: for a clock request at the step's last site to land in them, that site is a group of its own
+#: whose pair the card idles at through those waits (a held pair otherwise idles at itself, stock
+#: at its lowest core clock); it is tried once per round at the grid's lowest pair (the least
+#: idle draw), first, and is otherwise left out of the search.
+#: Fewest groups a first run screens (fewer are searched one by one, the wait group not
+#: counted); groups.
 MIN_SCREEN_GROUPS = 3
 #: Standard errors of saving above which a screened group is moved (the verification of the
 #: groups together is the adoption test); sds.
@@ -742,6 +748,9 @@ class StepTuner:
         self.segments = sorted(set(segments) | {0})
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         """The schedule adopted so far (the plan): stock until something is adopted."""
+        self.wait_site: int | None = None
+        """The kernel index of the wait group's start (None: the job has none; `wait_group`)."""
+        self.longest_wait_s = 0.0  # the largest mean wait per step of a report seen, s
         self.stock_energy_j = math.nan  # per step, measured in the reference
         self.stock_wait_s = math.nan  # the job's mean wait per step in the windows stock_energy_j reads, s
         self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
@@ -819,6 +828,8 @@ class StepTuner:
             report.step_time_s - report.wait_s, report.steps, at_stock=self._answered.is_stock
         )
         self._now_s = report.end_s
+        if math.isfinite(report.wait_s):
+            self.longest_wait_s = max(self.longest_wait_s, report.wait_s)
         phase = self.phase
         if math.isfinite(report.temperature_c):
             moved = self.conditions.update(report.end_s, report.temperature_c, report.power_limit_w)
@@ -944,6 +955,12 @@ class StepTuner:
             if first_run
             else self.segments
         )
+        if first_run:
+            self.wait_site = self._wait_site_of(starts, list(segment_times))
+            if self.wait_site is not None:
+                starts = [*starts, self.wait_site]
+        elif self.wait_site is not None and starts[-1] != self.wait_site:
+            self.wait_site = None  # a plan without it (a replan): no wait group
         self.incumbent = Schedule(tuple((s, None) for s in starts))
         ends = [*starts[1:], len(self.workload)]
         times = [
@@ -952,14 +969,55 @@ class StepTuner:
         ]
         self.group_times_s = times
         self.incumbent_group_times_s = list(times)
-        order = [int(g) for g in np.argsort(times)[::-1]]  # the longest group first
+        wait = self.wait_group
+        held = len(starts) - (wait is not None)  # the groups that hold their clocks through kernels
+        order = [int(g) for g in np.argsort(times)[::-1] if g != wait]  # the longest group first
         if ref.explore is not None:
             order = [g for g in order if g in ref.explore]
-        if first_run and len(starts) > 1:
+        if first_run and held > 1:
             order.insert(0, STEP_GROUP)  # the one-knob optimum first, then each group from it
-        if first_run and len(starts) >= MIN_SCREEN_GROUPS and ref.explore is None:
+        if first_run and held >= MIN_SCREEN_GROUPS and ref.explore is None:
             order.insert(1, SCREEN_GROUP)  # then many groups at once, then each group alone
+        if wait is not None and (ref.explore is None or wait in ref.explore):
+            order.insert(0, wait)  # where the card idles first: the held pairs are then tried with it
         return Search(order, dict(ref.first), window_s=self.timing.trial_window_s, started_s=self._now_s)
+
+    def _wait_site_of(self, starts: list[int], segment_times_s: list[float]) -> int | None:
+        """The step's last site, as the wait group's start, where a request there lands after
+        the step's kernels (its segment is shorter than the switch latency, so it runs at the
+        clocks before it) and a wait of the job's can outlast its landing (a report's mean wait
+        per step exceeded the latency less that segment's time): the card then idles at its
+        pair. None where the step has one site, that site already starts a group, or the job's
+        waits end before such a request lands (it is replaced by the next step's first)."""
+        if len(self.segments) < 2 or self.segments[-1] in starts:
+            return None
+        tail_s = float(segment_times_s[-1])
+        if not (tail_s < self.switch_latency_s and self.longest_wait_s > self.switch_latency_s - tail_s):
+            return None
+        return self.segments[-1]
+
+    @property
+    def wait_group(self) -> int | None:
+        """The wait group's index in the incumbent (its last group; None: none)."""
+        if self.wait_site is None or len(self.incumbent.groups) < 2:
+            return None
+        return len(self.incumbent.groups) - 1 if self.incumbent.groups[-1][0] == self.wait_site else None
+
+    @property
+    def wait_pair(self) -> ClockPair:
+        """The pair the wait group is tried at: the grid's lowest core and memory clocks (the
+        least idle draw), else the lowest core clock at the lowest memory clock."""
+        low = ClockPair(min(p.core_mhz for p in self.pairs), min(p.mem_mhz for p in self.pairs))
+        if low in self.pairs:
+            return low
+        mem = min(p.mem_mhz for p in self.pairs)
+        return min((p for p in self.pairs if p.mem_mhz == mem), key=lambda p: p.core_mhz)
+
+    def _wait_holds(self, schedule: Schedule) -> bool:
+        """Whether a schedule's wait group holds a pair of its own (else it follows the group
+        before it, requesting nothing new)."""
+        wait = self.wait_group
+        return wait is not None and schedule.groups[wait][1] != schedule.groups[wait - 1][1]
 
     # --- the job's noise and the budget at 95% confidence --------------------------------------
     @property
@@ -1086,7 +1144,10 @@ class StepTuner:
         # the group's time as the incumbent runs it: the budget left is what it may add to that
         group_s = self.incumbent_step_s if g == STEP_GROUP else self.incumbent_group_times_s[g]
         extra_s = self._extra_allowed_s()
-        where = "step" if g == STEP_GROUP else f"group{g}@{self.incumbent.groups[g][0]}"
+        wait = g == self.wait_group
+        where = (
+            "step" if g == STEP_GROUP else f"{'wait' if wait else 'group'}{g}@{self.incumbent.groups[g][0]}"
+        )
         current = self._own_pair(g)
         task = Task(
             key=f"{where}/{self.retunes}" + (f".{search.round}" if search.round else ""),
@@ -1101,8 +1162,10 @@ class StepTuner:
         for incumbent, config, time_ratio, energy_ratio in self._decided.get(g, []) if search.round else []:
             if incumbent == self.incumbent:
                 self.strategy.tell(task, config, time_ratio * group_s, energy_ratio * self.incumbent_energy_j)
-        first = search.first.get(g)
+        first = self.wait_pair if wait else search.first.get(g)
         first_config = self.pairs.index(first) if first is not None and first != current else None
+        if wait and first_config is None:  # it idles at the wait pair already
+            return self._start_group(search, position + 1)
         self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
 
@@ -1207,7 +1270,7 @@ class StepTuner:
         times_s = np.asarray(self.incumbent_group_times_s, dtype=float)
         allowed_s = self._extra_allowed_s()
         left_s = sc.extra_budgets * self.budget * self.stock_step_s
-        at_base = {g for g in range(len(times_s)) if self._own_pair(g) == sc.base}
+        at_base = {g for g in range(len(times_s)) if g != self.wait_group and self._own_pair(g) == sc.base}
         candidates: dict[int, tuple[ClockPair, float]] = {}
         found = candidate_pairs(sc.probed, times_s)
         for g, (pair, extra_s) in sorted(found.items(), key=lambda item: item[1][1]):
@@ -1359,7 +1422,9 @@ class StepTuner:
                 ex.config, ex.first = ex.first, None
             if ex.config is None:
                 ex.config = (
-                    self.strategy.ask(ex.task) if ex.trials < self.timing.max_trials_per_group else None
+                    self.strategy.ask(ex.task)
+                    if ex.trials < self.timing.max_trials_per_group and ex.group != self.wait_group
+                    else None  # the wait group's one candidate was tried
                 )
                 if ex.config is None:
                     return self._verify_best(ex)
@@ -1537,7 +1602,14 @@ class StepTuner:
             self._best_so_far[ex.group] = self.pairs[best]
             if self._saving_z.get((ex.group, self.incumbent, best), math.inf) < VERIFY_MIN_Z:
                 best = None  # its trial saw no saving: nothing to verify
-        if ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS:
+        if ex.group == self.wait_group:
+            # its trial times the group alone, which its pair does not slow (the lag lands in
+            # the next step's first group): verified only on a saving its trial showed
+            if best is not None and (ex.group, self.incumbent, best) not in self._saving_z:
+                best = None
+            if ex.undecided:
+                ex.search.reopen.append(ex.group)  # its one candidate, tried again later
+        elif ex.completed < MIN_COMPLETED_TRIALS and ex.search.round < MAX_FEW_ROUNDS:
             ex.search.reopen.append(ex.group)  # searched too little to stop at, whatever it adopts
         elif (ex.undecided or ex.abandoned) and (best is None or self.pairs[best] == current):
             ex.search.reopen.append(ex.group)  # never given up: tried again, later each round
@@ -1901,26 +1973,42 @@ class StepTuner:
 
     # --- helpers -----------------------------------------------------------------------------
     def _with_pair(self, group: int, pair: ClockPair) -> Schedule:
-        """The incumbent with the group at the pair (STEP_GROUP: every group at it)."""
+        """The incumbent with the group at the pair (STEP_GROUP: every group at it, but a wait
+        group that holds a pair of its own)."""
         if group == STEP_GROUP:
-            return Schedule(tuple((s, pair) for s, _ in self.incumbent.groups))
+            return self._with_pairs({g: pair for g in self._held(self.incumbent)})
         return self._with_pairs({group: pair})
 
     def _with_pairs(self, pairs: dict[int, ClockPair]) -> Schedule:
-        """The incumbent with each group of `pairs` at its pair."""
+        """The incumbent with each group of `pairs` at its pair (a wait group that follows the
+        group before it follows it to its new pair)."""
         groups = list(self.incumbent.groups)
+        wait = self.wait_group
+        if (
+            wait is not None
+            and wait not in pairs
+            and wait - 1 in pairs
+            and not self._wait_holds(self.incumbent)
+        ):
+            pairs = {**pairs, wait: pairs[wait - 1]}
         for g, pair in pairs.items():
             groups[g] = (groups[g][0], pair)
         return Schedule(tuple(groups))
 
+    def _held(self, schedule: Schedule) -> list[int]:
+        """The groups of a schedule whose pairs its kernels run at: all but a wait group that
+        holds a pair of its own."""
+        wait = self.wait_group if self._wait_holds(schedule) else None
+        return [g for g in range(len(schedule.groups)) if g != wait]
+
     def _pair_of(self, group: int, schedule: Schedule | None = None) -> ClockPair | None:
         """A schedule's pair of a group (None: the incumbent's; STEP_GROUP: the pair every group
-        has, None: none; SCREEN_GROUP: None)."""
+        has, a wait group's own left out, None: none; SCREEN_GROUP: None)."""
         schedule = self.incumbent if schedule is None else schedule
         if group == SCREEN_GROUP:
             return None
         if group == STEP_GROUP:
-            pairs = {p for _, p in schedule.groups}
+            pairs = {schedule.groups[g][1] for g in self._held(schedule)}
             return next(iter(pairs)) if len(pairs) == 1 else None
         return schedule.groups[group][1]
 
@@ -1930,7 +2018,7 @@ class StepTuner:
         stock is a null trial, and one noisy reading of it over the budget would rule out every
         pair below it); STEP_GROUP: the pair every group has (None: groups at different pairs)."""
         if group == STEP_GROUP:
-            pairs = {p or self.top_pair for _, p in self.incumbent.groups}
+            pairs = {self.incumbent.groups[g][1] or self.top_pair for g in self._held(self.incumbent)}
             return next(iter(pairs)) if len(pairs) == 1 else None
         return self._pair_of(group) or self.top_pair
 
@@ -1944,6 +2032,19 @@ class StepTuner:
             for _, p in schedule.groups
         ]
         worst = [max(r, ratios[i - 1]) for i, r in enumerate(ratios)]  # [-1]: the step before's last group
+        wait = self.wait_group if self._wait_holds(schedule) else None
+        if wait is not None:
+            # a wait group's kernels run at the clocks before it (its request lands after them);
+            # its pair lands in a long wait and lags into the next step's first group for at
+            # most one switch latency L: L wall seconds at a ratio r_w get through at least
+            # L / (1 + r_w) of stock's work, so that group (stock time t_0) is slowed by at
+            # most r_0 + L / (1 + r_w) / t_0 x (r_w - r_0) when that work lies within it
+            r_w, r_0 = ratios[wait], ratios[0]
+            t_0 = self.group_times_s[0] if len(self.group_times_s) == len(worst) else 0.0
+            lag_work_s = self.switch_latency_s / (1.0 + r_w)
+            if r_w > r_0 and 0.0 < lag_work_s <= t_0:  # (a longer lag: the bound as before)
+                worst[0] = r_0 + lag_work_s / t_0 * (r_w - r_0)
+            worst[wait] = worst[wait - 1]
         if len(self.group_times_s) != len(worst):
             return max(worst, default=0.0)
         return float(np.dot(worst, self.group_times_s) / sum(self.group_times_s))
