@@ -1215,7 +1215,10 @@ def judge(
     predicted_se = stock.window_sd * math.sqrt(stock.window_s / window_s) / math.sqrt(blocks)
     predicted_tse = 0.0
     if noise is not None and noise.samples >= 2:
-        predicted_se = max(predicted_se, noise.energy_sd_per_root_s / math.sqrt(window_s * blocks * ranks))
+        meter_se = noise.energy_sd_per_root_s / math.sqrt(window_s * blocks * ranks)
+        # once the job's wait power is fitted, the meter's noise (windows moved to a common
+        # wait) replaces the reference's, which a long wait in one window may have set
+        predicted_se = meter_se if noise.wait_power_w > 0.0 else max(predicted_se, meter_se)
         predicted_tse = noise.time_sd_per_root_s / math.sqrt(window_s * blocks)
     se = max(outcome.energy_se, predicted_se)
     time_se = max(outcome.time_se, predicted_tse)
