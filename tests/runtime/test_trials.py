@@ -3,6 +3,8 @@ estimates and the job's noise."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -14,8 +16,10 @@ from kdvfs.runtime.trials import (
     Outcome,
     StallFilter,
     StepAccount,
+    StockFigures,
     StockReference,
     Trial,
+    judge,
     open_window,
     resolvable,
     robust_mean_se,
@@ -503,3 +507,40 @@ def test_a_trial_reads_what_a_held_pair_draws_in_the_jobs_waits_where_the_syncs_
     outcome = trial(24).outcome()
     assert -outcome.energy_diff == pytest.approx(true_saving, abs=0.01)
     assert outcome.energy_se < 0.005
+
+
+def _judged_se(noise: NoiseMeter) -> float:
+    """The energy error a 4-block trial of 2-s windows is judged at, against a reference whose
+    2-s windows varied 20% (a long wait in one of them)."""
+    stock = StockFigures(
+        step_s=0.01,
+        account_step_s=0.01,
+        busy_s=0.01,
+        energy_per_step_j=5.0,
+        window_sd=0.20,
+        time_sd_per_root_s=0.005,
+        segment_times_s=np.array([0.01]),
+        window_s=2.0,
+    )
+    outcome = Outcome(-0.03, 0.001, 0.0, 0.0005, 0.01, np.array([0.01]), blocks=4, abandoned=False)
+    judgement = judge(
+        outcome, stock, incumbent_step_s=0.01, incumbent_energy_j=5.0, budget=0.01, window_s=2.0, noise=noise
+    )
+    return judgement.saving_se
+
+
+def test_the_meters_noise_replaces_the_references_once_the_jobs_wait_power_is_fitted():
+    rng = np.random.default_rng(0)
+    quiet = NoiseMeter()
+    for _ in range(40):  # pairs whose waits do not differ: no wait power
+        quiet.add(rng.normal(0.0, 0.01), rng.normal(0.0, 0.001), 2.0)
+    assert quiet.wait_power_w == 0.0
+    assert _judged_se(quiet) == pytest.approx(0.20 / math.sqrt(4))  # the reference's floor stands
+    waiting = NoiseMeter()
+    for _ in range(40):  # energy differences that follow the waits' at 300 W, a little noise on top
+        wait = rng.normal(0.0, 2e-4)
+        waiting.add(300.0 * wait + rng.normal(0.0, 0.01), rng.normal(0.0, 0.001), 2.0, wait, 500.0)
+    assert waiting.wait_power_w > 0.0
+    se = _judged_se(waiting)
+    assert se == pytest.approx(waiting.energy_sd_per_root_s / math.sqrt(2.0 * 4))
+    assert se < 0.05  # the meter's, not the reference's 10%
