@@ -299,7 +299,7 @@ def kernel_from_duration(
     control: CapControl | None = None,
     card: str = "h200",
 ) -> Kernel:
-    """A trace kernel with the work that runs `duration_s` on the simulated H200 at stock
+    """A trace kernel with the work that runs `duration_s` on the simulated `card` at stock
     (work_for_duration): flops for a GEMM or a tensor-core kernel, bytes moved for the rest;
     busy for `busy` of the chip (None: its kind's in-step share, busy_share); capped alone
     (control None) or under a window's cap control; `card`: the preset it was recorded on."""
@@ -355,21 +355,20 @@ def under_window_cap(kernels: list[Kernel], card: str = "h200") -> tuple[Kernel,
 
     from kdvfs.runtime.simulator import window_control, windows
 
-    name = card
-    card = get_preset(name)
-    if card.power_window_s <= 0.0:
+    preset = get_preset(card)
+    if preset.power_window_s <= 0.0:
         return tuple(kernels)
-    temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
+    temp_c = preset.ambient_c + preset.r_th_c_per_w * 0.85 * preset.power_cap_w
     durations_s = [k.ref_time_s for k in kernels]
-    launches_s = [d + card.launch_latency_s for d in durations_s]  # each with the gap before it
+    launches_s = [d + preset.launch_latency_s for d in durations_s]  # each with the gap before it
     for _ in range(WINDOW_FIT_ROUNDS):
         controls = {}
-        for window in windows(launches_s, card.power_window_s):
+        for window in windows(launches_s, preset.power_window_s):
             entries = [(kernels[i], None, share) for i, share in window]
-            control = window_control(card, entries, temp_c, card.power_cap_w) if len(window) > 1 else None
+            control = window_control(preset, entries, temp_c, preset.power_cap_w) if len(window) > 1 else None
             controls.update({i: control for i, _ in window})
         for i, k in enumerate(kernels):
-            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i], k.busy_share, name)
+            work = work_for_duration(k.kind, k.tensor_core, durations_s[i], controls[i], k.busy_share, card)
             flops = computes_flops(k.kind, k.tensor_core)
             kernels[i] = replace(k, flops=work if flops else 0.0, bytes_moved=0.0 if flops else work)
     return tuple(kernels)
@@ -393,21 +392,20 @@ def work_for_duration(
     no work (the simulated kernel then runs its floor, a little longer than recorded)."""
     from kdvfs.runtime.simulator import controlled_point, operating_point
 
-    name = card
-    card = get_preset(name)
-    temp_c = card.ambient_c + card.r_th_c_per_w * 0.85 * card.power_cap_w
+    preset = get_preset(card)
+    temp_c = preset.ambient_c + preset.r_th_c_per_w * 0.85 * preset.power_cap_w
     flops = computes_flops(kind, tensor_core)
 
     def time_s(work: float) -> float:
         kernel = Kernel("k", flops=work if flops else 0.0, bytes_moved=0.0 if flops else work,
                         tensor_core=tensor_core, kind=kind, busy_share=busy_share)  # fmt: skip
         if control is None:
-            return operating_point(card, kernel, None, temp_c, card.power_cap_w).time_s
-        return controlled_point(card, kernel, None, temp_c, control).time_s
+            return operating_point(preset, kernel, None, temp_c, preset.power_cap_w).time_s
+        return controlled_point(preset, kernel, None, temp_c, control).time_s
 
     rate = H200_GEMM_FLOPS_PER_S if tensor_core else H200_SIMT_FLOPS_PER_S if flops else H200_COPY_BYTES_PER_S
     naive = duration_s * busy_share * rate
-    launch_s = duration_s + card.launch_latency_s
+    launch_s = duration_s + preset.launch_latency_s
     if time_s(0.0) >= launch_s:
         return 0.0
     lo, hi = math.log(naive) - 2.0, math.log(naive) + 4.0
