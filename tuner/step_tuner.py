@@ -1013,11 +1013,13 @@ class StepTuner:
         mem = min(p.mem_mhz for p in self.pairs)
         return min((p for p in self.pairs if p.mem_mhz == mem), key=lambda p: p.core_mhz)
 
-    def _wait_holds(self, schedule: Schedule) -> bool:
-        """Whether a schedule's wait group holds a pair of its own (else it follows the group
-        before it, requesting nothing new)."""
+    def _holding_wait(self, schedule: Schedule) -> int | None:
+        """The wait group where a schedule's holds a pair of its own (None: there is none, or it
+        follows the group before it, requesting nothing new)."""
         wait = self.wait_group
-        return wait is not None and schedule.groups[wait][1] != schedule.groups[wait - 1][1]
+        if wait is None or schedule.groups[wait][1] == schedule.groups[wait - 1][1]:
+            return None
+        return wait
 
     # --- the job's noise and the budget at 95% confidence --------------------------------------
     @property
@@ -1988,7 +1990,7 @@ class StepTuner:
             wait is not None
             and wait not in pairs
             and wait - 1 in pairs
-            and not self._wait_holds(self.incumbent)
+            and self._holding_wait(self.incumbent) is None
         ):
             pairs = {**pairs, wait: pairs[wait - 1]}
         for g, pair in pairs.items():
@@ -1998,7 +2000,7 @@ class StepTuner:
     def _held(self, schedule: Schedule) -> list[int]:
         """The groups of a schedule whose pairs its kernels run at: all but a wait group that
         holds a pair of its own."""
-        wait = self.wait_group if self._wait_holds(schedule) else None
+        wait = self._holding_wait(schedule)
         return [g for g in range(len(schedule.groups)) if g != wait]
 
     def _pair_of(self, group: int, schedule: Schedule | None = None) -> ClockPair | None:
@@ -2032,7 +2034,7 @@ class StepTuner:
             for _, p in schedule.groups
         ]
         worst = [max(r, ratios[i - 1]) for i, r in enumerate(ratios)]  # [-1]: the step before's last group
-        wait = self.wait_group if self._wait_holds(schedule) else None
+        wait = self._holding_wait(schedule)
         if wait is not None:
             # a wait group's kernels run at the clocks before it (its request lands after them);
             # its pair lands in a long wait and lags into the next step's first group for at
