@@ -342,9 +342,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             # each round: bare, then one tuned arm per poller, their order reversed every other round
             this_round = {"bare": arm(False)}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                with mock.patch.dict(
-                    os.environ, {COUNTER_POLLER_ENV: kind}
-                ):  # where kdvfs.tune reads the counter
+                # where kdvfs.tune reads the counter
+                with mock.patch.dict(os.environ, {COUNTER_POLLER_ENV: kind}):
                     this_round[tuned_key(kind, kinds)] = arm(True)
             rounds.append(this_round)
     bare_ms = statistics.median(r["bare"]["step_ms"] for r in rounds)

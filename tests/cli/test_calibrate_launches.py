@@ -4,8 +4,11 @@ time, and a trace recorded on another card is sized for that card's simulated tw
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -142,8 +145,6 @@ def test_a_shape_the_recorder_could_not_run_is_left_out_and_the_others_are_calib
 
 def _copy(folder: Path) -> Path:
     """A copy of the H100 recording to spoil."""
-    import shutil
-
     shutil.copytree(H100_STEPS, folder)
     return folder
 
@@ -159,9 +160,6 @@ def test_a_negative_host_issue_time_is_refused_in_one_line(tmp_path, capsys):
 
 
 def test_a_launch_time_that_is_not_a_number_is_refused_in_one_line(tmp_path, capsys):
-    import csv
-    import gzip
-
     folder = _copy(tmp_path / "steps")
     with gzip.open(folder / "steps_kernels.csv.gz", "rt", newline="") as f:
         rows = list(csv.DictReader(f))
