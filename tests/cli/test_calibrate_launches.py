@@ -171,3 +171,17 @@ def test_a_launch_time_that_is_not_a_number_is_refused_in_one_line(tmp_path, cap
     assert main(["calibrate", "--device", "sim:h100", "--against-steps", str(folder)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable recording" in err[0] and "soon" in err[0]
+
+
+def test_the_gpu_bound_h100_steps_repeat_within_two_percent_on_another_machine_and_simulate_within_five():
+    """data/h100/steps-repeat/: the same shapes three hours later on another H100."""
+    repeat = {step.shape: step for step in recorded_steps(H100_STEPS.parent / "steps-repeat")}
+    assert set(repeat) == set(RECORDED)
+    device = SimulatedDevice("h100", noise=0.0)
+    gpu_bound = [shape for shape, step in RECORDED.items() if step.host_issue_s < 0.8 * step.step_s]
+    assert len(gpu_bound) >= 6
+    for shape in gpu_bound:
+        first, again = RECORDED[shape], repeat[shape]
+        assert again.step_s == pytest.approx(first.step_s, rel=0.02), shape
+        assert again.energy_j == pytest.approx(first.energy_j, rel=0.02), shape
+        assert abs(simulate_step(device, again).time_error) <= 0.05, shape
