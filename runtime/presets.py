@@ -106,6 +106,10 @@ class Preset:
     sm_count: int = 1  # streaming multiprocessors: one wave of blocks is one block per SM
     l2_bytes: float = 0.0  # L2 capacity: a working set this small is served from L2
     link_bytes_per_s: float = 0.0  # all-reduce bus bandwidth between GPUs of one host (NCCL busbw)
+    # a kernel after an idle gap: the share of its power above idle it does not draw after a long
+    # gap, and the gap over which that sets in (simulator.after_gap_factor; 0: not modelled)
+    after_gap_drop_share: float = 0.0
+    after_gap_tau_s: float = 0.0
 
     def kind_model(self, kind: str) -> KindModel:
         """The model of a kernel kind on this card (GENERIC_KIND for an unknown one)."""
@@ -143,6 +147,21 @@ Not published; assumed: milliseconds, shorter than the probe's 100-ms sensor per
 GEMM's clock swung within it) and longer than a training step's short kernels (the H200 ran a
 7-ms block step at 689 W mean while its small kernels alone draw far less; capped launch by
 launch the simulated step drew 646 W, held over 10-ms windows 700 W)."""
+
+
+AFTER_GAP_DROP_SHARE = 0.203
+"""Share of its power above idle a kernel does not draw after a long idle gap, against back to
+back (dimensionless; simulator.after_gap_factor). Fitted with AFTER_GAP_TAU_S by `python -m
+kdvfs.experiments.fit_gap_power` to an H100's bf16 GEMMs launched one at a time after idle gaps
+of 5 us to 5 ms (data/h100/gap_power; chi2 13.9 for 9 degrees of freedom): the 1024^3 GEMM's
+energy above idle a launch falls from 3.20 mJ after 5-us gaps to 2.93, 2.82 and 2.65 mJ after
+17, 36 and 67 us, and the 2048^3 and 4096^3 GEMMs draw after their gaps 18% and 15% less than
+the simulated card gives them back to back. Assumed the same on the H200 (the same die; its gaps
+are not recorded); the 3080 Ti and A100 presets leave it out (unmeasured)."""
+AFTER_GAP_TAU_S = 10.2e-6
+"""Idle gap over which a kernel's drop after a gap sets in (1 - exp(-gap / tau)), s: fitted with
+AFTER_GAP_DROP_SHARE. Eager launches back to back leave ~1 us (a drop of 2%), a CUDA graph 0.1-0.3
+us; a launch-bound step's kernels wait 10-30 us for their host."""
 
 
 def _steps(lo: int, hi: int, step: int) -> tuple[int, ...]:
@@ -249,6 +268,8 @@ H200 = Preset(
     sm_count=132,  # H200 SXM (GH100 as in the H100 SXM5): 132 SMs
     l2_bytes=50 * 2**20,  # 50 MiB L2 (H100 SXM5 whitepaper; cudaDeviceProp.l2CacheSize 52428800)
     link_bytes_per_s=400e9,  # NVLink 4 through NVSwitch: NCCL all-reduce busbw ~400 GB/s (8 GPUs)
+    after_gap_drop_share=AFTER_GAP_DROP_SHARE,
+    after_gap_tau_s=AFTER_GAP_TAU_S,
 )
 
 # NVIDIA GeForce RTX 3080 Ti (the founding paper's card). Datasheet: 80 SMs, 34.1 TFLOP/s

@@ -4,7 +4,8 @@
   from `_time_parts` (launch, per-kind rates, L2 residency `l2_resident`, whole waves of
   blocks `waves`, a recorded kernel's work at its in-step busy share (Kernel.busy_share), the
   work blended with the kind's floor, link waits) and `_power_w`
-  (leakage, V^2 f x activity, DRAM traffic); `voltage_rel`, `effective_cap_w`,
+  (leakage, V^2 f x activity, DRAM traffic; less above idle after an idle gap,
+  `after_gap_factor`); `voltage_rel`, `effective_cap_w`,
   `idle_power_w`; `_mix` and `_hunting` for the cap controller's clock swing.
 - The windowed cap: `CapControl` (the controller's clock limit over one window),
   `window_control` (the control that holds a window's mean power at the cap),
@@ -104,12 +105,23 @@ def _power_w(p: Preset, k: Kernel, core_mhz: float, mem_mhz: float, temp_c: floa
     km = p.kind_model(k.kind)
     act_comp = p.act_tensor if k.tensor_core else p.act_simt
     act_stream = p.act_mem if km.act_stream is None else km.act_stream
-    activity = p.act_idle + act_comp * u_comp + act_stream * max(u_mem, u_wave)
+    after_gap = after_gap_factor(p, k.idle_before_s)
+    activity = p.act_idle + after_gap * act_comp * u_comp + after_gap * act_stream * max(u_mem, u_wave)
     core = p.core_dyn_w * v * v * (core_mhz / p.max_core_mhz) * activity
     # DRAM traffic against the card's streaming peak (none when L2 holds the working set)
-    traffic = 0.0 if l2_resident(p, k) else u_mem * km.bw_eff
+    traffic = 0.0 if l2_resident(p, k) else after_gap * u_mem * km.bw_eff
     mem = p.mem_w * (mem_mhz / p.max_mem_mhz) * (p.mem_base_rel + (1.0 - p.mem_base_rel) * traffic)
     return t, static + core + mem
+
+
+def after_gap_factor(p: Preset, idle_before_s: float) -> float:
+    """The share of its power above idle (activity over the clocked idle core, DRAM traffic) a
+    launch draws after the GPU idled `idle_before_s` (s) before it, against the same launch back
+    to back: 1 - after_gap_drop_share x (1 - exp(-gap / after_gap_tau_s)); 1 with no gap or on a
+    preset that does not model it (presets.Preset.after_gap_drop_share 0)."""
+    if idle_before_s <= 0.0 or p.after_gap_drop_share <= 0.0 or p.after_gap_tau_s <= 0.0:
+        return 1.0
+    return 1.0 - p.after_gap_drop_share * -math.expm1(-idle_before_s / p.after_gap_tau_s)
 
 
 def _mix(

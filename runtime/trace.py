@@ -5,6 +5,7 @@
   drops profiler annotations, and tags each kernel's pass; the meta keeps the trace's time a
   step (span_us_per_step, the profiled host's pace where the GPU waited on it);
 - `repeating_period`: the length of a trace's repeating kernel sequence (one step's);
+- `idle_gaps_s`: the GPU's idle time before each kernel of a step, from the trace's starts;
 - `classify` / `KernelClass`: a kernel name's short name, kind (`KINDS`) and tensor-core use
   (the rules in `_RULES`);
 - `kernel_from_duration` / `work_for_duration`: a Kernel with flops (GEMMs, tensor-core
@@ -213,6 +214,24 @@ def trace_workload(
         ("span_us_per_step", f"{span_us / steps:.3f}"),  # first start to last end of the whole steps
     )
     return Workload(name, workload_kernels, meta=meta)
+
+
+def idle_gaps_s(path: Path, rows: Sequence[CsvRow], launch_latency_s: float) -> list[float]:
+    """The GPU's idle time before each kernel of one step of a trace's rows (cells TRACE_COLUMNS;
+    `path` named in errors), in trace_workload's kernel order: its start less its predecessor's
+    end and the launch gap back to back (`launch_latency_s`, s), never below 0, the mean over the
+    trace's steps (a step's first kernel after the step before it; in the first step it has
+    none), s."""
+    trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
+    kernels = [t for t in trace if not _ANNOTATION.match(t.name)]
+    period = _period(path, [k.name for k in kernels])
+    steps = len(kernels) // period
+    gaps_s: list[list[float]] = [[] for _ in range(period)]
+    for j in range(1, steps * period):
+        before, k = kernels[j - 1], kernels[j]
+        idle_us = k.start_us - (before.start_us + before.duration_us)
+        gaps_s[j % period].append(max(0.0, idle_us * 1e-6 - launch_latency_s))
+    return [fmean(g) if g else 0.0 for g in gaps_s]
 
 
 def _parse(path: Path, row: CsvRow) -> _TraceRow:

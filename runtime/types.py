@@ -217,6 +217,7 @@ class Kernel:
     kind: str = ""  # one of KERNEL_KINDS, or "" (unknown): how the simulator costs small sizes
     wait_s: float = 0.0  # s a launch waits on something outside the GPU (a link), at any clock
     busy_share: float = 1.0  # share of the chip its work keeps busy: 1, or a recorded kernel's in-step share
+    idle_before_s: float = 0.0  # s the GPU idled before this launch beyond the launch gap back to back
 
     def feature_dict(self) -> dict[str, float]:
         return dict(self.features)

@@ -36,7 +36,7 @@ from kdvfs.runtime.presets import PRESETS, STEP_BUSY_FITTED_ON
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
-from kdvfs.runtime.trace import repeating_period, trace_workload
+from kdvfs.runtime.trace import idle_gaps_s, repeating_period, trace_workload
 from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
 
 #: Columns a probe table must have.
@@ -297,13 +297,22 @@ step that the host delays starts its successor late at most once over)."""
 
 def launch_paced_wait_s(step: RecordedStep, launch_latency_s: float) -> float | None:
     """The GPU's idle time a step, waiting for its host's launches, in steady state (s), from the
-    recorded launches: each GPU event starts at the later of its predecessor's end (plus the
-    card's launch latency, `launch_latency_s`) and its launch by the host. The launches are the
-    profiled trace's, each at its offset from its step's first launch (the mean over the
-    profiled steps), scaled so that a step's launches span the host's time to issue it without
-    the profiler (host_issue_s); the steps follow one another every host_issue_s, and each
-    event runs its recorded duration (the mean over the steps). None where the recording has
-    no host_issue_s, an event without its launch, or fewer than two whole steps."""
+    recorded launches: the sum of launch_paced_gaps_s. None where the recording has no
+    host_issue_s, an event without its launch, or fewer than two whole steps."""
+    gaps_s = launch_paced_gaps_s(step, launch_latency_s)
+    return None if gaps_s is None else sum(gaps_s)
+
+
+def launch_paced_gaps_s(step: RecordedStep, launch_latency_s: float) -> list[float] | None:
+    """The GPU's idle time before each GPU event of a step, waiting for its host's launches, in
+    steady state (s, one per event of the step in order), from the recorded launches: each GPU
+    event starts at the later of its predecessor's end (plus the card's launch latency,
+    `launch_latency_s`) and its launch by the host. The launches are the profiled trace's, each
+    at its offset from its step's first launch (the mean over the profiled steps), scaled so that
+    a step's launches span the host's time to issue it without the profiler (host_issue_s); the
+    steps follow one another every host_issue_s, and each event runs its recorded duration (the
+    mean over the steps); the last of STEADY_STEPS steps is the steady one. None where the
+    recording has no host_issue_s, an event without its launch, or fewer than two whole steps."""
     rows = step.rows
     if step.host_issue_s <= 0.0 or not rows or any("launch_us" not in r.cells for r in rows):
         return None
@@ -324,12 +333,14 @@ def launch_paced_wait_s(step: RecordedStep, launch_latency_s: float) -> float | 
     runs_s = [
         launch_latency_s + fmean(duration_s[k * period + i] for k in range(steps)) for i in range(period)
     ]
-    end_s, ends_s = 0.0, []
+    end_s, gaps_s = 0.0, []
     for k in range(STEADY_STEPS):
+        gaps_s = []
         for offset_s, run_s in zip(offsets_s, runs_s, strict=True):
-            end_s = max(end_s, k * step.host_issue_s + offset_s) + run_s
-        ends_s.append(end_s)
-    return max(0.0, ends_s[-1] - ends_s[-2] - sum(runs_s))
+            start_s = max(end_s, k * step.host_issue_s + offset_s)
+            gaps_s.append(start_s - end_s)
+            end_s = start_s + run_s
+    return gaps_s
 
 
 def simulate_step(
@@ -352,15 +363,27 @@ def simulate_step(
     items = [(k, None, k.launches) for k in workload.kernels]
     kernels_s, kernels_j = device.expected_step(items)
     boost = ClockPair(device.preset.max_core_mhz, device.preset.max_mem_mhz)
+    latency_s = device.preset.launch_latency_s
+
+    gaps_s, source = launch_paced_gaps_s(step, latency_s), "launches"
+    if gaps_s is None or len(gaps_s) != len(items):
+        gaps_s, source = idle_gaps_s(step.source, step.rows, latency_s), "profiled span"
+        wait_s = host_pace_s(workload, profiler_overhead_s) - kernels_s
+    else:
+        wait_s = sum(gaps_s)
 
     def waiting(wait_s: float) -> tuple[float, float]:
-        return (
-            device.expected_step(items, waits=[[(wait_s, boost)]]) if wait_s > 0.0 else (kernels_s, kernels_j)
-        )
+        """The step's time and energy where the GPU waits `wait_s` a step, each kernel after its
+        share of the wait (the gaps before it, scaled to the wait)."""
+        if wait_s <= 0.0:
+            return kernels_s, kernels_j
+        scale = wait_s / sum(gaps_s) if sum(gaps_s) > 0.0 else 0.0
+        after_gaps = [
+            (dataclasses.replace(k, idle_before_s=gap_s * scale), pair, n)
+            for (k, pair, n), gap_s in zip(items, gaps_s, strict=True)
+        ]
+        return device.expected_step(after_gaps, waits=[[(wait_s, boost)]])
 
-    wait_s, source = launch_paced_wait_s(step, device.preset.launch_latency_s), "launches"
-    if wait_s is None:
-        wait_s, source = host_pace_s(workload, profiler_overhead_s) - kernels_s, "profiled span"
     time_s, sim_j = waiting(wait_s)
     _, at_measured_j = waiting(step.step_s - kernels_s)
     return StepRow(

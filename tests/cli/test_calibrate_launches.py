@@ -16,7 +16,13 @@ import pytest
 from kdvfs.cli import main
 from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import CsvRow
-from kdvfs.tuner.calibration import RecordedStep, launch_paced_wait_s, recorded_steps, simulate_step
+from kdvfs.tuner.calibration import (
+    RecordedStep,
+    launch_paced_gaps_s,
+    launch_paced_wait_s,
+    recorded_steps,
+    simulate_step,
+)
 
 H100_STEPS = Path(__file__).resolve().parents[2] / "data" / "h100" / "steps"
 RECORDED = {step.shape: step for step in recorded_steps(H100_STEPS)}
@@ -63,6 +69,15 @@ def test_a_host_slow_in_one_part_of_the_step_delays_only_what_the_queue_cannot_c
     # with kernels longer than the step's issue time the queue covers the host's late part
     step = _step([0.0, 900.0, 1000.0, 1900.0], [600.0, 600.0, 600.0, 600.0], host_issue_s=1e-3)
     assert launch_paced_wait_s(step, LATENCY_S) == 0.0
+
+
+def test_the_gpu_idles_before_the_kernels_the_host_launches_late_and_the_gaps_sum_to_the_wait():
+    # b (launched at 900 of the host's 1000 us) waits for its launch; a, launched before b's end,
+    # follows it at once
+    step = _step([0.0, 900.0, 1000.0, 1900.0], [300.0, 300.0, 300.0, 300.0], host_issue_s=1e-3)
+    gaps_s = launch_paced_gaps_s(step, LATENCY_S)
+    assert gaps_s == pytest.approx([0.0, 1e-3 - 2 * (300e-6 + LATENCY_S)], abs=1e-12)
+    assert sum(gaps_s) == pytest.approx(launch_paced_wait_s(step, LATENCY_S))
 
 
 def test_a_recording_without_launches_or_without_the_hosts_issue_time_has_no_launch_pace():
@@ -185,3 +200,53 @@ def test_the_gpu_bound_h100_steps_repeat_within_two_percent_on_another_machine_a
         assert again.step_s == pytest.approx(first.step_s, rel=0.02), shape
         assert again.energy_j == pytest.approx(first.energy_j, rel=0.02), shape
         assert abs(simulate_step(device, again).time_error) <= 0.05, shape
+
+
+#: Launch-bound steps (GPU busy under a third of the step) whose energy at their measured time misses
+#: 5% with the kernels after idle gaps drawing less, and why (docs/benchmarks.md, "Whole steps")
+AT_MEASURED_TIME_MISSES = {
+    "resnet18_bf16_b16_sgd": "its kernels draw 26% less above idle than the model gives them back to back "
+    "in a CUDA graph too (data/h100/graph-steps): kernel-level, not the gaps (+6.6%)",
+    "resnet18_bf16_b64_sgd": "likewise, 15% less in its CUDA graph (+6.6%)",
+}
+LAUNCH_BOUND = sorted(
+    s for s, step in RECORDED.items() if step.busy_share < 0.35
+)  # the five, GPU busy 10-31%
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=AT_MEASURED_TIME_MISSES[s]))
+        if s in AT_MEASURED_TIME_MISSES
+        else s
+        for s in LAUNCH_BOUND
+    ],
+)
+def test_a_launch_bound_step_held_out_of_the_gap_fit_is_within_5_percent_of_its_energy_at_its_measured_time(
+    shape,
+):
+    row = simulate_step(SimulatedDevice("h100", noise=0.0), RECORDED[shape])
+    assert abs(row.energy_error_at_measured_time) <= 0.05, (
+        f"{shape}: {row.energy_error_at_measured_time:+.2%}"
+    )
+
+
+@pytest.mark.parametrize("shape", LAUNCH_BOUND)
+def test_every_launch_bound_step_held_out_of_the_gap_fit_is_within_7_percent_of_its_energy_at_its_measured_time(
+    shape,
+):
+    # without the drop after idle gaps: +5.3% to +12.4% (ResNets), -2.2% (GPT-2 small, 2 x 128)
+    row = simulate_step(SimulatedDevice("h100", noise=0.0), RECORDED[shape])
+    assert abs(row.energy_error_at_measured_time) <= 0.07, (
+        f"{shape}: {row.energy_error_at_measured_time:+.2%}"
+    )
+
+
+def test_a_launch_bound_steps_kernels_draw_less_between_their_hosts_launches_than_back_to_back():
+    step = RECORDED["resnet18_bf16_b16_sgd"]
+    row = simulate_step(SimulatedDevice("h100", noise=0.0), step)
+    no_drop = dataclasses.replace(SimulatedDevice("h100", noise=0.0).preset, after_gap_drop_share=0.0)
+    without = simulate_step(SimulatedDevice(no_drop, noise=0.0), step)
+    assert row.simulated_time_s == pytest.approx(without.simulated_time_s)
+    assert 0.02 <= 1.0 - row.energy_at_measured_time_j / without.energy_at_measured_time_j <= 0.10
