@@ -16,8 +16,11 @@
   issues a step in its measured issue time) where the recording has them, else for its host's
   pace (`host_pace_s`: the profiled trace's time a step less PROFILER_OVERHEAD_S a GPU event)
   less the kernels' time. A trace is sized for the card it was recorded on (`recorded_card`).
-  `fit_role`: whether a step was fitted (the in-step busy shares, presets.STEP_BUSY_FITTED_ON;
-  the profiler's overhead, to time only) or held out.
+  Each kernel carries the GPU's idle before it (Kernel.idle_before_s: `launch_paced_gaps_s`, or
+  the profiled trace's gaps, trace.idle_gaps_s, scaled to the wait), after which it draws less
+  (simulator.after_gap_factor, fitted to AFTER_GAP_FITTED_ON alone). `fit_role`: whether a step
+  was fitted (the in-step busy shares, presets.STEP_BUSY_FITTED_ON; the profiler's overhead, to
+  time only) or held out.
 """
 
 from __future__ import annotations
@@ -398,6 +401,16 @@ def simulate_step(
         at_measured_j,
         source,
     )
+
+
+AFTER_GAP_FITTED_ON = "data/h100/gap_power"
+"""What the drop of a kernel after an idle gap (presets.AFTER_GAP_*) was fitted to: one H100's GEMMs
+launched one at a time after idle gaps, no whole step; every recorded step is held out of it."""
+AFTER_GAP_NOTE = (
+    f", each kernel drawing less above idle after the GPU's idle before it (fitted to {AFTER_GAP_FITTED_ON}"
+    " alone: every step held out of it)"
+)
+"""What calibrate's header says of the drop after idle gaps, on a card that models it."""
 
 
 def fit_role(shape: str) -> str:

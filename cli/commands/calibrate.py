@@ -71,7 +71,7 @@ STEP_TARGET = 0.05
 
 
 def _run_steps(args: argparse.Namespace, device) -> int:
-    from kdvfs.tuner.calibration import fit_role, step_rows
+    from kdvfs.tuner.calibration import AFTER_GAP_FITTED_ON, AFTER_GAP_NOTE, fit_role, step_rows
 
     phases, rows = Phases("calibrate"), []
     with phases.interruptible():
@@ -81,7 +81,8 @@ def _run_steps(args: argparse.Namespace, device) -> int:
     with deferred_interrupts():
         print(
             f"{device.name} (simulated, stock clocks, noiseless, each step's kernels in order, the launch gap "
-            f"before each, busy for its kind's in-step share, at the host's pace where slower) against "
+            f"before each, busy for its kind's in-step share, at the host's pace where slower"
+            f"{AFTER_GAP_NOTE if device.preset.after_gap_drop_share > 0.0 else ''}) against "
             f"{args.against_steps} (measured on a real GPU, energy from its counter); 'at meas. time': the "
             "simulated energy where the step lasts its measured time; host: what paced the simulated host"
         )
@@ -104,6 +105,9 @@ def _run_steps(args: argparse.Namespace, device) -> int:
                 "against_steps": str(args.against_steps),
                 "source": "simulated vs measured",
                 "target": STEP_TARGET,
+                "after_gap_fitted_on": AFTER_GAP_FITTED_ON
+                if device.preset.after_gap_drop_share > 0.0
+                else None,
                 "rows": [
                     {
                         "shape": r.shape,

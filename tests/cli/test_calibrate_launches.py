@@ -125,7 +125,10 @@ def test_calibrate_prints_what_paced_the_host_and_the_energy_at_the_measured_tim
     assert code == 0
     out = capsys.readouterr().out
     assert "at meas. time" in out and "launches" in out
-    rows = {r["shape"]: r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert "every step held out of it" in out.splitlines()[0]  # the drop after idle gaps: no step fitted
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["after_gap_fitted_on"] == "data/h100/gap_power"
+    rows = {r["shape"]: r for r in doc["rows"]}
     assert set(rows) == set(RECORDED)
     for r in rows.values():
         assert r["host_paced_by"] == "launches"
