@@ -160,8 +160,8 @@ the simulated card gives them back to back. Assumed the same on the H200 (the sa
 are not recorded); the 3080 Ti and A100 presets leave it out (unmeasured)."""
 AFTER_GAP_TAU_S = 10.2e-6
 """Idle gap over which a kernel's drop after a gap sets in (1 - exp(-gap / tau)), s: fitted with
-AFTER_GAP_DROP_SHARE. Eager launches back to back leave ~1 us (a drop of 2%), a CUDA graph 0.1-0.3
-us; a launch-bound step's kernels wait 10-30 us for their host."""
+AFTER_GAP_DROP_SHARE. The launch gap back to back (launch_latency_s) is not counted as idle (the
+ladder's kernels were fitted with it); a launch-bound step's kernels wait 10-30 us for their host."""
 
 
 def _steps(lo: int, hi: int, step: int) -> tuple[int, ...]:
