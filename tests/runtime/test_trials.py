@@ -544,3 +544,16 @@ def test_the_meters_noise_replaces_the_references_once_the_jobs_wait_power_is_fi
     se = _judged_se(waiting)
     assert se == pytest.approx(waiting.energy_sd_per_root_s / math.sqrt(2.0 * 4))
     assert se < 0.05  # the meter's, not the reference's 10%
+
+
+def test_the_noise_meters_time_figure_follows_every_new_pair_though_it_is_read_once_per_pair():
+    meter = NoiseMeter(floor=0.0)
+    assert math.isnan(meter.time_sd_per_root_s)
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        meter.add(0.0, float(rng.normal(0.0, 0.01)), 2.0)
+    quiet = meter.time_sd_per_root_s
+    assert quiet == meter.time_sd_per_root_s  # read again: the same figure
+    for _ in range(40):
+        meter.add(0.0, float(rng.normal(0.0, 0.05)), 2.0)
+    assert meter.time_sd_per_root_s > 2.0 * quiet
