@@ -11,6 +11,10 @@
   least squares of the trials' savings on the design (the trials' own standard errors).
 - `choose(...)`: the groups to move together, the largest saving per second first, within the
   time the budget leaves; a group that saves nothing at `z` errors is left out.
+- `kinds_of(...)`: the groups clustered into kinds by how their CUDA-event times follow the
+  clocks (their elasticities).
+- `trade_clocks(...)`: a time-neutral trade between two kinds: one kind's clock lowered a step,
+  the other's raised until the time it gives back covers the first's extra time.
 
 All values are plain numbers and numpy arrays (no tuner state); docs/design-step-tuner.md,
 "Many groups at once", says why.
@@ -214,3 +218,67 @@ def pool_savings(
             pooled_s[g] = (mean / var + s[g] / e[g] ** 2) / precision
             pooled_e[g] = math.sqrt(1.0 / precision)
     return pooled_s, pooled_e
+
+
+def kinds_of(responses: np.ndarray, max_kinds: int) -> list[list[int]]:
+    """Groups clustered by how their times follow the clocks (one row a group, one column an
+    elasticity: the share of its time that follows a clock, lowered or raised): average-linkage agglomeration of the Euclidean distances until at most
+    max_kinds clusters are left. Groups with a NaN response are left out. Each kind is its
+    groups in order; the kinds in order of their first group.
+
+    Args:
+        responses: (groups, elasticities), fractions.
+        max_kinds: most kinds returned (>= 1).
+    """
+    x = np.asarray(responses, dtype=float)
+    if x.ndim != 2 or max_kinds < 1:
+        return []
+    clusters = [[g] for g in range(x.shape[0]) if np.all(np.isfinite(x[g]))]
+    while len(clusters) > max_kinds:
+        best = (math.inf, 0, 1)
+        for i in range(len(clusters)):
+            for j in range(i + 1, len(clusters)):
+                d = float(np.mean([np.linalg.norm(x[a] - x[b]) for a in clusters[i] for b in clusters[j]]))
+                if d < best[0]:
+                    best = (d, i, j)
+        _, i, j = best
+        clusters[i] = sorted(clusters[i] + clusters[j])
+        del clusters[j]
+    return sorted(clusters, key=lambda c: c[0])
+
+
+def trade_clocks(
+    down_times_s: Sequence[float],
+    down_elasticity: Sequence[float],
+    down_mhz: Sequence[float],
+    up_times_s: Sequence[float],
+    up_elasticity: Sequence[float],
+    up_mhz: Sequence[float],
+    up_ladders_mhz: Sequence[Sequence[float]],
+    down_to_mhz: Sequence[float],
+) -> list[float] | None:
+    """The clocks of a time-neutral trade's raised groups: each group of the raised kind moved up
+    its own ladder by the same number of steps, the fewest whose time given back (each group's
+    time taken as t * (1 - e + e * f / f'), e its elasticity) covers the extra time of the
+    lowered groups at down_to_mhz. None where the lowered groups add no time (nothing to trade
+    for) or the raised ones cannot give back enough below their ladders' tops.
+
+    Args:
+        down_times_s, down_elasticity, down_mhz: the lowered groups' times per step (s),
+            elasticities and clocks now (MHz).
+        up_times_s, up_elasticity, up_mhz: the raised groups' alike.
+        up_ladders_mhz: each raised group's supported clocks (MHz).
+        down_to_mhz: the lowered groups' clocks in the trade (MHz).
+    """
+    extra_s = sum(
+        t * e * (f / f2 - 1.0) for t, e, f, f2 in zip(down_times_s, down_elasticity, down_mhz, down_to_mhz)
+    )
+    if not extra_s > 0.0:
+        return None
+    ladders = [sorted(c for c in ladder if c > f) for ladder, f in zip(up_ladders_mhz, up_mhz)]
+    for k in range(1, max((len(lad) for lad in ladders), default=0) + 1):
+        clocks = [lad[min(k, len(lad)) - 1] if lad else f for lad, f in zip(ladders, up_mhz)]
+        back_s = sum(t * e * (1.0 - f / f2) for t, e, f, f2 in zip(up_times_s, up_elasticity, up_mhz, clocks))
+        if back_s >= extra_s:
+            return [float(c) for c in clocks]
+    return None

@@ -3,7 +3,8 @@ next steps. It never runs kernels itself.
 
 - `StepTuner.on_step_end(report) -> Schedule`: the one entry point. A state machine (Zeus's
   power_limit.py shape): `phase` is the phase object now, `Reference` -> `Exploring` ->
-  (`Screening`: many groups at once, tuner/screening.py) -> `Verifying` -> ... -> `Settled`
+  (`Trading`: kinds of groups against each other; `Screening`: many groups at once, both
+  tuner/screening.py) -> `Verifying` -> ... -> `Settled`
   (-> `Retuning` -> `Reference` after an alarm); each phase is a
   small dataclass holding its own data, its docstring listing its transitions; `phases` lists
   the phases passed.
@@ -15,7 +16,8 @@ next steps. It never runs kernels itself.
 - Ranks pooled (`pool`, runtime/ranks.py: RankPool): every rank decides on the same pooled
   figures; a lost pool (PoolLost) is an alarm: the rank goes on alone from a new reference.
 - Statistics that scale with the job: the whole step at one pair first (`STEP_GROUP`), then
-  many groups at once (`SCREEN_GROUP`, a design fitted across trials), then
+  kinds of groups traded (`TRADE_GROUP`), many groups at once (`SCREEN_GROUP`, a design fitted
+  across trials), then
   each group; sequential trials capped by the measured noise and the run's expected length;
   the budget held against stock at 95% confidence (every window at stock refines it);
   undecided groups reopened from `Settled` with longer windows; `resolvable` and
@@ -80,7 +82,9 @@ from kdvfs.tuner.screening import (
     choose,
     design_rows,
     fit_savings,
+    kinds_of,
     pool_savings,
+    trade_clocks,
 )
 
 #: Most A-B-B-A blocks of one trial while its decision is open (fewer when the measured noise,
@@ -113,6 +117,12 @@ STEP_GROUP = -1
 #: The screening's place in a search's order (`Screening`: every group with a candidate pair
 #: at once, in a designed set of trials, after the whole step's pair).
 SCREEN_GROUP = -2
+#: The trades' place in a search's order (`Trading`: kinds of groups, told apart by how their
+#: CUDA-event times followed the screening's probes, traded against each other: one kind's core
+#: clock lowered, another's raised to give the time back; after the screening).
+TRADE_GROUP = -3
+#: Most kinds the groups are told apart into for the trades; kinds.
+MAX_KINDS = 3
 #: The wait group (`StepTuner.wait_group`): where a job's waits for its host are long enough
 #: for a clock request at the step's last site to land in them, that site is a group of its own
 #: whose pair the card idles at through those waits (a held pair otherwise idles at itself, stock
@@ -457,6 +467,49 @@ class Screening:
 
 
 @dataclass
+class Trading:
+    """Kinds of groups traded against each other (tuner/screening.py: `kinds_of`,
+    `trade_clocks`). The groups are clustered into at most MAX_KINDS kinds by how their
+    CUDA-event times followed the screening's probes (each probe's elasticity); a trade lowers
+    the core clock of every group of one kind by SCREEN_LEAST_DROP at least and raises another
+    kind's until the time it gives back, by the probe's elasticities, covers the first's extra
+    time. A one-knob optimum spends the whole budget, so a group alone can only go down over
+    the budget or up at a cost; a trade moves time from the kind whose time follows the clock
+    to the kind whose time does not. The trades are tried the least elastic kind lowered
+    against the most elastic raised first; a trade whose trial saves is verified, and after an
+    adoption the trades start again from the new incumbent.
+
+    Transitions:
+        -> Trading (itself): a trade's trial ends and the next starts (or waits for slack).
+        -> Verifying (the trade): its trial read a saving within the budget; after
+           the verification, Trading again (the trades rebuilt where it adopted).
+        -> Exploring (the next group) or Settled (no group left): no trade left saves.
+        -> Retuning: the power limit moved, or the rank pool was lost.
+
+    Attributes:
+        search: the groups' order and first pairs (Search).
+        kinds: the groups of each kind.
+        elasticity: each group's share of its time that follows the core clock, lowered and
+            raised (columns 0 and 1), from the one-knob search's trials and the trades' own.
+        queue: the trades left to try under `built_for`.
+        built_for: the incumbent the queue was built under (None: to be built, with what the
+            last trade's trial measured).
+        tried: the trades tried (at most max_trials_per_group of them).
+        trial: the trial running (None between trials).
+        waiting_steps: steps run at the incumbent waiting for budget slack.
+    """
+
+    search: Search
+    kinds: list[list[int]]
+    elasticity: np.ndarray
+    queue: list[Schedule] = field(default_factory=list)
+    built_for: Schedule | None = None
+    tried: list[Schedule] = field(default_factory=list)
+    trial: Trial | None = None
+    waiting_steps: int = 0
+
+
+@dataclass
 class Verifying:
     """A candidate against the incumbent over a longer run: a group's best (group: its index),
     or a whole schedule (group None: the prior, or the plan before an alarm).
@@ -488,6 +541,7 @@ class Verifying:
         first_look: the block after which the test was first judged (a verification going on
             from an earlier one of the same candidate and incumbent: that one's); blocks.
         screened: the screening whose choice is verified (None: not a screening's).
+        traded: the trades whose trade is verified (None: not a trade).
         over_time: the judgement proved the saving but put the time over the budget (or the
             trial was stopped on its measured time); the group's next-best pair may follow.
         fallbacks: the verifications of next-best pairs before this one, in a row; verifications.
@@ -506,6 +560,7 @@ class Verifying:
     z: float = ADOPT_Z
     first_look: int = 1
     screened: Screening | None = None
+    traded: Trading | None = None
     over_time: bool = False
     fallbacks: int = 0
     time_diff: float = math.nan
@@ -576,7 +631,7 @@ class Retuning:
     schedule_before: Schedule
 
 
-Phase = Reference | Exploring | Screening | Verifying | Settled | Retuning
+Phase = Reference | Exploring | Screening | Trading | Verifying | Settled | Retuning
 
 
 def verification_z(nth: int) -> float:
@@ -799,6 +854,10 @@ class StepTuner:
         # the block it was first judged after: verified again, it goes on from them
         self._unadopted: dict[tuple[Schedule, Schedule], tuple[list[Window | PooledWindow], int]] = {}
         self._waiting_window: Window | PooledWindow | None = None  # stock measured while waiting
+        # whole-step pair -> each group's time per step (s) under it, from the one-knob search's
+        # trials (their B windows' CUDA events): how each group's time follows the clocks, which
+        # the trades tell the kinds of groups by
+        self._step_times: dict[ClockPair, np.ndarray] = {}
 
     # --- the entry point and the events ----------------------------------------------------
     def subscribe(self, listener: Callable[[TunerEvent], None]) -> None:
@@ -849,6 +908,8 @@ class StepTuner:
             return self._exploring(phase, report)
         if isinstance(phase, Screening):
             return self._screening(phase, report)
+        if isinstance(phase, Trading):
+            return self._trading(phase, report)
         if isinstance(phase, Verifying):
             return self._verifying(phase, report)
         return self._settled(phase, report)
@@ -977,7 +1038,8 @@ class StepTuner:
         if first_run and held > 1:
             order.insert(0, STEP_GROUP)  # the one-knob optimum first, then each group from it
         if first_run and held >= MIN_SCREEN_GROUPS and ref.explore is None:
-            order.insert(1, SCREEN_GROUP)  # then many groups at once, then each group alone
+            order.insert(1, TRADE_GROUP)  # then kinds of groups traded against each other
+            order.insert(2, SCREEN_GROUP)  # then many groups at once, then each group alone
         if wait is not None and (ref.explore is None or wait in ref.explore):
             order.insert(0, wait)  # where the card idles first: the held pairs are then tried with it
         return Search(order, dict(ref.first), window_s=self.timing.trial_window_s, started_s=self._now_s)
@@ -1143,6 +1205,8 @@ class StepTuner:
         g = search.order[position]
         if g == SCREEN_GROUP:
             return self._start_screening(search)
+        if g == TRADE_GROUP:
+            return self._start_trading(search)
         # the group's time as the incumbent runs it: the budget left is what it may add to that
         group_s = self.incumbent_step_s if g == STEP_GROUP else self.incumbent_group_times_s[g]
         extra_s = self._extra_allowed_s()
@@ -1199,6 +1263,9 @@ class StepTuner:
         # its core clock lowered at the top memory clock, and its memory clock lowered at its core
         top_mem = self.top_pair.mem_mhz
         base = self._pair_of(STEP_GROUP) or self.top_pair
+        if base == self.top_pair and not self.incumbent.is_stock:
+            # groups at pairs of their own (a trade adopted): no group at a base to probe around
+            return self._start_group(search, search.after(SCREEN_GROUP))
         low_core = [
             p
             for p in self.pairs
@@ -1377,6 +1444,192 @@ class StepTuner:
         candidate = self._with_pairs({g: sc.candidates[g][0] for g in chosen})
         return self._verify(SCREEN_GROUP, candidate, sc.search, screened=sc)
 
+    # --- trades: kinds of groups against each other ---------------------------------------------
+    def _start_trading(self, search: Search) -> Schedule:
+        """The kinds told apart by the one-knob search's trials, traded (Trading); the next group
+        where the whole step is not at one pair, or there are fewer than two kinds."""
+        base = self._pair_of(STEP_GROUP)
+        elastic = self._elasticity(base) if base is not None else None
+        if elastic is None:
+            return self._start_group(search, search.after(TRADE_GROUP))
+        held = [
+            g for g in self._held(self.incumbent) if g != self.wait_group and np.all(np.isfinite(elastic[g]))
+        ]
+        kinds = [[held[i] for i in kind] for kind in kinds_of(elastic[held], MAX_KINDS)]
+        if len(kinds) < 2:
+            return self._start_group(search, search.after(TRADE_GROUP))
+        self._enter(Trading(search, kinds, elastic))
+        return self._trading(self.phase, None)
+
+    def _elasticity(self, base: ClockPair) -> np.ndarray | None:
+        """Each group's share of its time that follows the core clock about the whole step's pair
+        `base`, down and up (columns 0 and 1: a raised clock gains less where the power cap
+        holds it): the least-squares slope through 0 of its time under the one-knob search's
+        pairs below (above) base's core clock at its memory clock within 2 SCREEN_LEAST_DROP of
+        it (else the nearest), relative to its time under the incumbent, on base / f - 1,
+        clipped to [0, 1] (as `elasticity`); a side without a pair takes the other's; None
+        where none was measured."""
+        now = np.asarray(self.incumbent_group_times_s, dtype=float)
+        if not np.all(now > 0.0):
+            return None
+        sides = []
+        for below in (True, False):
+            points = [
+                (p.core_mhz, t)
+                for p, t in self._step_times.items()
+                if p.mem_mhz == base.mem_mhz
+                and (p.core_mhz < base.core_mhz) == below
+                and p.core_mhz != base.core_mhz
+                and t.size == now.size
+            ]
+            if not points:
+                sides.append(None)
+                continue
+            # about the trades' own steps: the pairs within two of them, else the nearest
+            near = [q for q in points if abs(base.core_mhz / q[0] - 1.0) <= 2.0 * SCREEN_LEAST_DROP]
+            points = near or [min(points, key=lambda q: abs(q[0] - base.core_mhz))]
+            x = np.array([base.core_mhz / f - 1.0 for f, _ in points])
+            y = np.array([t / now - 1.0 for _, t in points])  # (points, groups)
+            sides.append(np.clip((x @ y) / float(x @ x), 0.0, 1.0))
+        if sides[0] is None and sides[1] is None:
+            return None
+        down = sides[0] if sides[0] is not None else sides[1]
+        up = sides[1] if sides[1] is not None else sides[0]
+        return np.column_stack([down, up])
+
+    def _trades(self, tr: Trading) -> list[Schedule]:
+        """The trades under the incumbent: for each two kinds, the first lowered a step of at
+        least SCREEN_LEAST_DROP, alone where its extra time (by the elasticities) fits what the
+        budget leaves, else with the second raised to give it back (`trade_clocks`); in order of
+        the lowered kind's elasticity (time-weighted) less the raised one's, least first."""
+        times = np.asarray(self.incumbent_group_times_s, dtype=float)
+        mean_e = [np.average(tr.elasticity[k], axis=0, weights=np.maximum(times[k], 1e-12)) for k in tr.kinds]
+        pairs = sorted(
+            ((a, b) for a in range(len(tr.kinds)) for b in range(len(tr.kinds)) if a != b),
+            key=lambda ab: mean_e[ab[0]][0] - mean_e[ab[1]][1],
+        )
+        out: list[Schedule] = []
+        for a, b in pairs:
+            down, up = tr.kinds[a], tr.kinds[b]
+            now = {g: self._own_pair(g) for g in down + up}
+            lowered = {}
+            for g in down:
+                ladder = [
+                    p.core_mhz
+                    for p in self.pairs
+                    if p.mem_mhz == now[g].mem_mhz
+                    and p.core_mhz <= now[g].core_mhz * (1.0 - SCREEN_LEAST_DROP)
+                ]
+                if ladder:
+                    lowered[g] = max(ladder)
+            if len(lowered) < len(down):
+                continue  # a group of the kind at its lowest clock: no trade of this kind down
+            moves = {g: ClockPair(lowered[g], now[g].mem_mhz) for g in down}
+            extra_s = sum(times[g] * tr.elasticity[g, 0] * (now[g].core_mhz / lowered[g] - 1.0) for g in down)
+            if extra_s > self._extra_allowed_s():
+                raised = trade_clocks(
+                    times[down],
+                    tr.elasticity[down, 0],
+                    [now[g].core_mhz for g in down],
+                    times[up],
+                    tr.elasticity[up, 1],
+                    [now[g].core_mhz for g in up],
+                    [[p.core_mhz for p in self.pairs if p.mem_mhz == now[g].mem_mhz] for g in up],
+                    [lowered[g] for g in down],
+                )
+                if raised is None:
+                    continue
+                moves |= {g: ClockPair(int(f), now[g].mem_mhz) for g, f in zip(up, raised)}
+            candidate = self._with_pairs(moves)
+            if candidate != self.incumbent and candidate not in out and candidate not in tr.tried:
+                out.append(candidate)
+        return out
+
+    def _learn_elasticity(self, tr: Trading, candidate: Schedule, outcome: Outcome) -> None:
+        """A trade's trial measured the step's time under it: the kind it lowered takes the
+        elasticity that accounts for that time, less what the raised kind gave back by its own
+        elasticities (so the trades built after it give back what the lowered groups really
+        took). The step's time, not the groups' own: on a card that switches at every kernel,
+        a group's first kernels run at the clocks of the group before until its switch lands,
+        so a lowered group slows the group after it."""
+        if outcome.blocks == 0 or not math.isfinite(outcome.time_diff):
+            return
+        times = np.asarray(self.incumbent_group_times_s, dtype=float)
+        lowered, back_s = [], 0.0
+        for g, ((_, old), (_, new)) in enumerate(zip(self.incumbent.groups, candidate.groups)):
+            old = old or self.top_pair
+            if new is None or new == old:
+                continue
+            if new.core_mhz < old.core_mhz:
+                lowered.append((g, old.core_mhz / new.core_mhz - 1.0))
+            else:
+                back_s += times[g] * tr.elasticity[g, 1] * (1.0 - old.core_mhz / new.core_mhz)
+        span_s = sum(times[g] * x for g, x in lowered)
+        if not span_s > 0.0:
+            return
+        extra_s = outcome.time_diff * self.incumbent_step_s + back_s
+        for g, _ in lowered:
+            tr.elasticity[g, 0] = max(extra_s / span_s, 0.0)
+
+    def _trading(self, tr: Trading, report: StepReport | None) -> Schedule:
+        if tr.trial is not None and report is not None:
+            outcome = self._feed_trial(tr.trial)
+            if outcome is not None:
+                trial, tr.trial = tr.trial, None
+                self._trial_ended(trial, outcome)
+                judged = self.judge(outcome, trial.window_s, z=DECIDE_Z) if outcome.blocks > 0 else None
+                self._emit(
+                    TrialFinished(
+                        self.account.steps,
+                        self._now_s,
+                        "trial",
+                        TRADE_GROUP,
+                        trial.candidate,
+                        outcome,
+                        None,
+                        judged,
+                    )
+                )
+                self._learn_elasticity(tr, trial.candidate, outcome)
+                tr.built_for = None  # the trades left, rebuilt with what this one measured
+                read = outcome.blocks > 0 and not outcome.abandoned and 1.0 + outcome.energy_diff > 0.0
+                # a trade moves kinds of groups, a large share of the step, whose saving its
+                # trial reads at about its own error on a noisy card: any saving it read within
+                # the budget is verified (the verification is the adoption test)
+                if (
+                    read
+                    and judged is not None
+                    and judged.saving > 0.0
+                    and judged.slowdown - DECIDE_Z * judged.time_se <= self.budget
+                ):
+                    return self._verify(TRADE_GROUP, trial.candidate, tr.search, traded=tr)
+        if tr.trial is None:
+            if tr.built_for != self.incumbent:
+                tr.queue, tr.built_for = self._trades(tr), self.incumbent
+            if not tr.queue or len(tr.tried) >= self.timing.max_trials_per_group:
+                return self._start_group(tr.search, tr.search.after(TRADE_GROUP))
+            candidate = tr.queue[0]
+            if self._waits_for_slack(candidate, report is not None):
+                tr.waiting_steps += 1
+                return self.incumbent
+            tr.queue.pop(0)
+            tr.tried.append(candidate)
+            window_s = tr.search.window_s
+            tr.trial = Trial(
+                self.incumbent,
+                candidate,
+                self._trial_max_blocks(window_s),
+                window_s,
+                self.settle_s,
+                min_blocks=self.timing.trial_blocks,
+                decide=lambda outcome, w=window_s: self._explore_decided(outcome, w),
+                wait_power_w=self.noise.wait_power_w,
+            )
+            self.trials += 1
+        if tr.trial.current is None:
+            tr.trial.open(self._now)
+        return tr.trial.schedule()
+
     def _proof_s(self) -> float:
         """The budget a verification of the longest length spends on proof: VERIFY_TIME_Z time
         errors over its blocks at the job's time noise, s per step. The strategy searches within
@@ -1534,6 +1787,9 @@ class StepTuner:
             energy_j = power_w * outcome.b_step_s
         if ex.group == STEP_GROUP:
             group_s = float(np.sum(outcome.b_group_times_s)) if outcome.b_group_times_s.size else math.nan
+            times = np.asarray(outcome.b_group_times_s, dtype=float)
+            if outcome.blocks > 0 and times.size == len(self.incumbent.groups) and np.all(np.isfinite(times)):
+                self._step_times[self.pairs[ex.config]] = times
         else:
             group_s = float(outcome.b_group_times_s[ex.group]) if outcome.b_group_times_s.size else math.nan
         if math.isnan(group_s) or math.isnan(energy_j):
@@ -1631,6 +1887,7 @@ class StepTuner:
         screened: Screening | None = None,
         fallbacks: int = 0,
         extensions: int = 0,
+        traded: Trading | None = None,
     ) -> Schedule:
         t = self.timing
         blocks = t.verify_blocks
@@ -1677,6 +1934,7 @@ class StepTuner:
                 screened=screened,
                 fallbacks=fallbacks,
                 extensions=extensions,
+                traded=traded,
             )
         )
         return self._verifying(self.phase, None)
@@ -1714,6 +1972,9 @@ class StepTuner:
                 )
             if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
                 ver.search.reopen.append(ver.group)
+            if ver.traded is not None:  # the trades go on (rebuilt where this one was adopted)
+                self._enter(ver.traded)
+                return self._trading(ver.traded, None)
             fallback = self._fallback_pair(ver)
             if fallback is not None:
                 return self._verify(
@@ -1828,7 +2089,12 @@ class StepTuner:
         saving, the least energy; None when there is none, the verification was not a group's
         (the whole schedule, a screening's) or MAX_FALLBACKS were verified in a row."""
         group = ver.group
-        if not ver.over_time or group is None or group == SCREEN_GROUP or ver.fallbacks >= MAX_FALLBACKS:
+        if (
+            not ver.over_time
+            or group is None
+            or group in (SCREEN_GROUP, TRADE_GROUP)
+            or ver.fallbacks >= MAX_FALLBACKS
+        ):
             return None
         verified = self._pair_of(group, ver.trial.candidate)
         decided = [
@@ -2005,9 +2271,9 @@ class StepTuner:
 
     def _pair_of(self, group: int, schedule: Schedule | None = None) -> ClockPair | None:
         """A schedule's pair of a group (None: the incumbent's; STEP_GROUP: the pair every group
-        has, a wait group's own left out, None: none; SCREEN_GROUP: None)."""
+        has, a wait group's own left out, None: none; SCREEN_GROUP, TRADE_GROUP: None)."""
         schedule = self.incumbent if schedule is None else schedule
-        if group == SCREEN_GROUP:
+        if group in (SCREEN_GROUP, TRADE_GROUP):
             return None
         if group == STEP_GROUP:
             pairs = {schedule.groups[g][1] for g in self._held(schedule)}

@@ -18,7 +18,9 @@ from kdvfs.tuner.screening import (
     choose,
     design_rows,
     fit_savings,
+    kinds_of,
     pool_savings,
+    trade_clocks,
 )
 from kdvfs.tuner.step_tuner import TrialFinished
 from tests.tuner.sim_jobs import job_session
@@ -116,6 +118,29 @@ def test_earlier_rounds_estimates_fit_the_relation_of_a_round_of_small_groups():
     noisy = truth + np.array([0.004, -0.004, 0.003])
     pooled, _ = pool_savings(noisy, np.full(3, 0.004), times, np.zeros(3), ["k"] * 3, history)
     np.testing.assert_allclose(pooled, truth, atol=0.0003)
+
+
+def test_groups_are_told_apart_into_kinds_by_how_their_times_follow_the_clocks():
+    compute = [[0.98, 0.02], [1.0, 0.0], [0.95, 0.1]]
+    memory = [[0.85, 0.45], [0.88, 0.38]]
+    latency = [[0.45, 0.1], [0.5, 0.15]]
+    responses = np.array([compute[0], latency[0], memory[0], compute[1], latency[1], compute[2], memory[1]])
+    assert kinds_of(responses, 3) == [[0, 3, 5], [1, 4], [2, 6]]
+    two = kinds_of(responses, 2)
+    assert len(two) == 2 and sorted(g for kind in two for g in kind) == list(range(7))
+    assert kinds_of(responses, 7) == [[g] for g in range(7)]
+
+
+def test_a_trade_raises_the_other_kind_until_it_gives_back_the_time_the_lowered_kind_takes():
+    ladder = [1000.0, 1100.0, 1200.0, 1300.0]
+    # lowered: 1 s of a group whose time all follows the clock, 1000 -> 900 MHz: 1/9 s more
+    raised = trade_clocks([1.0], [1.0], [1000.0], [2.0], [1.0], [1000.0], [ladder], [900.0])
+    assert raised == [1100.0]  # 2 s x (1 - 1000/1100) = 0.18 s back >= 0.11 s
+    # a raised kind that follows the clock only a tenth needs more steps
+    assert trade_clocks([1.0], [1.0], [1000.0], [2.0], [0.1], [1000.0], [ladder], [900.0]) is None
+    assert trade_clocks([1.0], [0.5], [1000.0], [2.0], [0.3], [1000.0], [ladder], [900.0]) == [1200.0]
+    # a lowered kind that does not slow has nothing to trade for
+    assert trade_clocks([1.0], [0.0], [1000.0], [2.0], [1.0], [1000.0], [ladder], [900.0]) is None
 
 
 def test_each_group_gets_the_probe_that_slowed_it_least():
