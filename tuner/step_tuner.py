@@ -1500,13 +1500,19 @@ class StepTuner:
     def _trades(self, tr: Trading) -> list[Schedule]:
         """The trades under the incumbent: for each two kinds, the first lowered a step of at
         least SCREEN_LEAST_DROP, alone where its extra time (by the elasticities) fits what the
-        budget leaves, else with the second raised to give it back (`trade_clocks`); in order of
-        the lowered kind's elasticity (time-weighted) less the raised one's, least first."""
+        budget leaves, else with the second raised to give it back (`trade_clocks`); the kinds
+        with the most time that does not follow the clock lowered first (the largest expected
+        gain: a small kind's trade is below what a trial resolves, and each verification makes
+        the next stricter), then the lowered kind's elasticity (time-weighted) less the raised
+        one's, least first."""
         times = np.asarray(self.incumbent_group_times_s, dtype=float)
         mean_e = [np.average(tr.elasticity[k], axis=0, weights=np.maximum(times[k], 1e-12)) for k in tr.kinds]
+        # the expected gain of lowering a kind: its time that does not follow the clock (the
+        # energy a lower clock saves there costs no time)
+        free_s = [float(np.sum(times[k] * (1.0 - tr.elasticity[k, 0]))) for k in tr.kinds]
         pairs = sorted(
             ((a, b) for a in range(len(tr.kinds)) for b in range(len(tr.kinds)) if a != b),
-            key=lambda ab: mean_e[ab[0]][0] - mean_e[ab[1]][1],
+            key=lambda ab: (-free_s[ab[0]], mean_e[ab[0]][0] - mean_e[ab[1]][1]),
         )
         out: list[Schedule] = []
         for a, b in pairs:
