@@ -224,7 +224,8 @@ def test_a_dry_run_of_the_screening_adopts_nothing(tmp_path):
 def test_a_probe_far_slower_than_the_budget_runs_its_block_where_a_trial_would_be_stopped(monkeypatch):
     # the simulated H200's whole step, 5 groups: its probes (a core clock half the step's pair)
     # slow the step by far more than the budget; only the account's guard may stop them (the
-    # trades, which on this job adopt a mix of pairs and so leave no screening, told one kind)
+    # trades, which run before the screening and their verifications can push its probes past
+    # the 1,500 s watched here, told one kind)
     monkeypatch.setattr(step_tuner, "MAX_KINDS", 1)
     session = job_session("h200", "gpt3-xl", seed=0)
     screens = []
