@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from kdvfs.runtime.types import ClockGrid, ClockPair, Kernel, Source
+from kdvfs.runtime.types import ClockGrid, ClockPair, HostWait, Kernel, Source
 
 
 @runtime_checkable
@@ -83,9 +83,11 @@ class RunnableDevice(KernelRunner, Protocol):
         items: Sequence[tuple[Kernel, ClockPair | None, float]],
         waits: Sequence[Sequence[tuple[float, ClockPair | None]]] = (),
         rare_idle: Sequence[tuple[float, ClockPair | None]] = (),
+        host_waits: Sequence[HostWait] = (),
     ) -> tuple[float, float]:
         """Noiseless (time_s, energy_j) of one training step run over and over: items are
         (kernel, pair, launches); waits: equally likely waits for the job's host each step ends
-        with, each as (s, clocks held) parts, and rare_idle: (s, clocks) per step on average in
-        long waits (a checkpoint), both included. Unlike a sum of expected(), this is at the
+        with, each as (s, clocks held) parts, or host_waits: the same each as a share of the
+        step's kernels' time (as a simulated job waits), and rare_idle: (s, clocks) per step on
+        average in long waits (a checkpoint), all included. Unlike a sum of expected(), this is at the
         temperature the step itself settles at (a plan that draws less power runs cooler)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kdvfs.runtime.types import ClockGrid, ClockPair, KdvfsError, Kernel, Source
+from kdvfs.runtime.types import ClockGrid, ClockPair, HostWait, KdvfsError, Kernel, Source
 
 STATE_STEP_S = 0.05
 """Longest stretch of launches costed at one state (temperature, noise) before it is updated."""
@@ -220,16 +220,19 @@ class ModelDevice:
         items: Sequence[tuple[Kernel, ClockPair | None, float]],
         waits: Sequence[Sequence[tuple[float, ClockPair | None]]] = (),
         rare_idle: Sequence[tuple[float, ClockPair | None]] = (),
+        host_waits: Sequence[HostWait] = (),
     ) -> tuple[float, float]:
         """The items' noiseless time and energy, then the job's waits at idle_power_at: the
-        mean of `waits` (equally likely, each as (s, clocks) parts) and `rare_idle` ((s, clocks)
-        per step on average)."""
+        mean of `waits` (equally likely, each as (s, clocks) parts) or of `host_waits` (equally
+        likely, each a share of the items' time), and `rare_idle` ((s, clocks) per step on
+        average)."""
         time_s = energy_j = 0.0
         for kernel, pair, launches in items:
             t, e = self.expected(kernel, pair)
             time_s += t * launches
             energy_j += e * launches
         parts = [(s / len(waits), pair) for wait in waits for s, pair in wait]
+        parts += [(s / len(host_waits), pair) for wait in host_waits for s, pair in wait.parts(time_s)]
         for idle_s, pair in [*parts, *rare_idle]:
             time_s += idle_s
             energy_j += idle_s * self.idle_power_at(pair)

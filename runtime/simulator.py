@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from kdvfs.runtime.model_device import STATE_STEP_S, ModelDevice, StepCost
 from kdvfs.runtime.presets import Preset, get_preset
-from kdvfs.runtime.types import ClockGrid, ClockPair, Kernel
+from kdvfs.runtime.types import ClockGrid, ClockPair, HostWait, Kernel
 
 
 @dataclass(frozen=True)
@@ -472,22 +472,26 @@ class SimulatedDevice(ModelDevice):
         items: Sequence[tuple[Kernel, ClockPair | None, float]],
         waits: Sequence[Sequence[IdlePart]] = (),
         rare_idle: Sequence[IdlePart] = (),
+        host_waits: Sequence[HostWait] = (),
     ) -> tuple[float, float]:
         """Noiseless time and energy of the items run over and over, at their own steady
         temperature (steady_temperature_c). A job's waits for its host, at the idle power of
         the clocks held (idle_power_at), included in the time, energy and temperature: `waits`,
         equally likely waits each step ends with (each as (s, clocks) parts in order; the
         figures their mean), in the cap's window that holds the kernels' end (a controller
-        lets more through a window that idles, as step_cost places a step's idle); `rare_idle`,
-        (s, clocks) of idle per step on average in long waits of their own (a checkpoint
-        every N steps), whose windows hold no kernel."""
-        return self._figures(items, self.steady_temperature_c(items, waits, rare_idle), waits, rare_idle)
+        lets more through a window that idles, as step_cost places a step's idle); or
+        `host_waits`, equally likely waits each a share of the kernels' time, as a simulated
+        job waits them (_figures); `rare_idle`, (s, clocks) of idle per step on average in
+        long waits of their own (a checkpoint every N steps), whose windows hold no kernel."""
+        temp_c = self.steady_temperature_c(items, waits, rare_idle, host_waits)
+        return self._figures(items, temp_c, waits, rare_idle, host_waits)
 
     def steady_temperature_c(
         self,
         items: Sequence[tuple[Kernel, ClockPair | None, float]],
         waits: Sequence[Sequence[IdlePart]] = (),
         rare_idle: Sequence[IdlePart] = (),
+        host_waits: Sequence[HostWait] = (),
     ) -> float:
         """The steady temperature T = ambient + R_th x mean power(T) of the items (and the
         waits after them, expected_step) run over and over. The gap ambient + R_th x P(T) - T
@@ -495,13 +499,14 @@ class SimulatedDevice(ModelDevice):
         limit the cap pulls power down), so its root is unique and bisection finds it, where
         plain step oscillates at the thermal limit."""
         idle_pairs = {pair for wait in waits for _, pair in wait} | {pair for _, pair in rare_idle}
+        idle_pairs |= {pair for wait in host_waits for pair in wait.pairs}
         for pair in ({pair for _, pair, _ in items} | idle_pairs) - {None}:
             self.grid.index(pair)
         lo = self.ambient_c
         hi = self.ambient_c + self.preset.r_th_c_per_w * self.power_cap_w * 1.5
         for _ in range(THERMAL_BISECTION_STEPS):
             mid = 0.5 * (lo + hi)
-            time_s, energy_j = self._figures(items, mid, waits, rare_idle)
+            time_s, energy_j = self._figures(items, mid, waits, rare_idle, host_waits)
             if self.ambient_c + self.preset.r_th_c_per_w * energy_j / time_s > mid:
                 lo = mid
             else:
@@ -521,32 +526,32 @@ class SimulatedDevice(ModelDevice):
         temp_c: float,
         waits: Sequence[Sequence[IdlePart]] = (),
         rare_idle: Sequence[IdlePart] = (),
+        host_waits: Sequence[HostWait] = (),
     ) -> tuple[float, float]:
         """Time and energy of the items in order, the cap held over windows of the preset's
         power_window_s (a window of one kernel: that kernel's own capped point), then the
         waits (expected_step): each wait's start in the room the kernels leave in their last
-        window, the mean over the waits; the rare idle on its own."""
+        window, the mean over the waits; the rare idle on its own. A host wait is costed as
+        SimulatedJob.step_until_update costs a step: its window sees rel x the kernels' time
+        with no wait after them, idle at the clocks the kernels end at (step_cost), and the
+        wait is rel x the kernels' time under that window's control."""
         temp_c = round(temp_c * 2.0) / 2.0
+        rare_s = sum(s for s, _ in rare_idle if s > 0.0)
+        rare_j = sum(s * self.idle_power_at(pair, temp_c) for s, pair in rare_idle if s > 0.0)
+        if host_waits:
+            return self._host_waited(items, temp_c, host_waits, rare_s, rare_j)
         waits = [[(s, pair) for s, pair in wait if s > 0.0] for wait in waits] or [[]]
         wait_s = [sum(s for s, _ in wait) for wait in waits]
         wait_j = [sum(s * self.idle_power_at(pair, temp_c) for s, pair in wait) for wait in waits]
-        idle_s = sum(wait_s) / len(waits) + sum(s for s, _ in rare_idle if s > 0.0)
-        idle_j = sum(wait_j) / len(waits)
-        idle_j += sum(s * self.idle_power_at(pair, temp_c) for s, pair in rare_idle if s > 0.0)
+        idle_s = sum(wait_s) / len(waits) + rare_s
+        idle_j = sum(wait_j) / len(waits) + rare_j
         if self.preset.power_window_s <= 0.0:
             points = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
             return (
                 sum(op.time_s * n for op, n in points) + idle_s,
                 sum(op.energy_j * n for op, n in points) + idle_j,
             )
-        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
-        cut = windows(free_s, self.preset.power_window_s)
-        time_s = energy_j = 0.0
-        for window in cut[:-1]:
-            t, e = self._window_cost(items, window, temp_c)
-            time_s += t
-            energy_j += e
-        room_s = self.preset.power_window_s - sum(free_s[i] * share for i, share in cut[-1])
+        cut, head_s, head_j, room_s = self._windows_but_last(items, temp_c)
         last_s = last_j = 0.0
         for s, j in zip(wait_s, wait_j, strict=True):
             idle_in_s = min(s, room_s) if room_s > 1e-12 else 0.0
@@ -554,7 +559,56 @@ class SimulatedDevice(ModelDevice):
             t, e = self._window_cost(items, cut[-1], temp_c, fixed)
             last_s += t / len(waits)
             last_j += e / len(waits)
-        return time_s + last_s + idle_s, energy_j + last_j + idle_j
+        return head_s + last_s + idle_s, head_j + last_j + idle_j
+
+    def _windows_but_last(
+        self, items: Sequence[tuple[Kernel, ClockPair | None, float]], temp_c: float
+    ) -> tuple[list[list[tuple[int, float]]], float, float, float]:
+        """The items cut into windows (windows, by their uncapped times), the time and energy
+        of every window but the last (s, J), and the room the last leaves for idle, s."""
+        free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
+        cut = windows(free_s, self.preset.power_window_s)
+        head_s = head_j = 0.0
+        for window in cut[:-1]:
+            t, e = self._window_cost(items, window, temp_c)
+            head_s += t
+            head_j += e
+        room_s = self.preset.power_window_s - sum(free_s[i] * share for i, share in cut[-1])
+        return cut, head_s, head_j, room_s
+
+    def _host_waited(
+        self,
+        items: Sequence[tuple[Kernel, ClockPair | None, float]],
+        temp_c: float,
+        host_waits: Sequence[HostWait],
+        rare_s: float,
+        rare_j: float,
+    ) -> tuple[float, float]:
+        """_figures of the items and the host waits after them (their mean), the rare idle's
+        rare_s s and rare_j J added."""
+        if self.preset.power_window_s <= 0.0:
+            kernels = [(self.point(k, pair, temp_c), n) for k, pair, n in items]
+            kernels_s = sum(op.time_s * n for op, n in kernels)
+            kernels_j = sum(op.energy_j * n for op, n in kernels)
+            costs = [(kernels_s, kernels_j)] * len(host_waits)
+        else:
+            cut, head_s, head_j, room_s = self._windows_but_last(items, temp_c)
+            alone_s = head_s + self._window_cost(items, cut[-1], temp_c)[0]  # no wait after them
+            costs = []
+            for wait in host_waits:
+                seen_s = wait.rel * alone_s
+                idle_in_s = min(seen_s, room_s) if room_s > 1e-12 else 0.0
+                idle_w = self.idle_power_at(wait.pair, temp_c)
+                fixed = (round(idle_in_s, 6), round(idle_w, 1)) if idle_in_s > 0.0 else (0.0, 0.0)
+                t, e = self._window_cost(items, cut[-1], temp_c, fixed)
+                costs.append((head_s + t, head_j + e))
+        time_s = energy_j = 0.0
+        for wait, (kernels_s, kernels_j) in zip(host_waits, costs, strict=True):
+            parts = wait.parts(kernels_s)
+            time_s += kernels_s + sum(s for s, _ in parts)
+            energy_j += kernels_j + sum(s * self.idle_power_at(pair, temp_c) for s, pair in parts if s > 0.0)
+        n = len(host_waits)
+        return time_s / n + rare_s, energy_j / n + rare_j
 
     def _window_cost(
         self,

@@ -1,4 +1,5 @@
-"""Values that cross layers: clock pairs and grids, kernels, workloads, measurements.
+"""Values that cross layers: clock pairs and grids, a job's wait for its host, kernels, workloads,
+measurements.
 
 Frozen dataclasses with units in every name, so that a plan, a measurement or a kernel
 means the same thing in runtime/, envs/, policies/ and tuner/.
@@ -133,6 +134,38 @@ class ClockPair:
 
     def __str__(self) -> str:
         return f"{self.core_mhz}/{self.mem_mhz} MHz"
+
+
+@dataclass(frozen=True)
+class HostWait:
+    """A job's wait for its host after a step's kernels as a simulated job (runtime/steps.py's
+    SimulatedJob) waits it: a share of the kernels' own time as they run with the wait after
+    them, the card idle at the clocks it ended the kernels at until a switch still in flight
+    lands, at the landed clocks after.
+
+    Args:
+        rel: the wait over the kernels' time, a fraction (>= 0).
+        pair: the clocks the card idles at from the kernels' end (None: stock).
+        landing: a switch in flight at the kernels' end, as (s after their end, the pair it
+            lands), or None.
+    """
+
+    rel: float
+    pair: ClockPair | None = None
+    landing: tuple[float, ClockPair | None] | None = None
+
+    def parts(self, kernels_s: float) -> list[tuple[float, ClockPair | None]]:
+        """(s, clocks held) of the wait after kernels that took kernels_s s, in order."""
+        wait_s = self.rel * kernels_s
+        if self.landing is None:
+            return [(wait_s, self.pair)]
+        first_s = min(max(self.landing[0], 0.0), wait_s)
+        return [(first_s, self.pair), (wait_s - first_s, self.landing[1])]
+
+    @property
+    def pairs(self) -> set[ClockPair | None]:
+        """The clocks the card may idle at in the wait."""
+        return {self.pair} if self.landing is None else {self.pair, self.landing[1]}
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from kdvfs.runtime.schedule import Schedule, schedule_items, steady_step
-from kdvfs.runtime.types import ClockPair, KdvfsError, Workload
+from kdvfs.runtime.types import ClockPair, HostWait, KdvfsError, Workload
 from kdvfs.tuner.solver import solve_budget
 from kdvfs.tuner.step_priors import model_prior, prior_schedule
 from kdvfs.tuner.sweep import held_to_budget, sources
@@ -174,13 +174,16 @@ class InStep:
     job's waits for its host charged.
 
     Each evaluated step (stock's and every schedule's) is followed by the job's wait: wait_rel
-    x the step's own time (its kernels' at their own steady temperature) + wait_fixed_s, the
-    card idling through it at the clocks in effect (device.idle_power_at): those the kernels
-    ended at, then, when a schedule's last switch is still in flight, its pair from when it
-    lands; stock idles at stock, a plan per kernel at its last kernel's pair. Time and energy
-    include the wait, as a job's step from one start to the next does, and so do the card's
-    steady temperature and the power cap's window that holds the kernels' end
-    (device.expected_step's waits). The relative wait is taken at each of `wait_rel_strata`
+    x the step's kernels' time + wait_fixed_s, the card idling through it at the clocks in
+    effect (device.idle_power_at): those the kernels ended at, then, when a schedule's last
+    switch is still in flight, its pair from when it lands; stock idles at stock, a plan per
+    kernel at its last kernel's pair. The relative wait is charged as the simulated job
+    (runtime/steps.py's SimulatedJob) waits it (device.expected_step's host_waits): a share
+    of the kernels' time as they run at the step's temperature with the wait in the power
+    cap's window that holds their end (a windowed cap lets more through a window that idles,
+    so a waiting step's kernels may run faster than a quiet one's). Time and energy include
+    the wait, as a job's step from one start to the next does, and so does the card's steady
+    temperature. The relative wait is taken at each of `wait_rel_strata`
     (equally likely; JobNoise.wait_rel_strata), since a switch lands in a long wait and not in
     a short one: each schedule runs from the start each previous wait leaves it in
     (runtime/schedule.py's steady_step), the figures averaged. wait_fixed_s stands for long
@@ -298,14 +301,9 @@ class InStep:
         (wait_fixed_s, long waits of their own) at the pair the clocks land at."""
         if not self.waits:
             return self.device.expected_step(items)
-        kernels_s = self.device.expected_step(items)[0]
-        waits = []
-        for rel in self.strata:
-            wait_s = rel * kernels_s
-            first_s = wait_s if in_flight is None else min(max(in_flight[0], 0.0), wait_s)
-            waits.append([(first_s, end), (wait_s - first_s, None if in_flight is None else in_flight[1])])
+        waits = [HostWait(rel, end, in_flight) for rel in self.strata]
         landed = end if in_flight is None else in_flight[1]
-        return self.device.expected_step(items, waits, [(self.wait_fixed_s, landed)])
+        return self.device.expected_step(items, rare_idle=[(self.wait_fixed_s, landed)], host_waits=waits)
 
     def figures(self, time_s: float, energy_j: float) -> tuple[float, float]:
         """(energy saving, slowdown) against stock."""

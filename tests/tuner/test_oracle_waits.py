@@ -158,3 +158,31 @@ def test_a_given_in_step_truth_carries_its_own_waits(card):
     assert one_knob_oracle(device, workload, BUDGET, step=step, wait_rel=0.2).energy_saving > 0.0
     with pytest.raises(KdvfsError, match="given InStep"):
         one_knob_oracle(device, workload, BUDGET, step=step, wait_rel=0.3)
+
+
+def job_run(preset: str, noise, schedule: Schedule, seconds: float) -> tuple[float, float]:
+    """A simulated job's mean step (time s, energy J) under a schedule on a noiseless card, the
+    job's waits drawn (seed 1), after a 100-s warm-up (the card's temperature settles)."""
+    device = open_device(preset, noise=0.0)
+    job = SimulatedJob(device, open_workload("gpt3-xl-layer", device), job_noise=noise, job_noise_seed=1)
+    while device.now_s() < 100.0:
+        job.step_until_update(schedule)
+    start_s, start_j, start_steps = device.now_s(), device.true_energy_j(), job.steps
+    while device.now_s() < start_s + seconds:
+        job.step_until_update(schedule)
+    steps = job.steps - start_steps
+    return (device.now_s() - start_s) / steps, (device.true_energy_j() - start_j) / steps
+
+
+@pytest.mark.parametrize("noise_name", ["vision", "hf"])
+def test_the_yardstick_gives_the_h200_layer_the_step_time_and_energy_of_the_simulated_job(noise_name):
+    # the H200 holds its cap over 10-ms windows and the layer's kernels take ~7 ms: the job's
+    # wait in the window lets stock run faster, and the job waits a share of that faster step
+    noise = job_noise(noise_name)
+    device = open_device("sim:h200", noise=0.0)
+    step = InStep(device, open_workload("gpt3-xl-layer", device), BUDGET, **noise.yardstick_waits())
+    for schedule in (Schedule.stock(), Schedule(((0, ClockPair(1410, 3201)),))):
+        time_s, energy_j = job_run("sim:h200", noise, schedule, seconds=500.0)
+        yard_s, yard_j = step.schedule(schedule)
+        assert yard_s == pytest.approx(time_s, rel=0.005)
+        assert yard_j == pytest.approx(energy_j, rel=0.005)
