@@ -23,8 +23,8 @@ enough to ship as a few numbers:
 fitted parameters of the three recordings that ship with kdvfs (`vision`, `hf`, `sync`:
 job_noise.json, written by `python -m kdvfs.experiments.fit_job_noise`) or a JSON file of
 the same form; `JobNoiseSampler(noise, seed)` draws each step's wait, deterministic under
-its seed; `mean_wait_rel`, `wait_rel_strata` and `mean_periodic_wait_s` are a noise's wait
-per step as the yardstick (tuner/oracle.py's InStep) charges it. Design: docs/design-runtime.md ("Job noise").
+its seed; `mean_wait_rel`, `wait_rel_strata`, `mean_periodic_wait_s` and `after_periodic_share`
+are a noise's wait per step as the yardstick (tuner/oracle.py's InStep) charges it. Design: docs/design-runtime.md ("Job noise").
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ PERIOD_HIT_SHARE = 0.8
 
 WAIT_STRATA = 10
 """Equally likely strata of the relative wait that JobNoise.wait_rel_strata gives (count)."""
+
+MAX_PERIOD_CYCLE = 10_000_000
+"""Longest cycle of the periodic syncs (steps) after_periodic_share counts step by step."""
 
 BUILTIN_JSON = "job_noise.json"
 """The fitted parameters of the recordings that ship with kdvfs (in kdvfs.runtime)."""
@@ -146,6 +149,22 @@ class JobNoise:
         summed (the waits of coinciding periods add up, as the sampler adds them)."""
         return float(sum(w / p for p, w in zip(self.period_steps, self.period_wait_s)))
 
+    @property
+    def after_periodic_share(self) -> float:
+        """The share of steps that start after a periodic sync (one follows each step whose
+        index plus one is a multiple of a period), a fraction: counted over one cycle of the
+        periods (their least common multiple; coinciding syncs are one wait), or their periods'
+        reciprocals summed where that cycle is longer than MAX_PERIOD_CYCLE steps."""
+        if not self.period_steps:
+            return 0.0
+        cycle = math.lcm(*self.period_steps)
+        if cycle > MAX_PERIOD_CYCLE:
+            return min(1.0, sum(1.0 / p for p in self.period_steps))
+        hit = np.zeros(cycle, dtype=bool)
+        for period in self.period_steps:
+            hit[period - 1 :: period] = True
+        return float(hit.mean())
+
     def wait_rel_strata(self, strata: int = WAIT_STRATA) -> tuple[float, ...]:
         """The relative wait's mean in each of `strata` equally likely strata of its
         distribution (levels i/strata to (i + 1)/strata), fractions, low to high: their mean is
@@ -164,11 +183,13 @@ class JobNoise:
     def yardstick_waits(self) -> dict[str, Any]:
         """The waits the yardstick charges after each step, as InStep's and the oracles'
         keywords (tuner/oracle.py): wait_rel (mean_wait_rel), wait_fixed_s
-        (mean_periodic_wait_s) and wait_rel_strata (wait_rel_strata())."""
+        (mean_periodic_wait_s), wait_rel_strata (wait_rel_strata()) and after_wait_share
+        (after_periodic_share)."""
         return {
             "wait_rel": self.mean_wait_rel,
             "wait_fixed_s": self.mean_periodic_wait_s,
             "wait_rel_strata": self.wait_rel_strata(),
+            "after_wait_share": self.after_periodic_share,
         }
 
     def to_dict(self) -> dict:

@@ -188,8 +188,9 @@ class InStep:
     a short one: each schedule runs from the start each previous wait leaves it in
     (runtime/schedule.py's steady_step), the figures averaged. wait_fixed_s stands for long
     periodic waits (a checkpoint every N steps), amortised per step: their windows hold no
-    kernel, the switch in flight has landed in them, and the rare steps after them are left
-    out of the starts. With no wait the figures are the card's expected_step as they are.
+    kernel and the switch in flight has landed in them, so the steps after them (their share
+    after_wait_share) start at the clocks that landed there, the next step's first request in
+    flight for the switch latency. With no wait the figures are the card's expected_step as they are.
 
     Args:
         device: the card (a simulated or replayed ModelDevice: expected_step, switch_latency_s,
@@ -202,6 +203,8 @@ class InStep:
             JobNoise.mean_periodic_wait_s).
         wait_rel_strata: equally likely relative waits whose mean is wait_rel, fractions
             (JobNoise.wait_rel_strata); empty: every step waits wait_rel.
+        after_wait_share: the share of steps that start after a periodic wait
+            (JobNoise.after_periodic_share; 0: those steps are left out), a fraction.
     """
 
     def __init__(
@@ -212,6 +215,7 @@ class InStep:
         wait_rel: float = 0.0,
         wait_fixed_s: float = 0.0,
         wait_rel_strata: Sequence[float] = (),
+        after_wait_share: float = 0.0,
     ) -> None:
         if not (budget >= 0.0 and math.isfinite(budget)):
             raise KdvfsError(f"budget must be a finite fraction >= 0, got {budget}")
@@ -230,6 +234,11 @@ class InStep:
         self.wait_rel = float(wait_rel)
         self.wait_fixed_s = float(wait_fixed_s)
         self.wait_rel_strata = strata
+        if not 0.0 <= after_wait_share <= 1.0:
+            raise KdvfsError(
+                f"the job's after_wait_share must be a fraction in [0, 1], got {after_wait_share}"
+            )
+        self.after_wait_share = float(after_wait_share) if self.wait_fixed_s > 0.0 else 0.0
         self._cache: dict[tuple, tuple[float, float]] = {}
         self.stock_s, self.stock_j = self._waited([(k, None, k.launches) for k in workload.kernels], None)
         self.limit_s = (1.0 + budget) * self.stock_s * (1.0 + 1e-12)
@@ -245,9 +254,14 @@ class InStep:
         if not self.waits:
             return ""
         spread = f" ({len(self.wait_rel_strata)} equally likely strata)" if self.wait_rel_strata else ""
+        after = (
+            f", {self.after_wait_share:.2%} of the steps starting after a periodic wait"
+            if self.after_wait_share > 0.0
+            else ""
+        )
         return (
-            f"; job waits charged: {self.wait_rel:.1%} of the step{spread} + {self.wait_fixed_s * 1e3:.1f} ms, "
-            f"idling at the clocks in effect (a switch in flight landing in the wait)"
+            f"; job waits charged: {self.wait_rel:.1%} of the step{spread} + {self.wait_fixed_s * 1e3:.1f} ms"
+            f"{after}, idling at the clocks in effect (a switch in flight landing in the wait)"
         )
 
     @property
@@ -281,9 +295,20 @@ class InStep:
                 starts[state] = starts.get(state, 0) + 1
             total = sum(starts.values())
             figures = [
-                (n / total, self._waited(list(items), end, in_flight))
+                ((1.0 - self.after_wait_share) * n / total, self._waited(list(items), end, in_flight))
                 for (items, end, in_flight), n in starts.items()
             ]
+            if self.after_wait_share > 0.0:  # a step after a periodic wait, the mean one's length
+                after = steady_step(
+                    self.device,
+                    self.workload,
+                    schedule,
+                    self.wait_rel,
+                    self.wait_fixed_s / self.after_wait_share,
+                )
+                figures.append(
+                    (self.after_wait_share, self._waited(list(after.items), after.end_pair, after.in_flight))
+                )
             self._cache[key] = (sum(w * t for w, (t, _) in figures), sum(w * e for w, (_, e) in figures))
         return self._cache[key]
 
@@ -805,6 +830,7 @@ def oracles(
     wait_rel: float = 0.0,
     wait_fixed_s: float = 0.0,
     wait_rel_strata: Sequence[float] = (),
+    after_wait_share: float = 0.0,
 ) -> Oracles:
     """The one-knob, realisable and ideal per-kernel oracles of a noiseless card (a simulated
     card opened with noise 0, or a replayed one), in the step, each within the budget.
@@ -819,7 +845,7 @@ def oracles(
         from kdvfs.tuner.run import job_sites
 
         sites = job_sites(workload, device.switch_latency_s)
-    step = InStep(device, workload, budget, wait_rel, wait_fixed_s, wait_rel_strata)
+    step = InStep(device, workload, budget, wait_rel, wait_fixed_s, wait_rel_strata, after_wait_share)
     one = one_knob_oracle(device, workload, budget, step=step)
     best = realisable_oracle(device, workload, budget, sites, starts=starts, step=step, one_knob=one, say=say)
     ideal = ideal_oracle(device, workload, budget, realisable=best, starts=ideal_starts, step=step, say=say)

@@ -186,3 +186,18 @@ def test_the_yardstick_gives_the_h200_layer_the_step_time_and_energy_of_the_simu
         yard_s, yard_j = step.schedule(schedule)
         assert yard_s == pytest.approx(time_s, rel=0.005)
         assert yard_j == pytest.approx(energy_j, rel=0.005)
+
+
+def test_the_steps_after_the_sync_jobs_checkpoints_start_at_the_pair_that_landed_in_them():
+    # the last group's 345-MHz request lands in the checkpoints (0.4 s every 200 steps, 1.5 s
+    # every 500), so the step after each runs at 345 MHz until the next request lands 10 ms in
+    noise = job_noise("sync")
+    device = open_device("sim:h200", noise=0.0)
+    step = InStep(device, open_workload("gpt3-xl-layer", device), BUDGET, **noise.yardstick_waits())
+    idles_low = Schedule(((0, ClockPair(1410, 3201)), (37, ClockPair(345, 2201))))
+    time_s, energy_j = job_run("sim:h200", noise, idles_low, seconds=1000.0)
+    yard_s, yard_j = step.schedule(idles_low)
+    assert yard_s == pytest.approx(time_s, rel=0.002)
+    assert yard_j == pytest.approx(energy_j, rel=0.002)
+    assert noise.after_periodic_share == pytest.approx(1 / 200 + 1 / 500 - 1 / 1000)
+    assert "0.60% of the steps starting after a periodic wait" in step.wait_note
