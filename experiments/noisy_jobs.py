@@ -73,7 +73,8 @@ def noise_of(spec: str) -> JobNoise | None:
 def in_step(spec: str, budget: float) -> InStep:
     """The row's in-step truth (tuner/oracle.py's InStep) on a noiseless copy of the card: the
     row's job waits (JobNoise.mean_wait_rel of the step over its wait_rel_strata,
-    mean_periodic_wait_s s) charged after each step, the card idle at the clocks in effect.
+    mean_periodic_wait_s s, the steps after a periodic wait starting at the clocks that landed
+    in it) charged after each step, the card idle at the clocks in effect.
 
     Args:
         spec: PRESET:WORKLOAD:NOISE.
@@ -220,6 +221,7 @@ def oracle_of(spec: str, budget: float) -> dict:
             "wait_rel": step.wait_rel,
             "wait_fixed_s": step.wait_fixed_s,
             "wait_rel_strata": list(step.wait_rel_strata),
+            "after_wait_share": step.after_wait_share,
             "idle": "the card idles through each wait at the clocks in effect (a switch in flight landing in it)",
         },
     }

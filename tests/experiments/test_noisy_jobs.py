@@ -32,6 +32,7 @@ def test_each_rows_oracle_json_says_its_schedule_its_one_knob_pair_and_the_waits
     waits = doc["job_waits"]
     assert waits["noise"] == "vision" and waits["wait_rel"] == vision.mean_wait_rel
     assert waits["wait_rel_strata"] == list(vision.wait_rel_strata()) and waits["wait_fixed_s"] == 0.0
+    assert waits["after_wait_share"] == 0.0  # no periodic wait
     assert doc["schedule"][0][0] == 0 and len(doc["schedule"]) == doc["groups"]
     assert len(doc["one_knob"]["pair"]) == 2
     assert "job waits charged: 47.2% of the step" in doc["method"]
