@@ -77,3 +77,25 @@ def test_the_judged_errors_count_the_draws_beyond_each_boundary_on_the_savings_s
     figures = judged_errors([3.5, 2.7, 0.0, -1.0, -4.0])
     assert (figures["trials"], figures["beyond_2_5"], figures["beyond_3"]) == (5, 2, 1)
     assert figures["beyond_3_normal"] == pytest.approx(5 * 0.0013499, rel=1e-3)
+
+
+def test_a_run_reaches_the_oracle_from_the_plan_after_which_every_plan_saves_nine_tenths_of_it():
+    from kdvfs.experiments.noisy_jobs import against_oracle
+
+    run = {"plan_log": [[0.0, 0.0], [100.0, 0.033], [200.0, 0.02], [300.0, 0.035]], "plan_saving": 0.035}
+    assert against_oracle(run, 0.036) == {"reached": 300.0, "share_of_oracle": pytest.approx(0.035 / 0.036)}
+    assert against_oracle(run, 0.02)["reached"] == 100.0
+    # an oracle that saves nothing: reached by plans that save at least nothing, no share
+    assert against_oracle({"plan_log": [[0.0, 0.0]], "plan_saving": 0.0}, 0.0) == {
+        "reached": 0.0,
+        "share_of_oracle": None,
+    }
+
+
+def test_a_row_searches_its_oracle_again_from_a_plan_that_beats_it():
+    from kdvfs.experiments.noisy_jobs import schedule_json
+
+    plan = Schedule(((0, ClockPair(1680, 9501)), (37, ClockPair(210, 405))))
+    again = oracle_of(f"{ROW}:sync", BUDGET, starts=[schedule_json(plan)])
+    assert again["searched_from_runs_plans"] == 1
+    assert again["energy_saving"] >= saving_of(in_step(f"{ROW}:sync", BUDGET), plan) - 1e-12
