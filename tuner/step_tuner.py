@@ -1981,11 +1981,11 @@ class StepTuner:
             if ver.traded is not None:  # the trades go on (rebuilt where this one was adopted)
                 self._enter(ver.traded)
                 return self._trading(ver.traded, None)
-            fallback = self._fallback_pair(ver)
+            fallback = self._fallback(ver)
             if fallback is not None:
                 return self._verify(
                     ver.group,
-                    self._with_pair(ver.group, fallback),
+                    fallback,
                     ver.search,
                     undecided=ver.explored_undecided,
                     fallbacks=ver.fallbacks + 1,
@@ -2087,6 +2087,51 @@ class StepTuner:
             )
             self.adoptions.append(adoption)
             self._emit(adoption)
+
+    def _fallback(self, ver: Verifying) -> Schedule | None:
+        """After a verification over the budget on time alone, the candidate verified next
+        (None: none): the group at its next-best pair (`_fallback_pair`), or, for the wait
+        group, its pair kept and the step's pair raised to the next-best faster one
+        (`_faster_step_pair`): its trial showed a saving that the step's pair leaves no time
+        for."""
+        pair = self._fallback_pair(ver)
+        if pair is not None:
+            return self._with_pair(ver.group, pair)
+        wait = self.wait_group
+        if wait is None or ver.group != wait or not ver.over_time or ver.fallbacks >= MAX_FALLBACKS:
+            return None
+        wait_pair = self._pair_of(wait, ver.trial.candidate)
+        step_pair = self._faster_step_pair(self._pair_of(STEP_GROUP, ver.trial.candidate))
+        if wait_pair is None or step_pair is None:
+            return None
+        return self._with_pairs({**{g: step_pair for g in self._held(self.incumbent)}, wait: wait_pair})
+
+    def _faster_step_pair(self, pair: ClockPair | None) -> ClockPair | None:
+        """Of the pairs decided for the groups the step runs at (the whole step's, or the one
+        group's before the wait group) in the exploration that measured `pair` (or, where its
+        trial was left undecided, in one under stock: `pair` then at the incumbent's measured
+        step time), under the same incumbent, those measured faster than it with a saving: the
+        least energy (None: none)."""
+        if pair is None:
+            return None
+        held = [g for g in self._held(self.incumbent) if g != self.wait_group]
+        decided = [
+            e for g in [STEP_GROUP, *(held if len(held) == 1 else [])] for e in self._decided.get(g, [])
+        ]
+        own = [(inc, t) for inc, config, t, _ in decided if self.pairs[config] == pair]
+        if not own and self._pair_of(STEP_GROUP) == pair and math.isfinite(self.stock_estimate_s):
+            own = [
+                (inc, self.incumbent_step_s / self.stock_estimate_s) for inc, *_ in decided if inc.is_stock
+            ][:1]
+        if not own:
+            return None
+        incumbent, bound = own[-1]
+        faster = [
+            (e, self.pairs[config])
+            for inc, config, t, e in decided
+            if inc == incumbent and t < bound and e < 1.0 and self.pairs[config] != pair
+        ]
+        return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1] if faster else None
 
     def _fallback_pair(self, ver: Verifying) -> ClockPair | None:
         """After a verification over the budget on time alone, the group's next-best pair: of

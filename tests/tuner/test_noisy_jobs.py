@@ -249,3 +249,24 @@ def test_where_the_jobs_waits_outlast_a_request_at_the_steps_last_site_the_card_
     assert (wait_start, wait_pair) == (37, lowest)
     quiet = tuned(None, 0, seconds=60.0, expected_run_s=3600.0, preset="rtx3080ti")
     assert quiet.tuner.wait_site is None and quiet.tuner.wait_group is None
+
+
+def test_a_wait_pair_over_the_budget_on_time_is_verified_again_with_the_steps_pair_one_faster():
+    # the H200 layer on the sync job, seed 1: the plan 1425/3201 leaves no time for the wait
+    # group's 345/2201 (the steps after the checkpoints start at 345 MHz): that verification
+    # proves the saving and measures the time over the budget, and the next one keeps the wait
+    # pair with the step at a faster pair its exploration decided with a saving (1440/3201)
+    verified: list[TrialFinished] = []
+
+    def follow(session: TuneSession, event: object) -> None:
+        if isinstance(event, TrialFinished) and event.kind == "verify":
+            verified.append(event)
+
+    session = tuned("sync", 1, seconds=1500.0, expected_run_s=3600.0, follow=follow)
+    wait = session.tuner.wait_group
+    over = next(i for i, v in enumerate(verified) if v.group == wait and not v.adopted)
+    first, then = verified[over], verified[over + 1]
+    assert then.group == wait and then.candidate.groups[wait] == first.candidate.groups[wait]
+    assert then.candidate.groups[0][1].core_mhz > first.candidate.groups[0][1].core_mhz
+    assert first.judgement.slowdown > BUDGET - 2 * first.judgement.time_se
+    assert then.adopted and session.tuner.incumbent == then.candidate
