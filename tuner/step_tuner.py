@@ -1620,21 +1620,25 @@ class StepTuner:
                 return self.incumbent
             tr.queue.pop(0)
             tr.tried.append(candidate)
-            window_s = tr.search.window_s
-            tr.trial = Trial(
-                self.incumbent,
-                candidate,
-                self._trial_max_blocks(window_s),
-                window_s,
-                self.settle_s,
-                min_blocks=self.timing.trial_blocks,
-                decide=lambda outcome, w=window_s: self._explore_decided(outcome, w),
-                wait_power_w=self.noise.wait_power_w,
-            )
+            tr.trial = self._explore_trial(candidate, tr.search.window_s)
             self.trials += 1
         if tr.trial.current is None:
             tr.trial.open(self._now)
         return tr.trial.schedule()
+
+    def _explore_trial(self, candidate: Schedule, window_s: float) -> Trial:
+        """A sequential trial of `candidate` against the incumbent, in windows of window_s (s),
+        decided as an exploring trial is (`_explore_decided`)."""
+        return Trial(
+            self.incumbent,
+            candidate,
+            self._trial_max_blocks(window_s),
+            window_s,
+            self.settle_s,
+            min_blocks=self.timing.trial_blocks,
+            decide=lambda outcome: self._explore_decided(outcome, window_s),
+            wait_power_w=self.noise.wait_power_w,
+        )
 
     def _proof_s(self) -> float:
         """The budget a verification of the longest length spends on proof: VERIFY_TIME_Z time
@@ -1696,17 +1700,7 @@ class StepTuner:
             if self._waits_for_slack(candidate, report is not None):
                 ex.waiting_steps += 1
                 return self.incumbent
-            window_s = ex.search.window_s
-            ex.trial = Trial(
-                self.incumbent,
-                candidate,
-                self._trial_max_blocks(window_s),
-                window_s,
-                self.settle_s,
-                min_blocks=self.timing.trial_blocks,
-                decide=lambda outcome, w=window_s: self._explore_decided(outcome, w),
-                wait_power_w=self.noise.wait_power_w,
-            )
+            ex.trial = self._explore_trial(candidate, ex.search.window_s)
             ex.trials += 1
             self.trials += 1
         if ex.trial.current is None:

@@ -124,18 +124,9 @@ def test_the_oracles_say_the_wait_they_charged_in_their_method_and_json(vision):
 def measured_saving(spec: str, noise, schedule: Schedule, seconds: float = 40.0) -> float:
     """A simulated job's saving against stock (noiseless card, the job's waits drawn), after a
     warm-up of 20 s."""
-
-    def energy_per_step_j(schedule: Schedule) -> float:
-        device = open_device(spec, noise=0.0)
-        job = SimulatedJob(device, open_workload("gpt3-xl-layer", device), job_noise=noise, job_noise_seed=1)
-        while device.now_s() < 20.0:
-            job.step_until_update(schedule)
-        start_s, start_j, start_steps = device.now_s(), device.true_energy_j(), job.steps
-        while device.now_s() < start_s + seconds:
-            job.step_until_update(schedule)
-        return (device.true_energy_j() - start_j) / (job.steps - start_steps)
-
-    return 1.0 - energy_per_step_j(schedule) / energy_per_step_j(Schedule.stock())
+    _, schedule_j = job_run(spec, noise, schedule, seconds, warmup_s=20.0)
+    _, stock_j = job_run(spec, noise, Schedule.stock(), seconds, warmup_s=20.0)
+    return 1.0 - schedule_j / stock_j
 
 
 def test_the_waited_yardstick_is_what_the_simulated_job_saves_within_a_third_of_a_point(card, vision):
@@ -160,12 +151,15 @@ def test_a_given_in_step_truth_carries_its_own_waits(card):
         one_knob_oracle(device, workload, BUDGET, step=step, wait_rel=0.3)
 
 
-def job_run(preset: str, noise, schedule: Schedule, seconds: float) -> tuple[float, float]:
+def job_run(
+    preset: str, noise, schedule: Schedule, seconds: float, warmup_s: float = 100.0
+) -> tuple[float, float]:
     """A simulated job's mean step (time s, energy J) under a schedule on a noiseless card, the
-    job's waits drawn (seed 1), after a 100-s warm-up (the card's temperature settles)."""
+    job's waits drawn (seed 1), after a warm-up of warmup_s (s; 100: the card's temperature
+    settles)."""
     device = open_device(preset, noise=0.0)
     job = SimulatedJob(device, open_workload("gpt3-xl-layer", device), job_noise=noise, job_noise_seed=1)
-    while device.now_s() < 100.0:
+    while device.now_s() < warmup_s:
         job.step_until_update(schedule)
     start_s, start_j, start_steps = device.now_s(), device.true_energy_j(), job.steps
     while device.now_s() < start_s + seconds:
