@@ -29,7 +29,9 @@ Map, top to bottom:
                 defines it: relative s.d. of window means x sqrt(window length)
   compare_tuned what the tuner measured against the same run's per-step GPU times
   main          parse, run the job, write <name>_steps.csv.gz, <name>_nvml.csv.gz, <name>_meta.json
-                (<name>: the job, `<job>_tuned` under --tune 1, which adds _reports.csv.gz)
+                (<name>: the job, `<job>_tuned` under --tune 1, which adds _reports.csv.gz and
+                _requests.csv.gz, the controller's clock requests)
+  arms_against_stock  each trial arm's CUDA-event step times against the stock steps around it
 Without CUDA (or with --device cpu) the step times come from perf_counter alone; without NVML
 the sampler is skipped. Both are said in the meta file.
 """
@@ -297,7 +299,10 @@ class GcLog:
 # ---------------------------------------------------------------------------------------------
 # Under kdvfs.tune (--tune 1): dry run, read-only NVML.
 
-REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings", "wait_s")
+REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings", "wait_s", "answer_cpu_s")
+REQUEST_COLUMNS = ("step", "site", "core_mhz", "mem_mhz", "host_s")
+"""The controller's clock requests (dry run: recorded, none made): the tuner's step, the site,
+the pair (empty: stock), the host time on the recorder's clock."""
 
 
 def _timing(reference_max_s: float):
@@ -321,9 +326,11 @@ class Tuning:
         self.args, self.index = args, index
         # the tuner stamps with time.monotonic: its offset from the recorder's clock
         self.monotonic_minus_t0_s = time.monotonic() - time.perf_counter() + t0_s
+        self.wall_minus_t0_s = time.time() - time.perf_counter() + t0_s  # clock requests: time.time
         self.session = None
         self.gpu = None
         self.reports: list[tuple] = []
+        self.requests: list[tuple] = []
         self.summary: dict | None = None
         self.dry_run_calls = 0
         self._mlruns: str | None = None
@@ -352,12 +359,15 @@ class Tuning:
         )
         feed = self.session.on_step_end
 
-        def kept(report):  # what the tuner was told, step by step
+        def kept(report):  # what the tuner was told, step by step, and the CPU its answer took
+            started_s = time.thread_time()
+            answer = feed(report)
             self.reports.append((
                 report.step, round(report.end_s - self.monotonic_minus_t0_s, 6),
                 round(report.step_time_s, 7), len(report.counter_readings), round(report.wait_s, 7),
+                round(time.thread_time() - started_s, 7),
             ))  # fmt: skip
-            return feed(report)
+            return answer
 
         self.session.on_step_end = kept  # the controller calls its tuner's on_step_end
 
@@ -392,6 +402,11 @@ class Tuning:
             self.summary["reference_time_cv_per_root_s_so_far"] = meter.time_sd_per_root_s
             self.summary["reference_seconds_so_far"] = phase.measured.seconds
         self.dry_run_calls = len(self.gpu.calls)
+        self.requests = [
+            (r.step, r.site, *((r.pair.core_mhz, r.pair.mem_mhz) if r.pair else ("", "")),
+             round(r.time_s - self.wall_minus_t0_s, 6))
+            for r in self.session.trainer.controller.requests
+        ]  # fmt: skip
         self.gpu.close()
         if self._mlruns is not None:
             shutil.rmtree(self._mlruns, ignore_errors=True)
@@ -869,6 +884,53 @@ def slow_steps(rows: list[tuple], collections: list[tuple], factor: float = 1.25
             "collections_2ms": len(long_gc), "collections_2ms_s": sum(c[2] for c in long_gc)}  # fmt: skip
 
 
+def arms_against_stock(rows: list[tuple], requests: list[tuple], reports: list[tuple]) -> dict:
+    """Each stretch of steps run under a requested pair (an arm of a trial), against the stock
+    stretches on either side of it, in the recorder's own CUDA-event step times: in a dry run no
+    clock moves, so any difference is something the run itself does in the arm. Also the CPU
+    the tuner's answers took in those steps and in stock's (the reports' answer_cpu_s).
+
+    rows: (step, host start s, GPU step s, host step s); requests: REQUEST_COLUMNS (the
+    tuner's step numbers are the recorder's); reports: REPORT_COLUMNS.
+    """
+    pair_at: dict[int, str] = {}
+    for step, _site, core, mem, _s in sorted(requests, key=lambda r: r[0]):
+        pair_at[step] = f"{core}/{mem}" if core != "" else ""
+    stretches: list[tuple[str, list[tuple]]] = []
+    current = ""
+    for r in rows:
+        current = pair_at.get(r[0], current)
+        if stretches and stretches[-1][0] == current:
+            stretches[-1][1].append(r)
+        else:
+            stretches.append((current, [r]))
+    answer_cpu = {r[0]: r[5] for r in reports if len(r) > 5}
+    arms, diffs = [], []
+    for i, (pair, arm) in enumerate(stretches):
+        if not pair or len(arm) < 3:
+            continue
+        before = stretches[i - 1][1][-len(arm) :] if i > 0 and not stretches[i - 1][0] else []
+        after = stretches[i + 1][1][: len(arm)] if i + 1 < len(stretches) and not stretches[i + 1][0] else []
+        around = before + after  # stock's steps on either side, as many as the arm's on each
+        if len(around) < 3:
+            continue
+        diff = quantile([r[2] for r in arm], 0.5) / quantile([r[2] for r in around], 0.5) - 1.0
+        first = arm[0][2] / quantile([r[2] for r in around], 0.5) - 1.0
+        cpu = [answer_cpu[r[0]] for r in arm if r[0] in answer_cpu]
+        cpu_stock = [answer_cpu[r[0]] for r in around if r[0] in answer_cpu]
+        arms.append({"pair": pair, "first_step": arm[0][0], "steps": len(arm),
+                     "median_step_diff": diff, "first_step_diff": first,
+                     "answer_cpu_ms": 1e3 * sum(cpu) / len(cpu) if cpu else None,
+                     "answer_cpu_ms_stock_around": 1e3 * sum(cpu_stock) / len(cpu_stock) if cpu_stock else None})  # fmt: skip
+        diffs.append(diff)
+    return {
+        "arms": len(arms),
+        "median_step_diff_median": quantile(diffs, 0.5) if diffs else None,
+        "median_step_diff_mean": sum(diffs) / len(diffs) if diffs else None,
+        "each": arms,
+    }
+
+
 def noise_pairs_per_root_s(rows: list[tuple], window_s: float) -> float:
     """Step-time noise per root second as the tuner's noise meter takes it (runtime/trials.py
     NoiseMeter over its reference), from the GPU step times: consecutive windows of whole steps
@@ -1069,7 +1131,11 @@ def main(argv: list[str]) -> None:
             [r for r in steps[:-1] if r[1] >= warmup_end_s],
             [c for c in collections_log.rows if c[0] >= warmup_end_s],
         )
+        meta["comparison"]["arms_against_stock"] = arms_against_stock(
+            [r for r in steps[:-1] if r[1] >= warmup_end_s], tuning.requests, tuning.reports
+        )
         write_csv_gz(out / f"{name}_reports.csv.gz", REPORT_COLUMNS, tuning.reports)
+        write_csv_gz(out / f"{name}_requests.csv.gz", REQUEST_COLUMNS, tuning.requests)
     write_csv_gz(out / f"{name}_steps.csv.gz", ("step", "host_start_s", "gpu_step_s", "host_step_s"), steps)
     write_csv_gz(out / f"{name}_nvml.csv.gz", NVML_COLUMNS, nvml)
     write_csv_gz(out / f"{name}_gc.csv.gz", ("host_start_s", "generation", "duration_s", "collected"),
@@ -1083,6 +1149,9 @@ def main(argv: list[str]) -> None:
         print(json.dumps({k: c[k] for k in ("tuner_vs_gpu_step", "time_noise_per_root_s", "trials_completed",
                                              "null_test", "mismatched_steps", "clock_requests",
                                              "slow_steps", "overhead")}))  # fmt: skip
+        arms = c["arms_against_stock"]
+        keys = ("arms", "median_step_diff_median", "median_step_diff_mean")
+        print(json.dumps({"arms_against_stock": {k: arms[k] for k in keys}}))  # fmt: skip
 
 
 if __name__ == "__main__":

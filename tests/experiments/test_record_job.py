@@ -64,3 +64,18 @@ def test_the_plain_loop_job_records_its_steps_on_the_cpu_without_nvml(tmp_path):
     assert meta["job"] == "sync" and meta["nvml"] is None
     assert meta["gpu_timing"].startswith("host")
     assert meta["steps_total"] == len(rows) - 1
+
+
+def test_an_arm_under_a_requested_pair_is_compared_with_the_stock_steps_on_either_side_of_it():
+    # 40 steps of 70 ms; steps 10-19 ran under a requested pair and took 1% longer, with twice
+    # the tuner's answer CPU; a request of stock at step 20 ends the arm.
+    rows = [(i, 0.07 * i, 0.0707 if 10 <= i < 20 else 0.070, 0.07) for i in range(40)]
+    requests = [(10, "step", 1380, 2619, 0.7), (20, "step", "", "", 1.4)]
+    reports = [(i, 0.0, 0.07, 1, 0.0, 1e-4 if 10 <= i < 20 else 5e-5) for i in range(40)]
+    out = record_job.arms_against_stock(rows, requests, reports)
+    assert out["arms"] == 1
+    (arm,) = out["each"]
+    assert arm["pair"] == "1380/2619" and arm["first_step"] == 10 and arm["steps"] == 10
+    assert arm["median_step_diff"] == pytest.approx(0.01)
+    assert arm["answer_cpu_ms"] == pytest.approx(0.1)
+    assert arm["answer_cpu_ms_stock_around"] == pytest.approx(0.05)
