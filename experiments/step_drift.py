@@ -3,9 +3,9 @@
     python -m kdvfs.experiments.step_drift --device sim:h200 --workload gpt3-xl-layer --scenario power-cap
 
 Each seed runs tuner/scenarios.py's run_scenario (the same code as `kdvfs scenario`):
-a simulated job trains under the tuner (prior: the card's own model) until settled with its
-drift watch ready (or --at-s), the scenario changes the card or the kernels in place, training
-goes on for --after-s. Reported per seed, in training seconds after the change:
+a simulated job trains under the tuner (--prior model: the card's own model; none: nothing)
+until settled with its drift watch ready (or --at-s), the scenario changes the card or the
+kernels in place, training goes on for --after-s. Reported per seed, in training seconds after the change:
 detected_after_s, settled_after_s (the card's new stock settled: the tuner left Retuning),
 recovered_after_s (the plan >= 95% of the new conditions' realisable oracle, to the end),
 against the targets of tuner/scenarios.py (DETECT_TARGET_S, DETECT_TARGET_TAUS,
@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--after-s", type=float, default=300.0, help="training seconds after the change")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--budget", type=float, default=0.01)
+    p.add_argument("--prior", default="model", choices=("model", "none"), help="what the job starts from")
     p.add_argument("--no-stable", action="store_true", help="skip the stable run that counts false alarms")
     args = p.parse_args()
     runs = [
@@ -47,6 +48,7 @@ def main() -> None:
             at_s=args.at_s,
             after_s=args.after_s,
             stable=not args.no_stable,
+            prior=args.prior,
         )
         for seed in range(args.seeds)
     ]

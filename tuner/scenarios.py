@@ -44,6 +44,8 @@ READY_S = (WATCH_WARMUP + WATCH_CONFIRM_WINDOWS) * WATCH_WINDOW_S + 10.0
 READY_LIMIT_S = 7200.0
 #: Training run at a time while waiting to settle; s.
 CHUNK_S = 10.0
+#: What a scenario's job may start from: its card's noiseless model's plan, or nothing.
+PRIORS = ("model", "none")
 
 
 def run_scenario(
@@ -59,11 +61,17 @@ def run_scenario(
     store_dir: Path | None = None,
     fleet_store: bool = False,
     stable: bool = True,
+    prior: str = "model",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The scenario's JSON document. at_s: training before the change (None: once settled
     with the watch ready); after_s: training after it; stable: also count the alarms of a run
-    without any change, of the same length."""
+    without any change, of the same length; prior: "model" (the job starts from its card's
+    noiseless model's plan, and re-plans with the model after an alarm) or "none" (as on a
+    real card: no plan to start from, and after an alarm the plan before is verified and the
+    search goes on)."""
+    if prior not in PRIORS:
+        raise KdvfsError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
     say = progress or (lambda _msg: None)
     scenario = get_scenario(scenario_name)
     with tempfile.TemporaryDirectory(prefix="kdvfs-plans-") as tmp:
@@ -72,10 +80,11 @@ def run_scenario(
         def session(seed_: int) -> TuneSession:
             device = open_device(device_spec, seed=seed_)
             workload = open_workload(workload_spec, device)
-            model = open_device(device_spec, noise=0.0)
+            model = open_device(device_spec, noise=0.0) if prior == "model" else None
             return _model_session(device, workload, model, strategy=strategy, budget=budget, seed=seed_)
 
         job = session(seed)
+        started_from = job.prior.source  # "model" or "none": what the job's first plan came from
         if fleet_store:
             _fleet_plan(job, scenario, store, seed + 2, say)
         say(f"{scenario_name}: tuning until settled")
@@ -119,6 +128,7 @@ def run_scenario(
             strategy=strategy,
             seed=seed,
             fleet_store=fleet_store,
+            prior=started_from,
         )
 
 
@@ -155,7 +165,8 @@ def _fleet_plan(job: TuneSession, scenario, store: PlanStore, seed: int, say) ->
 
 def _model_session(device, workload, model, *, strategy: str, budget: float, seed: int) -> TuneSession:
     """A job on `device` starting from its model's plan (`model`: a noiseless copy of the card,
-    also re-planned after an alarm), switching at the sites its card allows."""
+    also re-planned after an alarm; None: from no prior, nothing re-planned), switching at the
+    sites its card allows."""
     sites = job_sites(workload, device.switch_latency_s)
     prior = choose_prior(device, workload, budget, store=None, model=model, sites=sites)
     return TuneSession(

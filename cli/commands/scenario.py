@@ -68,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="gpu-swap: another job of the fleet has tuned the new card and left its plan in the store",
     )
+    parser.add_argument(
+        "--prior",
+        choices=("model", "none"),
+        default="model",
+        help="model: start from the simulated card's own noiseless model and re-plan with it after an alarm; "
+        "none: no plan to start from and none re-planned, as on a real card (default %(default)s)",
+    )
     add_mlflow(parser)
     add_json(parser)
 
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             after_s=args.after_s,
             store_dir=args.plan_store,
             fleet_store=args.fleet_store,
+            prior=args.prior,
             progress=lambda msg: print(msg, file=sys.stderr),
         )
     with deferred_interrupts():
@@ -98,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
         if doc is None:  # the scenario's figures exist only once it is over
             doc = {"scenario": args.scenario, "device": args.device, "source": device.source}
             doc.update(
-                strategy=args.strategy, budget=args.budget, seed=args.seed, fleet_store=args.fleet_store
+                strategy=args.strategy,
+                budget=args.budget,
+                seed=args.seed,
+                fleet_store=args.fleet_store,
+                prior=args.prior,
             )
         else:
             _print_scenario(args, doc)
@@ -130,7 +142,7 @@ def _print_scenario(args: argparse.Namespace, doc: dict) -> None:
 
     print(
         f"scenario {doc['scenario']} on {args.device} ({doc['gpu_after']} after), {args.strategy}, "
-        f"budget {pct(args.budget)} [{label}]"
+        f"budget {pct(args.budget)}, prior {args.prior} [{label}]"
     )
     converged = (
         "not settled"
@@ -176,6 +188,7 @@ def _log_scenario(args: argparse.Namespace, doc: dict, identity: dict[str, str],
         "change_at_s": doc.get("change_at_s", args.at_s),
         "after_s": doc.get("after_s", args.after_s),
         "fleet_store": args.fleet_store,
+        "prior": args.prior,
         **identity,
     }
     run = tracker.start_run(f"{doc['scenario']}-{args.strategy}", params, tags=identity)

@@ -277,6 +277,15 @@ def test_a_power_cap_scenario_is_detected_within_5_s_and_reported_in_training_se
     assert run.data.params["source"] == "simulated" and run.data.tags["workload_signature"]
 
 
+def test_a_scenario_from_no_prior_starts_from_nothing_and_says_so(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    argv = ["scenario", "power-cap", "--device", "sim:rtx3080ti", "--prior", "none", "--at-s", "30"]
+    assert main([*argv, "--after-s", "20", "--no-mlflow", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["prior"] == "none" and doc["alarms_after_change"][0]["reasons"] == ["power_limit"]
+    assert "prior none [simulated]" in capsys.readouterr().out
+
+
 def test_a_gpu_swap_restarts_the_job_from_its_plan_carried_to_the_new_card(tmp_path):
     out = tmp_path / "s.json"
     argv = [
