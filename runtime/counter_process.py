@@ -11,7 +11,7 @@ the training process.
   from another process (a real card: `NvmlDevice.counter_source()`).
 - `main`: the child. It writes one line per event to its stdout: `u TIME_S ENERGY_J` (an
   update, on the host's monotonic clock, which both processes share), `s TEMP_C LIMIT_W
-  REASONS` (sensors), `e MESSAGE` (the counter stopped), and `f FIGURES_JSON` once its stdin
+  SM_MHZ REASONS` (sensors), `e MESSAGE` (the counter stopped), and `f FIGURES_JSON` once its stdin
   closes (the parent stopped or died); SIGINT is the parent's to handle.
 
 Why: a thread that reads the counter ~50 times a second takes the GIL as often, and each time
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -43,6 +42,7 @@ from kdvfs.runtime.step_feed import (
     UPDATE_GUARD_S,
     CounterPoller,
     CounterReader,
+    Sensors,
 )
 from kdvfs.runtime.types import KdvfsError
 
@@ -100,7 +100,7 @@ class ProcessCounterPoller:
         self._buffer = b""
         self._eof = False
         self._updates: list[tuple[float, float]] = []
-        self._sensors: tuple[float, frozenset[str], float] = (math.nan, frozenset(), math.nan)
+        self._sensors = Sensors()
         self._figures: dict[str, Any] | None = None
         self._received = 0
         self._lock = threading.Lock()
@@ -165,9 +165,8 @@ class ProcessCounterPoller:
             taken, self._updates = self._updates[:n], self._updates[n:]
         return tuple(taken)
 
-    def sensors(self) -> tuple[float, frozenset[str], float]:
-        """(temperature C, throttle reasons, power limit W) as the child last read them (NaN,
-        none, NaN until its first read arrives)."""
+    def sensors(self) -> Sensors:
+        """The sensors as the child last read them (NaN and none until its first read arrives)."""
         with self._lock:
             self._drain()
             return self._sensors if self.replaced_by is None else self.replaced_by.sensors()
@@ -216,9 +215,9 @@ class ProcessCounterPoller:
             self._updates.append((float(t), float(j)))
             self._received += 1
         elif kind == "s":
-            temp, limit, reasons = rest.split(" ", 2)
+            temp, limit, sm, reasons = rest.split(" ", 3)
             names = frozenset() if reasons == "-" else frozenset(reasons.split(","))
-            self._sensors = (float(temp), names, float(limit))
+            self._sensors = Sensors(float(temp), names, float(limit), float(sm))
         elif kind == "f":
             self._figures = json.loads(rest)
         elif kind == "e":
@@ -261,9 +260,9 @@ def open_poller(device: Device, poll_s: float = COUNTER_POLL_S) -> CounterReader
 
 
 # --- the child ---------------------------------------------------------------------------------
-def _sensor_line(sensors: tuple[float, frozenset[str], float]) -> str:
-    temperature_c, reasons, limit_w = sensors
-    return f"s {temperature_c!r} {limit_w!r} {','.join(sorted(reasons)) or '-'}"
+def _sensor_line(sensors: Sensors) -> str:
+    reasons = ",".join(sorted(sensors.throttle_reasons)) or "-"
+    return f"s {sensors.temperature_c!r} {sensors.power_limit_w!r} {sensors.sm_clock_mhz!r} {reasons}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,6 +216,10 @@ class NvmlCounter:
         """The enforced power limit."""
         return self._read("nvmlDeviceGetEnforcedPowerLimit") / 1000.0
 
+    def sm_clock_mhz(self) -> float:
+        """The SM clock now, MHz."""
+        return float(self._read("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_SM))
+
     def throttle_reasons(self) -> frozenset[str]:
         nvml = self._nvml
         try:

@@ -180,6 +180,14 @@ def operating_point(
     return OperatingPoint(t, t * mean_w, clock, mem, mean_w, capped=True)
 
 
+def _mean_clock_mhz(ops: Sequence[OperatingPoint], times_s: Sequence[float]) -> float:
+    """The time-weighted mean core clock of launches, MHz."""
+    total_s = sum(times_s)
+    if total_s <= 0.0:
+        return ops[-1].core_mhz
+    return sum(op.core_mhz * t for op, t in zip(ops, times_s)) / total_s
+
+
 @dataclass(frozen=True)
 class CapControl:
     """What the cap controller does over one window, the same for every launch in it: its clock
@@ -346,6 +354,9 @@ IDLE_QUANTA = 20
 up (count): costs are cached by it."""
 THERMAL_BISECTION_STEPS = 12
 """Bisection steps for the steady temperature (count): the bracket shrinks to ~0.03 C."""
+SM_CLOCK_TAU_S = 0.05
+"""Time over which the SM clock sensor averages the launches' clocks, s (a poller samples the
+clock many times a step; a step's kernels last 10-100 ms)."""
 
 
 class SimulatedDevice(ModelDevice):
@@ -389,6 +400,7 @@ class SimulatedDevice(ModelDevice):
         self.power_cap_w = p.power_cap_w if power_cap_w is None else power_cap_w
         self._temp_c = self.operating_temperature_c()
         self._last_point: OperatingPoint | None = None
+        self._clock_mhz = float(self.preset.max_core_mhz)  # the core clock, averaged over SM_CLOCK_TAU_S
         self._cache: dict[tuple, OperatingPoint] = {}
         self._controls: dict[tuple, CapControl] = {}  # noiseless windows' controls
         # the cap controller of timed runs: its level (control_level), the control it sets,
@@ -439,8 +451,19 @@ class SimulatedDevice(ModelDevice):
         return self.power_cap_w
 
     def sm_clock_mhz(self) -> float:
-        """The (mean) core clock of the last launch run."""
+        """The (mean) core clock of the last launch run: NVML's reading now."""
         return self._last_point.core_mhz if self._last_point else float(self.preset.max_core_mhz)
+
+    def mean_sm_clock_mhz(self) -> float:
+        """The core clock the card ran at, the cap controller's included: its launches' clocks
+        averaged over the last SM_CLOCK_TAU_S of their time, as a poller sampling NVML through
+        the steps reads it (a simulated job reports this: its sensors are read at each step's
+        end, where the last launch is the same small kernel every step)."""
+        return self._clock_mhz
+
+    def _ran_at(self, clock_mhz: float, duration_s: float) -> None:
+        """Launches ran `duration_s` at a mean core clock: the averaged clock follows."""
+        self._clock_mhz += (clock_mhz - self._clock_mhz) * -math.expm1(-duration_s / SM_CLOCK_TAU_S)
 
     def throttle_reasons(self) -> frozenset[str]:
         reasons = set()
@@ -661,10 +684,11 @@ class SimulatedDevice(ModelDevice):
         items = list(items)
         if self.preset.power_window_s <= 0.0:
             ops = [self.point(k, pair, temp_c) for k, pair, _ in items]
+            times_s = [op.time_s * n for op, (_, _, n) in zip(ops, items)]
             return StepCost.of(
-                [op.time_s * n for op, (_, _, n) in zip(ops, items)],
+                times_s,
                 [op.energy_j * n for op, (_, _, n) in zip(ops, items)],
-                (ops[-1], UNCAPPED),
+                (ops[-1], UNCAPPED, _mean_clock_mhz(ops, times_s)),
             )
         idle_s = self._idle_bucket_s(idle_s)
         p = self.preset
@@ -672,6 +696,7 @@ class SimulatedDevice(ModelDevice):
         times_s, energies_j = [0.0] * len(items), [0.0] * len(items)
         free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
         control, last = None, None
+        clock_s, clock_time_s = 0.0, 0.0  # sum of core clock x time, and of time, over launches
         for window in windows([*free_s, idle_s] if idle_s > 0.0 else free_s, p.power_window_s):
             entries = [
                 (items[i][0], items[i][1], items[i][2] * share) for i, share in window if i < len(items)
@@ -688,10 +713,13 @@ class SimulatedDevice(ModelDevice):
             for (i, _), op, (_, _, n) in zip(window, ops, entries):
                 times_s[i] += op.time_s * n
                 energies_j[i] += op.energy_j * n
+                clock_s += op.core_mhz * op.time_s * n
+                clock_time_s += op.time_s * n
                 last = op
         if control is None:  # the last window held one kernel alone: its own capped point
             control = self._window_control([(items[-1][0], items[-1][1], 1.0)], temp_c)
-        return StepCost.of(times_s, energies_j, (last, control))
+        mean_mhz = clock_s / clock_time_s if clock_time_s > 0.0 else last.core_mhz
+        return StepCost.of(times_s, energies_j, (last, control, mean_mhz))
 
     def _after_step(self, duration_s: float, power_w: float, cost: StepCost) -> None:
         """A step run at once: the temperature moves over it at its mean power; the last launch's
@@ -700,7 +728,8 @@ class SimulatedDevice(ModelDevice):
         p = self.preset
         steady_c = self.ambient_c + p.r_th_c_per_w * power_w
         self._temp_c = steady_c + (self._temp_c - steady_c) * math.exp(-duration_s / p.tau_s)
-        last, control = cost.state
+        last, control, clock_mhz = cost.state
+        self._ran_at(clock_mhz, cost.time_s)
         self._last_point = last
         if p.power_window_s > 0.0:
             if self._control != control:
@@ -761,6 +790,7 @@ class SimulatedDevice(ModelDevice):
             settled = self._settled(kernel, pair)
             self.state_step_s = STATE_STEP_S if settled else min(STATE_STEP_S, self.preset.power_window_s)
         self._last_point = op
+        self._ran_at(op.core_mhz, op.time_s)
         return op.time_s, op.energy_j
 
     def repeat_since(self, start_s: float, start_true_energy_j: float, times: int) -> float:

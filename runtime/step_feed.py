@@ -10,8 +10,8 @@
   host more than its own work. An update already there at the wake is not handed out (its
   time is not known: the window closes at the next one), and the guard doubles (a busy host
   wakes the thread late; at most half the period) and shrinks back by `GUARD_SHRINK` with
-  each update seen after its wake; the sensors (temperature, throttle reasons, enforced power
-  limit) every `sensor_period_s`. The controller takes the updates seen up to a step's end
+  each update seen after its wake; the sensors (`Sensors`: temperature, throttle reasons,
+  enforced power limit, SM clock) every `sensor_period_s`. The controller takes the updates seen up to a step's end
   into that step's StepReport (runtime/steps.py), so the tuner's windows close at observed
   updates (data/h200-window-noise/README.md: polling sees an update within ~2 ms; the NVML
   field-value timestamp is no better a clock).
@@ -33,6 +33,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from kdvfs.runtime.device import Device
@@ -55,6 +56,24 @@ GUARD_SHRINK = 0.98
 PERIOD_GAPS = 5
 
 
+@dataclass(frozen=True)
+class Sensors:
+    """The card's sensors as last read (NaN or none where the card has no such sensor).
+
+    Attributes:
+        temperature_c: the GPU's temperature, C.
+        throttle_reasons: the reasons its clocks are held back now.
+        power_limit_w: the enforced power limit, W.
+        sm_clock_mhz: the SM (core) clock it runs at now, MHz (a lower power limit or a hot
+            card holds stock's clock below the grid's top).
+    """
+
+    temperature_c: float = math.nan
+    throttle_reasons: frozenset[str] = frozenset()
+    power_limit_w: float = math.nan
+    sm_clock_mhz: float = math.nan
+
+
 class CounterReader(Protocol):
     """What the clock controller reads of the counter's poller (CounterPoller, ProcessCounterPoller)."""
 
@@ -68,8 +87,8 @@ class CounterReader(Protocol):
         """The updates seen at or before until_s (host time, s), oldest first, handed out once."""
         ...
 
-    def sensors(self) -> tuple[float, frozenset[str], float]:
-        """(temperature C, throttle reasons, power limit W) as last read."""
+    def sensors(self) -> Sensors:
+        """The sensors as last read."""
         ...
 
     def figures(self) -> dict[str, object]:
@@ -107,7 +126,8 @@ class CounterPoller:
     """The energy counter's updates and the card's sensors, read on their own thread.
 
     Args:
-        device: the card (energy_j; temperature_c, throttle_reasons, power_limit_w where it has them).
+        device: the card (energy_j; temperature_c, throttle_reasons, power_limit_w, sm_clock_mhz
+            where it has them).
         poll_s: least time from one counter read's start to the next's while reading back to
             back, s (a read that takes longer is followed at once).
         sensor_period_s: time between two sensor reads, s.
@@ -116,8 +136,7 @@ class CounterPoller:
             back to back throughout).
         clock: the host time reads are stamped with and the waits between them.
         on_update: called on the poller's thread with each update it keeps: host time (s), J.
-        on_sensors: called on the poller's thread with each sensor read: (temperature C,
-            throttle reasons, power limit W).
+        on_sensors: called on the poller's thread with each sensor read (Sensors).
     """
 
     def __init__(
@@ -129,7 +148,7 @@ class CounterPoller:
         guard_s: float | None = UPDATE_GUARD_S,
         clock: Clock = MONOTONIC,
         on_update: Callable[[float, float], None] | None = None,
-        on_sensors: Callable[[tuple[float, frozenset[str], float]], None] | None = None,
+        on_sensors: Callable[[Sensors], None] | None = None,
     ) -> None:
         self.device = device
         self.on_update = on_update
@@ -184,8 +203,8 @@ class CounterPoller:
             taken, self._updates = self._updates[:n], self._updates[n:]
         return tuple(taken)
 
-    def sensors(self) -> tuple[float, frozenset[str], float]:
-        """(temperature C, throttle reasons, power limit W) as last read."""
+    def sensors(self) -> Sensors:
+        """The sensors as last read."""
         return self._sensors
 
     def period_s(self) -> float | None:
@@ -241,11 +260,12 @@ class CounterPoller:
             return max(self.poll_s - read_s, 0.0)
         return max(wake_s - self.clock.now_s(), self.poll_s)
 
-    def _read_sensors(self) -> tuple[float, frozenset[str], float]:
-        return (
+    def _read_sensors(self) -> Sensors:
+        return Sensors(
             float(_sensor(self.device, "temperature_c", math.nan)),
             frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
             float(_sensor(self.device, "power_limit_w", math.nan)),
+            float(_sensor(self.device, "sm_clock_mhz", math.nan)),
         )
 
 

@@ -63,6 +63,8 @@ class StepReport:
         stall_s: the part of wait_s that was a stall inside the job's step (an evaluation, a
             checkpoint: runtime/trials.py's StallFilter moves it there; its energy is then
             left out of a window's, as its time is), s.
+        sm_clock_mhz: the card's SM clock as last read (a simulated card: the mean over the
+            step's kernels), MHz; NaN where the card does not say.
     """
 
     step: int
@@ -76,6 +78,7 @@ class StepReport:
     steps: int = 1
     wait_s: float = 0.0
     stall_s: float = 0.0
+    sm_clock_mhz: float = math.nan
 
 
 class StepController(Protocol):
@@ -181,6 +184,7 @@ class SimulatedJob:
             temperature_c=_sensor(self.device, "temperature_c", math.nan),
             throttle_reasons=frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
             power_limit_w=_sensor(self.device, "power_limit_w", math.nan),
+            sm_clock_mhz=_sm_clock_mhz(self.device),
         )
         self.steps += 1
         return report
@@ -232,6 +236,7 @@ class SimulatedJob:
             temperature_c=_sensor(device, "temperature_c", math.nan),
             throttle_reasons=frozenset(_sensor(device, "throttle_reasons", frozenset())),
             power_limit_w=_sensor(device, "power_limit_w", math.nan),
+            sm_clock_mhz=_sm_clock_mhz(device),
             steps=steps,
             wait_s=wait_sum_s / steps,
         )
@@ -319,3 +324,10 @@ def _sensor(device: ModelDevice, name: str, default):
     """A sensor the device may not have (a replayed table has no temperature)."""
     read = getattr(device, name, None)
     return read() if callable(read) else default
+
+
+def _sm_clock_mhz(device: ModelDevice) -> float:
+    """The SM clock a simulated job reports: the card's clock averaged over its recent launches
+    where it has that (a poller sampling a real card through the steps reads the same), else
+    its reading now, else NaN."""
+    return float(_sensor(device, "mean_sm_clock_mhz", None) or _sensor(device, "sm_clock_mhz", math.nan))

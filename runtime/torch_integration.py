@@ -534,17 +534,18 @@ class ClockController:
         that fails is logged and dropped: training goes on at stock clocks."""
         anchor, anchor_s = self._anchor
         end_s = anchor_s + end.seconds_since(anchor)
-        temperature_c, reasons, limit_w = self.poller.sensors()
+        sensors = self.poller.sensors()
         report = StepReport(
             step=step,
             end_s=end_s,
             step_time_s=step_s,
             group_times_s=self._group_times(end, step_s),
             counter_readings=self.poller.take(end_s),
-            temperature_c=temperature_c,
-            throttle_reasons=reasons,
-            power_limit_w=limit_w,
+            temperature_c=sensors.temperature_c,
+            throttle_reasons=sensors.throttle_reasons,
+            power_limit_w=sensors.power_limit_w,
             wait_s=wait_s,
+            sm_clock_mhz=sensors.sm_clock_mhz,
         )
         started = time.perf_counter()
         try:

@@ -525,7 +525,7 @@ def open_window(
 def pooled_report(reports: Sequence[StepReport]) -> StepReport:
     """One step of every data-parallel rank as one report: rank 0's step index, clock and
     counter; the ranks' mean step and group times and temperature; their throttle reasons
-    together; the lowest power limit."""
+    together; the lowest power limit and SM clock."""
     first = reports[0]
     if len(reports) == 1:
         return first
@@ -540,6 +540,9 @@ def pooled_report(reports: Sequence[StepReport]) -> StepReport:
         throttle_reasons=frozenset().union(*(r.throttle_reasons for r in reports)),
         power_limit_w=min(r.power_limit_w for r in reports),
         wait_s=float(np.mean([r.wait_s for r in reports])),
+        sm_clock_mhz=min(
+            (r.sm_clock_mhz for r in reports if math.isfinite(r.sm_clock_mhz)), default=math.nan
+        ),
     )
 
 

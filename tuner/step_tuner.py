@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -199,6 +199,12 @@ WATCH_WARMUP = 10
 RETUNE_SETTLE_MAX_S = 300.0
 #: Stock run after an alarm before the temperature may count as settled; s.
 RETUNE_MIN_S = 5.0
+#: The latest SM clock readings at stock (a reference's, or after an alarm) whose median is
+#: stock's clock; readings.
+RETUNE_CLOCK_READINGS = 64
+#: Drop of stock's SM clock after an alarm, against the reference before, from which the plan
+#: before is verified with its core clocks lowered as much (moved_with_stock); a fraction.
+RETUNE_CLOCK_DROP = 0.02
 #: Shortest trial window of pooled ranks (for_ranks shortens windows no further); s.
 MIN_POOLED_WINDOW_S = 0.5
 #: Fewest A-B-B-A blocks of a pooled trial or verification (the adoption needs two); blocks.
@@ -346,6 +352,7 @@ class Reference:
             this (a noisy job measures stock longer), a fraction.
         max_s: ... but no longer than this, s.
         measured: the windows so far (runtime/trials.py: StockReference).
+        sm_clocks_mhz: the SM clock its reports read (the latest RETUNE_CLOCK_READINGS), MHz.
     """
 
     schedule: Schedule
@@ -357,6 +364,7 @@ class Reference:
     max_margin: float = math.inf
     max_s: float = REFERENCE_MAX_S
     measured: StockReference = field(init=False)
+    sm_clocks_mhz: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.measured = StockReference(self.schedule, self.window_s, self.min_s, self.max_margin, self.max_s)
@@ -615,7 +623,10 @@ class Retuning:
 
     Transitions:
         -> Reference: RETUNE_MIN_S of stock have run and the temperature is flat (or
-           RETUNE_SETTLE_MAX_S passed); the plan before (or the replan) is verified first.
+           RETUNE_SETTLE_MAX_S passed); the plan before (or the replan) is verified first;
+           without a replan, where stock now runs at a lower SM clock than at the reference
+           before (a lower power limit, a hot card), with its core clocks lowered as much
+           (`moved_with_stock`).
 
     Attributes:
         since_s: when the alarm came, s (the report's clock).
@@ -623,15 +634,41 @@ class Retuning:
         groups: the groups to explore again (their own time moved; all when a condition or
             the energy moved).
         schedule_before: the schedule adopted before the alarm (the plan so far).
+        sm_clocks_mhz: the SM clock the reports read at stock since the alarm (the latest
+            RETUNE_CLOCK_READINGS), MHz.
     """
 
     since_s: float
     reasons: tuple[str, ...]
     groups: tuple[int, ...]
     schedule_before: Schedule
+    sm_clocks_mhz: list[float] = field(default_factory=list)
 
 
 Phase = Reference | Exploring | Screening | Trading | Verifying | Settled | Retuning
+
+
+def moved_with_stock(plan: Schedule, ratio: float, pairs: Sequence[ClockPair]) -> Schedule:
+    """The plan with each pair's core clock times `ratio` (stock's SM clock now over stock's at
+    the reference the plan was found against: a lower power limit or a hot card holds stock
+    lower, and the plan's pairs lose what they saved against it), down to the grid's highest
+    core clock at or below that, at the pair's memory clock. A pair with no such clock, and
+    stock, stay."""
+    groups = []
+    for start, pair in plan.groups:
+        if pair is not None:
+            target_mhz = pair.core_mhz * ratio
+            below = [p for p in pairs if p.mem_mhz == pair.mem_mhz and p.core_mhz <= target_mhz]
+            pair = max(below, key=lambda p: p.core_mhz, default=pair)
+        groups.append((start, pair))
+    return Schedule(tuple(groups))
+
+
+def _latest_clocks(clocks_mhz: list[float], report: StepReport) -> list[float]:
+    """The latest RETUNE_CLOCK_READINGS SM clock readings with the report's (where it has one)."""
+    if not math.isfinite(report.sm_clock_mhz):
+        return clocks_mhz
+    return [*clocks_mhz[1 - RETUNE_CLOCK_READINGS :], report.sm_clock_mhz]
 
 
 def verification_z(nth: int) -> float:
@@ -830,6 +867,8 @@ class StepTuner:
         self.watch: DriftMonitor | None = None
         self.alarms: list[Alarm] = []
         self.retunes = 0
+        self.stock_clock_mhz = math.nan
+        """Stock's SM clock at the latest reference (the median of its reports'), MHz."""
         self._listeners: list[Callable[[TunerEvent], None]] = []
         self._moved: list[str] = []  # conditions that moved before the watch acts on them
         self._now_s = 0.0  # this step's end, s (the report's clock)
@@ -987,8 +1026,11 @@ class StepTuner:
         )
 
     def _reference(self, ref: Reference, report: StepReport) -> Schedule:
+        ref.sm_clocks_mhz = _latest_clocks(ref.sm_clocks_mhz, report)
         if not ref.measured.add(self._feed):
             return ref.schedule
+        if ref.sm_clocks_mhz:
+            self.stock_clock_mhz = float(np.median(ref.sm_clocks_mhz))
         search = self._finish_reference(ref, ref.measured.figures())
         before = ref.schedule_before if self.retunes else None
         plan = before if before is not None and any(p is not None for _, p in before.groups) else self.prior
@@ -2264,6 +2306,7 @@ class StepTuner:
         return self.incumbent
 
     def _retuning(self, ret: Retuning, report: StepReport) -> Schedule:
+        ret.sm_clocks_mhz = _latest_clocks(ret.sm_clocks_mhz, report)
         waited_s = report.end_s - ret.since_s
         flat = self.conditions.centre_c is not None or not math.isfinite(report.temperature_c)
         if waited_s < RETUNE_MIN_S or (not flat and waited_s < RETUNE_SETTLE_MAX_S):
@@ -2271,6 +2314,10 @@ class StepTuner:
         self.retunes += 1
         fresh = self.replan(report) if self.replan is not None else None
         plan = fresh if fresh is not None else ret.schedule_before
+        if fresh is None and ret.sm_clocks_mhz and math.isfinite(self.stock_clock_mhz):
+            ratio = float(np.median(ret.sm_clocks_mhz)) / self.stock_clock_mhz
+            if ratio < 1.0 - RETUNE_CLOCK_DROP:
+                plan = moved_with_stock(plan, ratio, self.pairs)
         self.segments = [s for s, _ in plan.groups]
         self.incumbent = Schedule(tuple((s, None) for s in self.segments))
         self._moved = []

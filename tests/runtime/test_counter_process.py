@@ -49,7 +49,7 @@ def test_a_counter_read_in_its_own_process_hands_over_each_update_on_this_proces
     try:
         updates: list[tuple[float, float]] = []
         wait_for(lambda: len(updates.extend(poller.take(time.monotonic())) or updates) >= 8, "8 updates")
-        temperature_c, reasons, limit_w = poller.sensors()
+        sensors = poller.sensors()
     finally:
         poller.stop()
     times_s = [t for t, _ in updates]
@@ -65,7 +65,8 @@ def test_a_counter_read_in_its_own_process_hands_over_each_update_on_this_proces
     gaps_s = [b - a for a, b in itertools.pairwise(times_s)]
     assert statistics.median(gaps_s) == pytest.approx(0.1, abs=0.02)
     assert (energies_j[-1] - energies_j[0]) / (times_s[-1] - times_s[0]) == pytest.approx(82.8, rel=0.2)
-    assert temperature_c > 0 and limit_w > 0 and "gpu_idle" in reasons
+    assert sensors.temperature_c > 0 and sensors.power_limit_w > 0 and "gpu_idle" in sensors.throttle_reasons
+    assert sensors.sm_clock_mhz > 0
     figures = poller.figures()
     assert figures["process"] is True and figures["reads"] >= len(updates)
     assert figures["period_s"] == pytest.approx(0.1, abs=0.02)

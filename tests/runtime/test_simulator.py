@@ -189,3 +189,26 @@ def test_a_wait_in_the_window_that_holds_the_steps_end_lets_a_capped_stock_step_
     rare_s, _ = dev.expected_step(step, rare_idle=[(0.003, None)])  # in windows of its own
     assert waited_s - 0.003 < time_s * 0.99
     assert rare_s - 0.003 == pytest.approx(time_s, rel=0.005)  # only cooler
+
+
+def test_the_mean_sm_clock_reads_the_clock_a_lower_power_cap_holds_stock_to_and_a_locked_pair_below_it():
+    from kdvfs.runtime.schedule import Schedule
+    from kdvfs.runtime.steps import SimulatedJob
+
+    dev = SimulatedDevice("rtx3080ti", noise=0.0)
+    workload = gpt3_xl_layer()
+    job = SimulatedJob(dev, workload)
+    stock = Schedule(((0, None),))
+    for _ in range(200):
+        job.step(stock)
+    at_350_w = dev.mean_sm_clock_mhz()
+    dev.set_power_cap_w(250.0)
+    for _ in range(200):
+        job.step(stock)
+    at_250_w = dev.mean_sm_clock_mhz()
+    # the step's kernels run below the grid's top at the 350-W cap, and lower still at 250 W
+    assert 1500 < at_350_w < 2100 and at_250_w < at_350_w - 200
+    # a locked pair under what the cap allows runs at its own clock
+    for _ in range(200):
+        job.step(Schedule(((0, ClockPair(1050, 9501)),)))
+    assert dev.mean_sm_clock_mhz() == pytest.approx(1050, abs=5)

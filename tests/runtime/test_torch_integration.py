@@ -199,6 +199,28 @@ def test_the_time_between_a_steps_end_and_the_next_start_is_reported_as_the_jobs
     assert by_step[0].wait_s < pause_s and by_step[2].wait_s < pause_s
 
 
+def test_each_report_carries_the_cards_sensors_as_the_poller_read_them_the_sm_clock_included(mlp):
+    model, optimizer, step, workload = mlp
+    reports = []
+
+    class Recording:
+        def on_step_end(self, report):
+            reports.append(report)
+            return Schedule.stock()
+
+    device = LoggingDevice()
+    device.set_power_cap_w(450.0)
+    with KdvfsTrainer(
+        device, workload, Schedule.stock(), model=model, optimizer=optimizer, tuner=Recording()
+    ) as t:
+        for _ in range(3):
+            with t.step():
+                step()
+    assert reports and all(r.power_limit_w == 450.0 for r in reports)
+    top_mhz = max(device.grid.core_levels_mhz)
+    assert all(0 < r.sm_clock_mhz <= top_mhz for r in reports)  # a reading, not the NaN of no sensor
+
+
 def test_group_starts_between_sites_are_reported_moved(mlp):
     workload = mlp[3]
     _, kernel_sites = workload_sites(workload)

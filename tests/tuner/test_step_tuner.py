@@ -15,6 +15,7 @@ from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.step_feed import site_workload
 from kdvfs.runtime.steps import SimulatedJob, StepReport
+from kdvfs.runtime.types import ClockPair
 from kdvfs.tuner.oracle import InStep
 from kdvfs.tuner.run import (
     DEFAULT_ENERGY_UPDATE_PERIOD_S,
@@ -28,12 +29,14 @@ from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_priors import model_schedule
 from kdvfs.tuner.step_tuner import (
     PROVEN_VERIFY_BLOCKS,
+    RETUNE_CLOCK_DROP,
     Exploring,
     Retuning,
     Settled,
     StepTuner,
     TrialFinished,
     Verifying,
+    moved_with_stock,
     switchable_groups,
 )
 from tests.tuner.sim_jobs import job_session
@@ -194,18 +197,33 @@ def test_a_power_limit_drop_is_detected_within_5_s_and_the_card_runs_stock(power
     assert all(pair is None for _, pair in tuner.on_step_end(job.step(schedule)).groups)
 
 
-def test_after_a_power_limit_drop_stock_is_measured_again_and_the_plan_before_verified_within_budget(
+def test_after_a_power_limit_drop_stock_is_measured_again_and_the_plan_before_verified_as_low_as_stock_fell(
     power_cap,
 ):
     tuner, job, schedule, plan, _ = power_cap
+    clock_before_mhz = tuner.stock_clock_mhz
     schedule, least_slack_s = train(
         tuner, job, schedule, 400.0, until=lambda t: isinstance(t.phase, Exploring)
     )
     assert tuner.retunes == 1
     assert tuner.phases[-4:] == ["Retuning", "Reference", "Verifying", "Exploring"]
     assert least_slack_s >= 0.0
-    kept = tuner.adoptions[-1].schedule == plan and tuner.adoptions[-1].end_s > tuner.alarms[0].end_s
-    assert tuner.incumbent == (plan if kept else Schedule(((0, None),)))
+    # under the lower limit stock runs lower, and the plan before is verified lowered as much
+    ratio = tuner.stock_clock_mhz / clock_before_mhz
+    assert ratio < 1.0 - RETUNE_CLOCK_DROP
+    lowered = moved_with_stock(plan, ratio, job.device.grid.pairs)
+    assert lowered.groups[0][1].core_mhz < plan.groups[0][1].core_mhz
+    after = [a for a in tuner.adoptions if a.end_s > tuner.alarms[0].end_s]
+    assert tuner.incumbent == (after[-1].schedule if after else Schedule(((0, None),)))
+    assert [a.schedule for a in after] == [lowered]  # verified and adopted
+
+
+def test_a_plan_moves_with_stocks_clock_down_to_the_grid_at_its_memory_clock():
+    pairs = [ClockPair(c, m) for c in (1050, 1260, 1470, 1680, 1890) for m in (5001, 9501)]
+    plan = Schedule(((0, ClockPair(1680, 9501)), (5, None), (9, ClockPair(1050, 5001))))
+    moved = moved_with_stock(plan, 1351.0 / 1656.0, pairs)  # the 3080 Ti layer's stock under 250 W
+    assert moved == Schedule(((0, ClockPair(1260, 9501)), (5, None), (9, ClockPair(1050, 5001))))
+    assert moved_with_stock(plan, 1.0, pairs) == plan
 
 
 def test_an_exception_mid_retune_leaves_stock_clocks_requested():
