@@ -299,7 +299,15 @@ class GcLog:
 # ---------------------------------------------------------------------------------------------
 # Under kdvfs.tune (--tune 1): dry run, read-only NVML.
 
-REPORT_COLUMNS = ("step", "end_s", "tuner_step_s", "counter_readings", "wait_s", "answer_cpu_s")
+REPORT_COLUMNS = (
+    "step",
+    "end_s",
+    "tuner_step_s",
+    "counter_readings",
+    "wait_s",
+    "answer_cpu_s",
+    "sm_clock_mhz",
+)
 REQUEST_COLUMNS = ("step", "site", "core_mhz", "mem_mhz", "host_s")
 """The controller's clock requests (dry run: recorded, none made): the tuner's step, the site,
 the pair (empty: stock), the host time on the recorder's clock."""
@@ -365,7 +373,7 @@ class Tuning:
             self.reports.append((
                 report.step, round(report.end_s - self.monotonic_minus_t0_s, 6),
                 round(report.step_time_s, 7), len(report.counter_readings), round(report.wait_s, 7),
-                round(time.thread_time() - started_s, 7),
+                round(time.thread_time() - started_s, 7), report.sm_clock_mhz,
             ))  # fmt: skip
             return answer
 

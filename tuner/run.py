@@ -536,6 +536,7 @@ class TuningRun:
             "stock_step_s": self.stock_step_s(),
             "stock_energy_per_step_j": t.stock_energy_j if math.isfinite(t.stock_energy_j) else None,
             "window_energy_cv": t.window_sd if math.isfinite(t.window_sd) else None,
+            "stock_sm_clock_mhz": _or_none(t.stock_clock_mhz),
             "trial_window_s": t.timing.trial_window_s,
             "step_time_cv_per_root_s": t.time_sd_per_root_s,
             "job_noise": self.job_noise(),

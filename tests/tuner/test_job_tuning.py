@@ -149,6 +149,7 @@ def test_in_dry_run_no_clock_reaches_the_card_and_nothing_is_adopted(fake_card, 
     summary = tuning.summary()
     assert summary["adopted"] == 0 and summary["plan_energy_saving"] == 0.0
     assert len(summary["outcomes"]) >= 2 and summary["stock_energy_per_step_j"] > 0
+    assert summary["stock_sm_clock_mhz"] > 0  # the card's SM clock, read by the counter's poller
     assert not PlanStore(tmp_path / "store").entries()  # a dry run stores no plan
 
 
