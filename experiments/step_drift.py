@@ -5,8 +5,9 @@
 Each seed runs tuner/scenarios.py's run_scenario (the same code as `kdvfs scenario`):
 a simulated job trains under the tuner (--prior model: the card's own model; none: nothing)
 until settled with its drift watch ready (or --at-s), the scenario changes the card or the
-kernels in place, training goes on for --after-s. Reported per seed, in training seconds after the change:
-detected_after_s, settled_after_s (the card's new stock settled: the tuner left Retuning),
+kernels in place, training goes on for --after-s. Reported per seed, in training seconds
+after the change: detected_after_s, settled_after_s (the card's new stock settled: the tuner
+left Retuning),
 recovered_after_s (the plan >= 95% of the new conditions' realisable oracle, to the end),
 against the targets of tuner/scenarios.py (DETECT_TARGET_S, DETECT_TARGET_TAUS,
 RECOVER_EXTRA_S); a summary of the worst seed. Prints JSON.

@@ -11,8 +11,8 @@ the training process.
   from another process (a real card: `NvmlDevice.counter_source()`).
 - `main`: the child. It writes one line per event to its stdout: `u TIME_S ENERGY_J` (an
   update, on the host's monotonic clock, which both processes share), `s TEMP_C LIMIT_W
-  SM_MHZ REASONS` (sensors), `e MESSAGE` (the counter stopped), and `f FIGURES_JSON` once its stdin
-  closes (the parent stopped or died); SIGINT is the parent's to handle.
+  SM_MHZ REASONS` (sensors), `e MESSAGE` (the counter stopped), and `f FIGURES_JSON` once its
+  stdin closes (the parent stopped or died); SIGINT is the parent's to handle.
 
 Why: a thread that reads the counter ~50 times a second takes the GIL as often, and each time
 costs a host-bound training thread more than the read itself. Measured on an H100 (GPT-2

@@ -11,9 +11,9 @@
   time is not known: the window closes at the next one), and the guard doubles (a busy host
   wakes the thread late; at most half the period) and shrinks back by `GUARD_SHRINK` with
   each update seen after its wake; the sensors (`Sensors`: temperature, throttle reasons,
-  enforced power limit, SM clock) every `sensor_period_s`. The controller takes the updates seen up to a step's end
-  into that step's StepReport (runtime/steps.py), so the tuner's windows close at observed
-  updates (data/h200-window-noise/README.md: polling sees an update within ~2 ms; the NVML
+  enforced power limit, SM clock) every `sensor_period_s`. The controller takes the updates
+  seen up to a step's end into that step's StepReport (runtime/steps.py), so the tuner's
+  windows close at observed updates (data/h200-window-noise/README.md: polling sees an update within ~2 ms; the NVML
   field-value timestamp is no better a clock).
 - `CounterReader`: what the controller needs of a poller (the Protocol); runtime/counter_process.py's
   `ProcessCounterPoller` reads a real card's counter in a process of its own instead, so
