@@ -63,8 +63,8 @@ class StepReport:
         stall_s: the part of wait_s that was a stall inside the job's step (an evaluation, a
             checkpoint: runtime/trials.py's StallFilter moves it there; its energy is then
             left out of a window's, as its time is), s.
-        sm_clock_mhz: the card's SM clock as last read (a simulated card: the mean over the
-            step's kernels), MHz; NaN where the card does not say.
+        sm_clock_mhz: the card's SM clock as last read (a simulated card: its launches' clocks
+            averaged over their last 50 ms), MHz; NaN where the card does not say.
     """
 
     step: int
