@@ -21,6 +21,10 @@ from kdvfs.tuner.run import ORACLE_SHARE, Oracle, reached_after_s
 from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.text import pct, slowdown_text
 
+#: Stock's SM clock this far under the grid's top is said to be held there (a power limit, heat);
+#: a fraction.
+STOCK_CLOCK_HELD = 0.02
+
 
 @dataclass
 class TuneReport:
@@ -72,6 +76,19 @@ class TuneReport:
             f"{slowdown_text(d['run']['slowdown'])}; largest cumulative slowdown "
             f"{pct(d['max_cumulative_slowdown'])}"
         )
+        clock_mhz = d["tuner"].get("stock_sm_clock_mhz")
+        if clock_mhz is not None:
+            top_mhz = max(s.device.grid.core_levels_mhz)
+            held = clock_mhz < (1.0 - STOCK_CLOCK_HELD) * top_mhz
+            print(
+                f"  stock's SM clock (measured by the tuner at its reference): {clock_mhz:.0f} MHz"
+                + (
+                    f", under the grid's top {top_mhz} MHz: the power limit or the card's heat holds it"
+                    if held
+                    else ""
+                )
+                + f" [{label}]"
+            )
         noise = d["tuner"]["job_noise"]
         if noise["time_cv_per_root_s"] is not None:
             res, eta = noise["resolvable"], noise["expected_time_to_plan_s"]

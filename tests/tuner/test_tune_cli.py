@@ -20,7 +20,7 @@ from kdvfs.tuner.tracking import Tracker
 ARGS = ["tune", "--device", "sim:rtx3080ti-fastswitch", "--strategy", "ucb", "--no-sweep", "--seed", "1"]
 
 
-def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch, sqlite_store_uri):
+def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch, sqlite_store_uri, capsys):
     monkeypatch.chdir(tmp_path)
     uri = sqlite_store_uri
     out, plan_path = tmp_path / "t.json", tmp_path / "plan.json"
@@ -53,6 +53,12 @@ def test_tune_writes_json_plan_and_mlflow_run(tmp_path, monkeypatch, sqlite_stor
     assert set(doc["running"]) == {"energy_saving", "slowdown", "groups"}
     assert doc["max_cumulative_slowdown"] <= 0.01 and doc["trials"] > 0
     assert doc["phases"][:2] == ["Reference", "Verifying"]  # the model prior is verified first
+    # under its 350-W cap the card's stock runs below the grid's top, and the report says so
+    clock_mhz = doc["tuner"]["stock_sm_clock_mhz"]
+    assert 1500 < clock_mhz < 2100
+    assert f"stock's SM clock (measured by the tuner at its reference): {clock_mhz:.0f} MHz, under" in (
+        capsys.readouterr().out
+    )
     plan = load_plan(plan_path)
     assert plan.workload_signature == doc["signature"] and plan.source == "simulated"
     client = MlflowClient(uri)
