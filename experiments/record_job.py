@@ -922,8 +922,9 @@ def arms_against_stock(rows: list[tuple], requests: list[tuple], reports: list[t
         around = before + after  # stock's steps on either side, as many as the arm's on each
         if len(around) < 3:
             continue
-        diff = quantile([r[2] for r in arm], 0.5) / quantile([r[2] for r in around], 0.5) - 1.0
-        first = arm[0][2] / quantile([r[2] for r in around], 0.5) - 1.0
+        stock_s = quantile([r[2] for r in around], 0.5)
+        diff = quantile([r[2] for r in arm], 0.5) / stock_s - 1.0
+        first = arm[0][2] / stock_s - 1.0
         cpu = [answer_cpu[r[0]] for r in arm if r[0] in answer_cpu]
         cpu_stock = [answer_cpu[r[0]] for r in around if r[0] in answer_cpu]
         arms.append({"pair": pair, "first_step": arm[0][0], "steps": len(arm),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kdvfs.tuner.scenarios import run_scenario
+from kdvfs.tuner.scenarios import PRIORS, run_scenario
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--after-s", type=float, default=300.0, help="training seconds after the change")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--budget", type=float, default=0.01)
-    p.add_argument("--prior", default="model", choices=("model", "none"), help="what the job starts from")
+    p.add_argument("--prior", default="model", choices=PRIORS, help="what the job starts from")
     p.add_argument("--no-stable", action="store_true", help="skip the stable run that counts false alarms")
     args = p.parse_args()
     runs = [

@@ -696,7 +696,8 @@ class SimulatedDevice(ModelDevice):
         times_s, energies_j = [0.0] * len(items), [0.0] * len(items)
         free_s = [n * self._controlled(k, pair, temp_c, UNCAPPED).time_s for k, pair, n in items]
         control, last = None, None
-        clock_s, clock_time_s = 0.0, 0.0  # sum of core clock x time, and of time, over launches
+        ran: list[OperatingPoint] = []  # every stretch's point and its time, for the mean clock
+        ran_s: list[float] = []
         for window in windows([*free_s, idle_s] if idle_s > 0.0 else free_s, p.power_window_s):
             entries = [
                 (items[i][0], items[i][1], items[i][2] * share) for i, share in window if i < len(items)
@@ -713,13 +714,12 @@ class SimulatedDevice(ModelDevice):
             for (i, _), op, (_, _, n) in zip(window, ops, entries):
                 times_s[i] += op.time_s * n
                 energies_j[i] += op.energy_j * n
-                clock_s += op.core_mhz * op.time_s * n
-                clock_time_s += op.time_s * n
+                ran.append(op)
+                ran_s.append(op.time_s * n)
                 last = op
         if control is None:  # the last window held one kernel alone: its own capped point
             control = self._window_control([(items[-1][0], items[-1][1], 1.0)], temp_c)
-        mean_mhz = clock_s / clock_time_s if clock_time_s > 0.0 else last.core_mhz
-        return StepCost.of(times_s, energies_j, (last, control, mean_mhz))
+        return StepCost.of(times_s, energies_j, (last, control, _mean_clock_mhz(ran, ran_s)))
 
     def _after_step(self, duration_s: float, power_w: float, cost: StepCost) -> None:
         """A step run at once: the temperature moves over it at its mean power; the last launch's

@@ -657,11 +657,16 @@ def moved_with_stock(plan: Schedule, ratio: float, pairs: Sequence[ClockPair]) -
     groups = []
     for start, pair in plan.groups:
         if pair is not None:
-            target_mhz = pair.core_mhz * ratio
-            below = [p for p in pairs if p.mem_mhz == pair.mem_mhz and p.core_mhz <= target_mhz]
-            pair = max(below, key=lambda p: p.core_mhz, default=pair)
+            pair = highest_at_or_below(pairs, pair.mem_mhz, pair.core_mhz * ratio) or pair
         groups.append((start, pair))
     return Schedule(tuple(groups))
+
+
+def highest_at_or_below(pairs: Sequence[ClockPair], mem_mhz: int, core_mhz: float) -> ClockPair | None:
+    """The pair at the memory clock with the highest core clock at or below `core_mhz` (None:
+    none)."""
+    below = [p for p in pairs if p.mem_mhz == mem_mhz and p.core_mhz <= core_mhz]
+    return max(below, key=lambda p: p.core_mhz, default=None)
 
 
 def _latest_clocks(clocks_mhz: list[float], report: StepReport) -> list[float]:
@@ -1562,14 +1567,11 @@ class StepTuner:
             now = {g: self._own_pair(g) for g in down + up}
             lowered = {}
             for g in down:
-                ladder = [
-                    p.core_mhz
-                    for p in self.pairs
-                    if p.mem_mhz == now[g].mem_mhz
-                    and p.core_mhz <= now[g].core_mhz * (1.0 - SCREEN_LEAST_DROP)
-                ]
-                if ladder:
-                    lowered[g] = max(ladder)
+                low = highest_at_or_below(
+                    self.pairs, now[g].mem_mhz, now[g].core_mhz * (1.0 - SCREEN_LEAST_DROP)
+                )
+                if low is not None:
+                    lowered[g] = low.core_mhz
             if len(lowered) < len(down):
                 continue  # a group of the kind at its lowest clock: no trade of this kind down
             moves = {g: ClockPair(lowered[g], now[g].mem_mhz) for g in down}
