@@ -64,8 +64,9 @@ DEFAULT_SWITCH_LATENCY_S = 0.030
 DEFAULT_ENERGY_UPDATE_PERIOD_S = 0.1
 #: Share of the realisable oracle's saving a run's plan must reach to count as there; a fraction.
 ORACLE_SHARE = 0.95
-#: The tuner's phases, in the order their index is logged (the `phase` metric).
-PHASES = ("Reference", "Exploring", "Verifying", "Settled", "Retuning")
+#: The tuner's phases, in the order their index is logged (the `phase` metric; phases added
+#: later come last, so that earlier runs' indices keep their meaning).
+PHASES = ("Reference", "Exploring", "Verifying", "Settled", "Retuning", "Screening", "Trading")
 #: The run's metrics, logged under these names by every caller (MLflow step metrics).
 METRICS = (
     "slowdown",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import typing
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.tuner.run import (
     METRICS,
+    PHASES,
     Card,
     Point,
     TuningRun,
@@ -20,7 +22,15 @@ from kdvfs.tuner.run import (
     point_metrics,
     reached_after,
 )
-from kdvfs.tuner.step_tuner import Adoption, Exploring, PhaseEntered, StepTiming, TrialFinished, Verifying
+from kdvfs.tuner.step_tuner import (
+    Adoption,
+    Exploring,
+    Phase,
+    PhaseEntered,
+    StepTiming,
+    TrialFinished,
+    Verifying,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Short measuring lengths: a run of a few simulated minutes goes through every phase.
@@ -122,3 +132,15 @@ def test_every_strategy_by_name_builds_a_run_and_answers_steps(name: str) -> Non
     run = TuningRun(Card.of(device), workload, strategy=name, timing=QUICK, start_s=device.now_s())
     SimulatedJob(device, workload).run(run, seconds=4.0)
     assert run.tuner.stock is not None and run.strategy == name
+
+
+def test_every_phase_of_the_tuner_has_an_index_in_the_logged_phase_metric() -> None:
+    names = {phase.__name__ for phase in typing.get_args(Phase)}
+    assert names <= set(PHASES)
+    assert PHASES[:5] == (
+        "Reference",
+        "Exploring",
+        "Verifying",
+        "Settled",
+        "Retuning",
+    )  # earlier runs' indices
