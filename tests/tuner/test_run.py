@@ -31,6 +31,7 @@ from kdvfs.tuner.step_tuner import (
     TrialFinished,
     Verifying,
 )
+from tests.tuner.sim_jobs import job_session
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Short measuring lengths: a run of a few simulated minutes goes through every phase.
@@ -149,8 +150,6 @@ def test_every_phase_of_the_tuner_has_an_index_in_the_logged_phase_metric() -> N
 def test_a_run_from_no_prior_logs_its_phase_metric_through_the_trades_and_the_screening() -> None:
     # the simulated H200's whole step (5 groups) reaches Trading and Screening within 300 s at
     # QUICK lengths; every point's metrics are what an MLflow run logs (kdvfs tune, kdvfs.tune)
-    from tests.tuner.sim_jobs import job_session
-
     session = job_session("h200", "gpt3-xl", seed=0, budget=0.01)
     session.tuner.timing = QUICK
     logged: list[float] = []
