@@ -20,16 +20,17 @@ Map, top to bottom:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import gzip
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from kdvfs.experiments.record_job import parse_fields
 from kdvfs.runtime.types import KdvfsError
 
 
@@ -130,14 +131,12 @@ def measure(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    args = Args(**vars(p.parse_args(argv)))
+    args = parse_fields(Args, sys.argv[1:] if argv is None else argv, "stock_warming", __doc__)
     try:
         doc = measure(args)
     except KdvfsError as e:
-        p.error(str(e))
+        print(f"stock_warming: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(json.dumps(doc, indent=2))
 
 

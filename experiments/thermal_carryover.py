@@ -20,12 +20,13 @@ The step time is the busy time (the job's waits left out), as the tuner reads it
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+import sys
 
 import numpy as np
 
+from kdvfs.experiments.record_job import parse_fields
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
@@ -129,14 +130,12 @@ def measure(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    args = Args(**vars(p.parse_args(argv)))
+    args = parse_fields(Args, sys.argv[1:] if argv is None else argv, "thermal_carryover", __doc__)
     try:
         doc = measure(args)
     except KdvfsError as e:
-        p.error(str(e))
+        print(f"thermal_carryover: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(json.dumps(doc, indent=2))
 
 
