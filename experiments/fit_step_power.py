@@ -6,13 +6,14 @@ Map, top to bottom:
   Args        every knob, one line each, with its unit
   load_steps  the recorded whole steps (data/h200/steps, tuner/calibration.py recorded_steps)
               and the probe's GPT-3-XL block with the real card's time and energy a step
-  shares_of   the model's busy shares by kind: one for gemm and attention, one for the rest
+  shares_of   the model's busy shares by kind: one for gemm and attention, one for the rest;
+              a kernel of duration d keeps d / (d + ramp) of its share (the ramp fitted too)
   simulate    each step as calibrate runs it (tuner/calibration.py simulate_step: kernels at
               their shares after their launch gaps, at the host's pace where slower, at stock
               on the simulated H200 with its windowed cap): time and energy against measured
   residuals   log errors of time and energy of the steps fitted (`fit_on`), of time alone of
-              the launch-bound ones (`fit_time_on`, which the profiler's overhead shows in)
-  main        least squares over the two shares and the overhead; every step's errors at the
+              any named in `fit_time_on`; a launch-bound step's time shows the profiler's overhead
+  main        least squares over the two shares, the ramp and the overhead; every step's errors at the
               fit and at shares of 1, fitted, time-fitted and held out apart; prints JSON
 Every step not named to fit on is held out. presets.STEP_BUSY_* and tuner/calibration.py
 PROFILER_OVERHEAD_S cite this run; the model: docs/design-runtime.md, "Inside a recorded step".
@@ -41,12 +42,14 @@ COMPUTE_KINDS = ("gemm", "attention")
 """Kinds whose kernels compute (flops): they share the first busy share; every other kind the second."""
 
 
-FIT_ON = "gpt2_small_sdpa_bf16,mlp_fp32_sgd,transformer_bf16_b64_powercap,gpt3xl_block"
+FIT_ON = "gpt2_small_sdpa_bf16,mlp_fp32_sgd,transformer_bf16_b64_powercap,gpt3xl_block,resnet18_bf16_b32_sgd"
 """The steps fitted on by default, time and energy: an fp32 MLP (CUDA-core GEMMs), GPT-2 small
-with SDPA, a TransformerEncoder at the cap and the probe's GPT-3-XL block. Held out: ResNet-50
-(convolutions and batch norms, which no fitted step has) and GPT-2 small with eager attention (a
-fitted model on another attention path), both chosen before the fit, and every step recorded
-after it."""
+with SDPA, a TransformerEncoder at the cap, the probe's GPT-3-XL block, and ResNet-18 at batch
+32, launch-bound (its short kernels are what sets the ramp; until the ramp its time alone was
+fitted, for the profiler's overhead, and its energy held out). Held out: ResNet-50 (convolutions
+and batch norms, which no fitted step has) and GPT-2 small with eager attention (a fitted model
+on another attention path), both chosen before the first fit, and every step recorded after it
+(ViT-B/16, GPT-2 medium)."""
 
 
 @dataclasses.dataclass
@@ -56,10 +59,12 @@ class Args:
     block_step_ms: float = 6.87  # the real H200's block step (6.7-7.04 in two recordings); ms
     block_energy_j: float = 4.78  # its energy a block step (4.7-4.86); J
     fit_on: str = FIT_ON  # steps whose time and energy are fitted, commas
-    fit_time_on: str = "resnet18_bf16_b32_sgd"  # steps whose time alone is fitted, commas
+    fit_time_on: str = ""  # steps whose time alone is fitted, commas
     start_compute: float = 0.9  # least squares' start of the compute share; share
     start_stream: float = 0.5  # its start of the stream share; share
     start_overhead_us: float = 5.0  # its start of the profiler's host overhead a GPU event; us
+    start_ramp_us: float = 5.0  # its start of the time a kernel takes to come up to its share; us
+    ramp_us: float = -1.0  # the ramp held at this value, not fitted; -1: fitted; us
     lowest_share: float = 0.05  # lower bound of either share; share
     diff_step: float = 0.02  # finite differences' relative step (the cap's controls are discrete)
     baseline: int = 1  # 1: also every step at shares of 1 (as busy as the ladder's); 0: not
@@ -93,12 +98,15 @@ def shares_of(compute: float, stream: float) -> dict[str, float]:
     return {kind: compute if kind in COMPUTE_KINDS else stream for kind in KERNEL_KINDS}
 
 
-def simulate(steps: list[RecordedStep], shares: dict[str, float], overhead_s: float) -> list[dict]:
+def simulate(
+    steps: list[RecordedStep], shares: dict[str, float], overhead_s: float, ramp_s: float
+) -> list[dict]:
     """Each step's simulated time and energy (stock, noiseless, steady temperature; the host's
-    pace with `overhead_s` a GPU event) against its measured ones, unrounded."""
+    pace with `overhead_s` a GPU event; each kernel's share ramped over `ramp_s`) against its
+    measured ones, unrounded."""
     out = []
     for step in steps:
-        row = simulate_step(SimulatedDevice("h200", noise=0.0), step, shares, overhead_s)
+        row = simulate_step(SimulatedDevice("h200", noise=0.0), step, shares, overhead_s, ramp_s)
         out.append(
             {
                 "shape": step.shape,
@@ -152,25 +160,30 @@ def main(argv: list[str]) -> dict:
     started = time.process_time()
     evaluations = 0
 
+    held_ramp = args.ramp_us >= 0.0
+
+    def ramp_of(x: np.ndarray) -> float:
+        return (args.ramp_us if held_ramp else x[3]) * 1e-6
+
     def cost(x: np.ndarray) -> np.ndarray:
         nonlocal evaluations
         evaluations += 1
         at = shares_of(x[0], x[1])
-        times = [math.log1p(r["time_error"]) for r in simulate(time_fitted, at, x[2] * 1e-6)]
-        return np.concatenate([residuals(simulate(fitted, at, x[2] * 1e-6)), times])
+        times = [math.log1p(r["time_error"]) for r in simulate(time_fitted, at, x[2] * 1e-6, ramp_of(x))]
+        return np.concatenate([residuals(simulate(fitted, at, x[2] * 1e-6, ramp_of(x))), times])
 
-    fit = least_squares(
-        cost,
-        [args.start_compute, args.start_stream, args.start_overhead_us],
-        bounds=([args.lowest_share] * 2 + [0.0], [1.0, 1.0, np.inf]),
-        diff_step=args.diff_step,
-    )
+    start = [args.start_compute, args.start_stream, args.start_overhead_us]
+    lower, upper = [args.lowest_share] * 2 + [0.0], [1.0, 1.0, np.inf]
+    if not held_ramp:
+        start, lower, upper = start + [args.start_ramp_us], lower + [0.0], upper + [np.inf]
+    fit = least_squares(cost, start, bounds=(lower, upper), diff_step=args.diff_step)
     compute, stream = (round(float(v), 3) for v in fit.x[:2])
     overhead_us = round(float(fit.x[2]), 2)
+    ramp_us = args.ramp_us if held_ramp else round(float(fit.x[3]), 2)
     shares = shares_of(compute, stream)
 
-    def report(at: dict[str, float]) -> dict:
-        rows = {r["shape"]: r for r in simulate(steps, at, overhead_us * 1e-6)}
+    def report(at: dict[str, float], ramp_us: float) -> dict:
+        rows = {r["shape"]: r for r in simulate(steps, at, overhead_us * 1e-6, ramp_us * 1e-6)}
         both = ("time_error", "energy_error")
         errors_fitted = [rows[s.shape][e] for s in fitted for e in both] + [
             rows[s.shape]["time_error"] for s in time_fitted
@@ -190,18 +203,21 @@ def main(argv: list[str]) -> dict:
 
     doc = {
         "source": "simulated (sim:h200, stock clocks, noiseless) against measured on a real H200",
-        "model": "a recorded kernel's work runs at its kind's in-step busy share of the kind's ladder rate over its duration",
+        "model": "a recorded kernel's work runs at its kind's in-step busy share of the kind's ladder rate over its "
+        "duration, a kernel of duration d at d / (d + ramp) of that share",
         "fitted_on": [s.shape for s in fitted],
         "time_fitted_on": [s.shape for s in time_fitted],
         "held_out": [s.shape for s in held_out],
         "shares": {"compute": compute, "stream": stream, "compute_kinds": list(COMPUTE_KINDS)},
         "profiler_overhead_us": overhead_us,
+        "ramp_us": ramp_us,
+        "ramp": "held" if held_ramp else "fitted",
         "cost": round(float(fit.cost), 6),
         "evaluations": evaluations,
-        "at_fit": report(shares),
+        "at_fit": report(shares, ramp_us),
     }
     if args.baseline:
-        doc["at_shares_1"] = report(shares_of(1.0, 1.0))
+        doc["at_shares_1"] = report(shares_of(1.0, 1.0), 0.0)
     doc["cpu_s"] = round(time.process_time() - started, 1)
     text = json.dumps(doc, indent=2)
     print(text)

@@ -11,7 +11,8 @@ Standalone beside record_job.py (whose NVML sampler it uses); it changes no GPU 
                 a ViT-B/16 in fp32 with AdamW; GPT-2 medium bf16 SDPA at 8 x 1024; a small
                 launch-bound ResNet-18 bf16 batch 32 with SGD; steps that wait on their host for
                 more or less of the step: ResNet-18 at batch 16 and 64, ResNet-50 at batch 16,
-                GPT-2 small SDPA at 2 x 128
+                GPT-2 small SDPA at 2 x 128; short kernels: ResNet-34 and ResNet-50 at batch 32,
+                GPT-2 small eager at 4 x 256 and SDPA at 8 x 256
   graphed       --graphs 1: each step captured in one CUDA graph and replayed (its kernels back
                 to back, the host's launches gone), measured and written as main writes steps
   select_shapes --shapes a,b,c: the named shapes, in SHAPES order (default: all); an unknown name
@@ -72,7 +73,7 @@ KERNEL_COLUMNS = (
 
 
 def resnet_bf16(arch: str, batch: int) -> tuple:
-    """A torchvision ResNet (`arch`: resnet50, resnet18) at `batch` images of 224x224, bf16
+    """A torchvision ResNet (`arch`: resnet50, resnet34, resnet18) at `batch` images of 224x224, bf16
     autocast, channels_last, SGD momentum."""
     import torchvision
 
@@ -176,6 +177,12 @@ SHAPES = {
     "resnet18_bf16_b64_sgd": lambda: resnet_bf16("resnet18", 64),
     "resnet50_bf16_b16_sgd": lambda: resnet_bf16("resnet50", 16),
     "gpt2_small_sdpa_bf16_b2x128": lambda: gpt2("sdpa", 2, 128),
+    # short kernels, GPU-bound and launch-bound, added 2026-12-06 to test the ramp of a short
+    # kernel's busy share (docs/design-runtime.md) on steps it was not fitted to
+    "resnet34_bf16_b32_sgd": lambda: resnet_bf16("resnet34", 32),
+    "resnet50_bf16_b32_sgd": lambda: resnet_bf16("resnet50", 32),
+    "gpt2_small_eager_bf16_b4x256": lambda: gpt2("eager", 4, 256),
+    "gpt2_small_sdpa_bf16_b8x256": lambda: gpt2("sdpa", 8, 256),
 }
 
 

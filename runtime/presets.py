@@ -172,19 +172,23 @@ ATTENTION_BLOCK_BYTES = 4 * 128 * 128 * 2
 """Bytes of input and output one flash-attention thread block covers, B: 128-row tiles of q,
 k, v and the output at head dim 128 in bf16 (FlashAttention-2's block on sm80/sm90)."""
 
-STEP_BUSY_COMPUTE = 0.91
+STEP_BUSY_COMPUTE = 0.907
 """In-step busy share of a GEMM or attention kernel (KindModel.step_busy, dimensionless):
-fitted, with STEP_BUSY_STREAM, to the time and energy of the whole steps STEP_BUSY_FITTED_ON
-recorded at stock on an H200 by `python -m kdvfs.experiments.fit_step_power` (least squares on
-log errors; with shares of 1 the simulated card drew its cap on every step)."""
-STEP_BUSY_STREAM = 0.471
+fitted, with STEP_BUSY_STREAM and STEP_BUSY_RAMP_S, to the time and energy of the whole steps
+STEP_BUSY_FITTED_ON recorded at stock on an H200 by `python -m kdvfs.experiments.fit_step_power`
+(least squares on log errors; with shares of 1 the simulated card drew its cap on every step)."""
+STEP_BUSY_STREAM = 0.640
 """In-step busy share of every other kind (streaming: elementwise, norm, reduce, optimizer,
 memory ops, other, communication; dimensionless): fitted with STEP_BUSY_COMPUTE."""
+STEP_BUSY_RAMP_S = 8.57e-6
+"""The time a recorded kernel takes to come up to its in-step busy share, s: a kernel of
+duration d keeps d / (d + ramp) of it (runtime/trace.py `ramped`); fitted with the shares."""
 STEP_BUSY_FITTED_ON = (
     "gpt2_small_sdpa_bf16",
     "mlp_fp32_sgd",
     "transformer_bf16_b64_powercap",
     "gpt3xl_block",
+    "resnet18_bf16_b32_sgd",
 )
 """The recorded steps the in-step busy shares were fitted to (data/h200/steps, and the probe's
 GPT-3-XL block, data/h200-probe); every other recorded step is held out."""

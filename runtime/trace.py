@@ -29,7 +29,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from kdvfs.runtime.presets import get_preset
+from kdvfs.runtime.presets import STEP_BUSY_RAMP_S, get_preset
 from kdvfs.runtime.tables import CsvRow, number, positive, read_csv, require_columns
 from kdvfs.runtime.types import KERNEL_KINDS, KdvfsError, Kernel, Workload
 
@@ -164,6 +164,7 @@ def trace_workload(
     rows: Sequence[CsvRow],
     busy_shares: Mapping[str, float] | None = None,
     card: str = "h200",
+    ramp_s: float | None = None,
 ) -> Workload:
     """One training step of a kernel trace's rows (cells TRACE_COLUMNS; `path` is the file
     they came from, named in errors and the meta) as the Workload `name`; `busy_shares`: each
@@ -171,7 +172,8 @@ def trace_workload(
     A row's optional cell `blocks_per_sm` (its grid's blocks over the card's SMs) scales its
     kernel's share by the SMs the grid fills (`grid_fill`). `card`: the preset of the card the
     trace was recorded on, whose simulated twin runs each kernel its recorded duration at stock
-    (work_for_duration)."""
+    (work_for_duration). `ramp_s`: the busy ramp of a short kernel (`ramped`), s; None: the H200
+    preset's STEP_BUSY_RAMP_S."""
     if not rows:
         raise KdvfsError(f"{path}: no data rows")
     trace = sorted((_parse(path, r) for r in rows), key=lambda t: t.seq)
@@ -196,7 +198,13 @@ def trace_workload(
                 c,
                 passes[i],
                 durations_s[i],
-                _filled(shares.get(c.kind), c.kind, first[i].blocks_per_sm),
+                _filled(
+                    shares.get(c.kind),
+                    c.kind,
+                    first[i].blocks_per_sm,
+                    durations_s[i],
+                    STEP_BUSY_RAMP_S if ramp_s is None else ramp_s,
+                ),
                 UNCAPPED,
                 card,
             )
@@ -253,12 +261,21 @@ def grid_fill(blocks_per_sm: float) -> float:
     return 1.0 if math.isnan(blocks_per_sm) else min(1.0, blocks_per_sm)
 
 
-def _filled(share: float | None, kind: str, blocks_per_sm: float) -> float | None:
-    """A kernel's busy share (None: its kind's) times its grid's fill; None where it fills the card."""
-    fill = grid_fill(blocks_per_sm)
-    if fill >= 1.0:
+def ramped(duration_s: float, ramp_s: float) -> float:
+    """The share of a kernel's in-step busy share it keeps over a run of `duration_s`, where it
+    takes `ramp_s` to come up to it: duration / (duration + ramp), 1 where ramp_s is 0."""
+    return 1.0 if ramp_s <= 0.0 else duration_s / (duration_s + ramp_s)
+
+
+def _filled(
+    share: float | None, kind: str, blocks_per_sm: float, duration_s: float = math.inf, ramp_s: float = 0.0
+) -> float | None:
+    """A kernel's busy share (None: its kind's) times its grid's fill and its ramp (`ramped`);
+    None where it fills the card for its whole run."""
+    scale = grid_fill(blocks_per_sm) * (ramped(duration_s, ramp_s) if math.isfinite(duration_s) else 1.0)
+    if scale >= 1.0:
         return share
-    return (busy_share(kind) if share is None else share) * fill
+    return (busy_share(kind) if share is None else share) * scale
 
 
 def repeating_period(names: Sequence[str]) -> int:

@@ -273,7 +273,7 @@ def _with_grids(step: RecordedStep, grids: list[tuple[str, str]]) -> RecordedSte
     return dataclasses.replace(step, rows=with_grid)
 
 
-PROFILER_OVERHEAD_S = 7.52e-6
+PROFILER_OVERHEAD_S = 7.66e-6
 """Host time torch.profiler (CPU and CUDA activities) adds a GPU event, s: a profiled trace's time
 a step, less this for each of its events, is the pace of the unprofiled host. Fitted to the
 recorded steps by experiments/fit_step_power.py (only a step whose GPU waits on its host, the
@@ -281,7 +281,8 @@ ResNet-18 at batch 32, constrains it; every GPU-bound step asks only that it exc
 
 
 PROFILER_OVERHEAD_FITTED_ON = ("resnet18_bf16_b32_sgd",)
-"""The recorded steps whose time PROFILER_OVERHEAD_S was fitted to (their energy held out)."""
+"""The recorded steps whose time PROFILER_OVERHEAD_S was fitted to (with the busy shares and their
+ramp since 2026-12-06: the step's energy fitted too, presets.STEP_BUSY_FITTED_ON)."""
 
 
 def host_pace_s(workload: Workload, profiler_overhead_s: float = PROFILER_OVERHEAD_S) -> float:
@@ -351,6 +352,7 @@ def simulate_step(
     step: RecordedStep,
     busy_shares: Mapping[str, float] | None = None,
     profiler_overhead_s: float = PROFILER_OVERHEAD_S,
+    ramp_s: float | None = None,
 ) -> StepRow:
     """A recorded step's kernels (a `trace:` workload, each kind busy for its in-step share:
     busy_shares, default the H200 preset's) run at stock on the simulated card, noiselessly at
@@ -361,7 +363,7 @@ def simulate_step(
     the kernels' time (host_pace_s, the profiled trace's span less `profiler_overhead_s` a GPU
     event) where that is longer."""
     workload = trace_workload(
-        step.source, step.shape, step.rows, busy_shares, step.card
+        step.source, step.shape, step.rows, busy_shares, step.card, ramp_s
     )  # seq: the events' order
     items = [(k, None, k.launches) for k in workload.kernels]
     kernels_s, kernels_j = device.expected_step(items)

@@ -61,13 +61,6 @@ def test_a_step_the_in_step_shares_were_not_fitted_to_is_marked_held_out(tmp_pat
 
 
 RECORDED = {step.shape: step for step in recorded_steps(STEPS)}
-#: Steps whose simulated energy misses the 5% target, and why (docs/benchmarks.md, "Whole training steps")
-ENERGY_MISSES = {
-    "resnet18_bf16_b32_sgd": "its small-batch kernels draw less than the kind shares give (+8.0% with "
-    "the recorded launch grids and the drop after idle gaps; +14.5% without the drop)",
-    "gpt2_small_eager_bf16": "with the recorded launch grids its partly occupied kernels draw less "
-    "(-5.3%); the kind shares were fitted without the grids",
-}
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +81,7 @@ def test_every_recorded_step_is_simulated_within_5_percent_of_its_measured_time(
     assert abs(row.time_error) <= STEP_TARGET, f"{shape}: time {row.time_error:+.2%}"
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=ENERGY_MISSES[s]))
-        if s in ENERGY_MISSES
-        else s
-        for s in sorted(RECORDED)
-    ],
-)
+@pytest.mark.parametrize("shape", sorted(RECORDED))
 def test_every_recorded_step_is_simulated_within_5_percent_of_its_measured_energy(shape, simulated):
     row = _row(simulated, shape)
     assert abs(row.energy_error) <= STEP_TARGET, f"{shape}: energy {row.energy_error:+.2%}"

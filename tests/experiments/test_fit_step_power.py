@@ -21,24 +21,29 @@ COPY = "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_c
 MIXES = {
     "gemm_heavy": [(GEMM, 300.0), (GELU, 200.0), (COPY, 150.0), (GELU, 250.0)],
     "stream_heavy": [(GEMM, 60.0), (GELU, 300.0), (COPY, 250.0), (GELU, 200.0), (COPY, 150.0)],
+    "short_kernels": [(GEMM, 8.0), (GELU, 4.0), (COPY, 6.0), (GELU, 3.0)] * 8,
 }
 SHARES = (0.8, 0.5)  # compute, stream: what the synthetic recording is made with
+RAMP_US = 20.0  # and its kernels' ramp, us
 
 
 def _recording(folder: Path) -> Path:
     """A folder of recorded steps whose measured time and energy are the simulated card's at
-    SHARES, so that a fit should find SHARES again."""
+    SHARES and RAMP_US, so that a fit should find them again."""
     folder.mkdir()
     with gzip.open(folder / "steps_kernels.csv.gz", "wt", newline="") as f:
         out = csv.writer(f)
         out.writerow(["shape", "name", "start_us", "duration_us"])
         for shape, mix in MIXES.items():
             for step in range(3):
-                out.writerows([shape, name, 1000.0 * step + i, d] for i, (name, d) in enumerate(mix))
+                starts_us = [1000.0 * step + 10.0 * i + sum(d for _, d in mix[:i]) for i in range(len(mix))]
+                out.writerows([shape, name, t, d] for t, (name, d) in zip(starts_us, mix, strict=True))
     summary = {"shapes": [{"shape": s, "step_s": 1.0, "energy_per_step_j": 1.0} for s in MIXES]}
     (folder / "steps_summary.json").write_text(json.dumps(summary))
     for entry, step in zip(summary["shapes"], recorded_steps(folder), strict=True):
-        row = simulate_step(SimulatedDevice("h200", noise=0.0), step, fit_step_power.shares_of(*SHARES))
+        row = simulate_step(
+            SimulatedDevice("h200", noise=0.0), step, fit_step_power.shares_of(*SHARES), ramp_s=RAMP_US * 1e-6
+        )
         entry["step_s"], entry["energy_per_step_j"] = row.simulated_time_s, row.simulated_energy_j
     (folder / "steps_summary.json").write_text(json.dumps(summary))
     return folder
@@ -53,7 +58,7 @@ def test_the_fit_finds_the_busy_shares_a_recording_was_made_with(tmp_path, capsy
             "--block-trace",
             "none",
             "--fit-on",
-            "gemm_heavy,stream_heavy",
+            "gemm_heavy,stream_heavy,short_kernels",
             "--fit-time-on",
             "",
             "--baseline",
@@ -62,7 +67,8 @@ def test_the_fit_finds_the_busy_shares_a_recording_was_made_with(tmp_path, capsy
     )
     assert json.loads(capsys.readouterr().out) == doc
     assert (doc["shares"]["compute"], doc["shares"]["stream"]) == pytest.approx(SHARES, abs=0.02)
-    assert doc["fitted_on"] == ["gemm_heavy", "stream_heavy"] and doc["held_out"] == []
+    assert doc["ramp"] == "fitted" and doc["ramp_us"] == pytest.approx(RAMP_US, rel=0.15)
+    assert doc["fitted_on"] == list(MIXES) and doc["held_out"] == []
     assert doc["at_fit"]["largest_error_fitted"] < 0.005 and doc["at_fit"]["largest_error_held_out"] is None
     assert "simulated" in doc["source"] and "measured on a real" in doc["source"]
 
@@ -70,10 +76,23 @@ def test_the_fit_finds_the_busy_shares_a_recording_was_made_with(tmp_path, capsy
 def test_a_step_not_fitted_on_is_reported_held_out_and_a_busier_card_draws_more(tmp_path, capsys):
     folder = _recording(tmp_path / "steps")
     doc = fit_step_power.main(
-        ["--steps", str(folder), "--block-trace", "none", "--fit-on", "gemm_heavy", "--fit-time-on", ""]
+        [
+            "--steps",
+            str(folder),
+            "--block-trace",
+            "none",
+            "--fit-on",
+            "gemm_heavy",
+            "--fit-time-on",
+            "",
+            "--ramp-us",
+            str(RAMP_US),
+        ]
     )
     capsys.readouterr()
-    assert doc["held_out"] == ["stream_heavy"] and doc["at_fit"]["held_out"][0]["shape"] == "stream_heavy"
+    assert doc["ramp"] == "held" and doc["ramp_us"] == RAMP_US
+    assert doc["held_out"] == ["stream_heavy", "short_kernels"]
+    assert [r["shape"] for r in doc["at_fit"]["held_out"]] == ["stream_heavy", "short_kernels"]
     # kernels as busy as the ladder's (shares of 1) draw more than the recording's
     assert all(
         r["energy_error"] > 0.05 for r in doc["at_shares_1"]["fitted"] + doc["at_shares_1"]["held_out"]

@@ -4,18 +4,27 @@ presets.KindModel.step_busy); kernels whose work is counted run as the size ladd
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
-from kdvfs.runtime.presets import LADDER_KINDS, STEP_BUSY_COMPUTE, STEP_BUSY_STREAM, get_preset
+from kdvfs.runtime.presets import (
+    LADDER_KINDS,
+    STEP_BUSY_COMPUTE,
+    STEP_BUSY_RAMP_S,
+    STEP_BUSY_STREAM,
+    get_preset,
+)
 from kdvfs.runtime.probe_kernels import parse_probe_kernel
 from kdvfs.runtime.simulator import UNCAPPED, SimulatedDevice, controlled_point, operating_point
 from kdvfs.runtime.tables import read_csv
-from kdvfs.runtime.trace import busy_share, classify, kernel_from_duration, trace_workload
+from kdvfs.runtime.trace import busy_share, classify, kernel_from_duration, ramped, trace_workload
 from kdvfs.runtime.types import ClockPair, KdvfsError
 from kdvfs.runtime.workloads import gpt3_xl_layer
 
 GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT"
 GELU = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl<float>>()"
+COPY = "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda()>()"
 H200 = get_preset("h200")
 TEMP_C = 55.0
 
@@ -91,7 +100,36 @@ def test_a_kernel_whose_grid_fills_a_quarter_of_the_sms_draws_less_in_the_same_t
 
     device = SimulatedDevice(get_preset("h200"), noise=0.0)
     full, quarter, unrecorded = step("2.5"), step("0.25"), step("")
-    assert quarter.kernels[0].busy_share == pytest.approx(0.25 * busy_share("gemm"))
-    assert full.kernels[0].busy_share == unrecorded.kernels[0].busy_share == busy_share("gemm")
+    whole = busy_share("gemm") * ramped(50e-6, STEP_BUSY_RAMP_S)  # a 50-us kernel's share over its run
+    assert quarter.kernels[0].busy_share == pytest.approx(0.25 * whole)
+    assert full.kernels[0].busy_share == pytest.approx(whole) == unrecorded.kernels[0].busy_share
     (t_full, e_full), (t_quarter, e_quarter) = (device.expected(w.kernels[0], None) for w in (full, quarter))
     assert t_quarter == pytest.approx(t_full, rel=1e-3) and e_quarter < 0.6 * e_full
+
+
+def test_a_kernel_as_short_as_the_ramp_keeps_half_its_kinds_share_and_a_long_one_nearly_all(tmp_path):
+    ramp_us = STEP_BUSY_RAMP_S * 1e6
+    trace = tmp_path / "t.csv"
+    durations_us = [ramp_us, 2000.0] * 2
+    starts_us = [sum(durations_us[:i]) + 10 * i for i in range(4)]
+    with trace.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["seq", "name", "start_us", "duration_us"])
+        names = [GELU, COPY] * 2  # a short GELU, then a long copy (both elementwise), twice
+        out.writerows(
+            [i, n, t, d] for i, (n, t, d) in enumerate(zip(names, starts_us, durations_us, strict=True))
+        )
+    _, rows = read_csv(trace)
+    short, long = trace_workload(trace, "t", rows).kernels[:2]
+    assert short.busy_share == pytest.approx(0.5 * busy_share("elementwise"))
+    assert busy_share("elementwise") > long.busy_share > 0.99 * busy_share("elementwise")
+    unramped = trace_workload(trace, "t", rows, ramp_s=0.0).kernels[0]
+    assert unramped.busy_share == busy_share("elementwise")  # no ramp: the kind's whole share
+    device = SimulatedDevice(H200, noise=0.0)
+    (t_short, e_short), (t_unramped, e_unramped) = (device.expected(k, None) for k in (short, unramped))
+    assert t_short == pytest.approx(t_unramped, rel=1e-3) and e_short < e_unramped  # as long, less drawn
+
+
+def test_no_ramp_keeps_the_whole_share_and_a_longer_kernel_keeps_more():
+    assert ramped(1e-6, 0.0) == 1.0
+    assert ramped(5e-6, 10e-6) < ramped(50e-6, 10e-6) < ramped(500e-6, 10e-6) < 1.0
