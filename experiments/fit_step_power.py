@@ -175,7 +175,7 @@ def main(argv: list[str]) -> dict:
     start = [args.start_compute, args.start_stream, args.start_overhead_us]
     lower, upper = [args.lowest_share] * 2 + [0.0], [1.0, 1.0, np.inf]
     if not held_ramp:
-        start, lower, upper = start + [args.start_ramp_us], lower + [0.0], upper + [np.inf]
+        start, lower, upper = [*start, args.start_ramp_us], [*lower, 0.0], [*upper, np.inf]
     fit = least_squares(cost, start, bounds=(lower, upper), diff_step=args.diff_step)
     compute, stream = (round(float(v), 3) for v in fit.x[:2])
     overhead_us = round(float(fit.x[2]), 2)
