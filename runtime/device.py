@@ -91,3 +91,10 @@ class RunnableDevice(KernelRunner, Protocol):
         step's kernels' time (as a simulated job waits), and rare_idle: (s, clocks) per step on
         average in long waits (a checkpoint), all included. Unlike a sum of expected(), this is at the
         temperature the step itself settles at (a plan that draws less power runs cooler)."""
+
+
+def optional_sensor(device: object, name: str, default: object) -> object:
+    """The device's sensor `name` read now, or `default` where it has none (a replayed table has
+    no temperature)."""
+    read = getattr(device, name, None)
+    return read() if callable(read) else default

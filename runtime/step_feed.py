@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kdvfs.runtime.device import Device
+from kdvfs.runtime.device import Device, optional_sensor
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import PASSES, Kernel, Workload
 
@@ -262,17 +262,11 @@ class CounterPoller:
 
     def _read_sensors(self) -> Sensors:
         return Sensors(
-            float(_sensor(self.device, "temperature_c", math.nan)),
-            frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
-            float(_sensor(self.device, "power_limit_w", math.nan)),
-            float(_sensor(self.device, "sm_clock_mhz", math.nan)),
+            float(optional_sensor(self.device, "temperature_c", math.nan)),
+            frozenset(optional_sensor(self.device, "throttle_reasons", frozenset())),
+            float(optional_sensor(self.device, "power_limit_w", math.nan)),
+            float(optional_sensor(self.device, "sm_clock_mhz", math.nan)),
         )
-
-
-def _sensor(device: Device, name: str, default: object) -> object:
-    """A sensor the device may not have (a replayed table has no temperature)."""
-    read = getattr(device, name, None)
-    return read() if callable(read) else default
 
 
 def site_groups(schedule: Schedule, kernel_sites: Sequence[int], sites: int) -> list[int]:

@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kdvfs.runtime.device import optional_sensor
 from kdvfs.runtime.job_noise import JobNoise, JobNoiseSampler
 from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.schedule import Schedule, StepRunner
@@ -181,9 +182,9 @@ class SimulatedJob:
             group_times_s=(*groups[:-1], groups[-1] + wait_s),
             wait_s=job_wait_s,
             counter_readings=self._read_counter(),
-            temperature_c=_sensor(self.device, "temperature_c", math.nan),
-            throttle_reasons=frozenset(_sensor(self.device, "throttle_reasons", frozenset())),
-            power_limit_w=_sensor(self.device, "power_limit_w", math.nan),
+            temperature_c=optional_sensor(self.device, "temperature_c", math.nan),
+            throttle_reasons=frozenset(optional_sensor(self.device, "throttle_reasons", frozenset())),
+            power_limit_w=optional_sensor(self.device, "power_limit_w", math.nan),
             sm_clock_mhz=_sm_clock_mhz(self.device),
         )
         self.steps += 1
@@ -233,9 +234,9 @@ class SimulatedJob:
             step_time_s=total_s / steps,
             group_times_s=tuple(groups.tolist()),
             counter_readings=self._read_counter(),
-            temperature_c=_sensor(device, "temperature_c", math.nan),
-            throttle_reasons=frozenset(_sensor(device, "throttle_reasons", frozenset())),
-            power_limit_w=_sensor(device, "power_limit_w", math.nan),
+            temperature_c=optional_sensor(device, "temperature_c", math.nan),
+            throttle_reasons=frozenset(optional_sensor(device, "throttle_reasons", frozenset())),
+            power_limit_w=optional_sensor(device, "power_limit_w", math.nan),
             sm_clock_mhz=_sm_clock_mhz(device),
             steps=steps,
             wait_s=wait_sum_s / steps,
@@ -320,14 +321,11 @@ def _group_times(schedule: Schedule, kernel_times_s: np.ndarray, step_s: float) 
     return tuple(s * step_s / total for s in sums) if total > 0 else tuple(sums)
 
 
-def _sensor(device: ModelDevice, name: str, default):
-    """A sensor the device may not have (a replayed table has no temperature)."""
-    read = getattr(device, name, None)
-    return read() if callable(read) else default
-
-
 def _sm_clock_mhz(device: ModelDevice) -> float:
     """The SM clock a simulated job reports: the card's clock averaged over its recent launches
     where it has that (a poller sampling a real card through the steps reads the same), else
     its reading now, else NaN."""
-    return float(_sensor(device, "mean_sm_clock_mhz", None) or _sensor(device, "sm_clock_mhz", math.nan))
+    return float(
+        optional_sensor(device, "mean_sm_clock_mhz", None)
+        or optional_sensor(device, "sm_clock_mhz", math.nan)
+    )

@@ -29,6 +29,7 @@ from kdvfs.tuner.report import tune_report
 from kdvfs.tuner.run import choose_prior, job_sites, reached_after
 from kdvfs.tuner.session import TuneSession
 from kdvfs.tuner.step_tuner import WATCH_CONFIRM_WINDOWS, WATCH_WARMUP, WATCH_WINDOW_S
+from kdvfs.tuner.text import PRIORS
 
 #: Share of the new conditions' realisable oracle that counts as recovered; a fraction.
 RECOVERED_SHARE = 0.95
@@ -44,8 +45,6 @@ READY_S = (WATCH_WARMUP + WATCH_CONFIRM_WINDOWS) * WATCH_WINDOW_S + 10.0
 READY_LIMIT_S = 7200.0
 #: Training run at a time while waiting to settle; s.
 CHUNK_S = 10.0
-#: What a scenario's job may start from: its card's noiseless model's plan, or nothing.
-PRIORS = ("model", "none")
 
 
 def run_scenario(

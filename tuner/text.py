@@ -3,6 +3,7 @@
 - `pct`, `slowdown_text`: how a saving or a slowdown reads;
 - `plan_json`: a kernel-level choice as JSON;
 - `SOURCE_LABEL`: how the figures of a simulated, replayed or measured card are labelled;
+- `PRIORS`: the names of what a run may start from, as its options and its figures say them;
 - `run_identity`: the params and tags that make MLflow runs comparable.
 """
 
@@ -15,6 +16,9 @@ SOURCE_LABEL = {
     "replayed": "replayed from recorded data",
     "measured": "measured on a real GPU",
 }
+
+#: What a run may start from: its card's noiseless model's plan ("model"), or nothing ("none").
+PRIORS = ("model", "none")
 
 
 def pct(x: float) -> str:

@@ -22,7 +22,7 @@ from kdvfs.cli.commands._common import (
     write_all,
     write_json,
 )
-from kdvfs.tuner.text import SOURCE_LABEL, pct, run_identity
+from kdvfs.tuner.text import PRIORS, SOURCE_LABEL, pct, run_identity
 
 SCENARIOS = ("ambient-step", "power-cap", "gpu-swap", "workload-change")
 
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prior",
-        choices=("model", "none"),
+        choices=PRIORS,
         default="model",
         help="model: start from the simulated card's own noiseless model and re-plan with it after an alarm; "
         "none: no plan to start from and none re-planned, as on a real card (default %(default)s)",

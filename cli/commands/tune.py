@@ -34,7 +34,7 @@ from kdvfs.cli.commands._common import (
     write_all,
     write_json,
 )
-from kdvfs.tuner.text import SOURCE_LABEL, pct
+from kdvfs.tuner.text import PRIORS, SOURCE_LABEL, pct
 
 #: At most this many points of a run go to MLflow as step metrics (a point is a training second).
 METRIC_POINTS = 500
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prior",
-        choices=("model", "none"),
+        choices=PRIORS,
         default="model",
         help="start from the card's own per-kernel model (model) or from nothing (none); a plan "
         "found in --plan-store comes first (default %(default)s)",
