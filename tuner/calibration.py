@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
+import itertools
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -347,6 +348,27 @@ def launch_paced_gaps_s(step: RecordedStep, launch_latency_s: float) -> list[flo
     return gaps_s
 
 
+def graph_launch_gap_s(step: RecordedStep) -> float | None:
+    """The GPU's gap between kernels of a step replayed as one CUDA graph, s: the median over
+    the recorded events of each one's start less its predecessor's end within a replay (at least
+    0). None where the step is not a graph replay: an event without its launch, or events of
+    one step launched by more than one host call (a graph's events share its launch)."""
+    rows = step.rows
+    if not rows or any("launch_us" not in r.cells for r in rows):
+        return None
+    period = repeating_period([r.cells["name"] for r in rows])
+    steps = len(rows) // period if period else 0
+    replays = [rows[k * period : (k + 1) * period] for k in range(steps)]
+    if not replays or any(len({r.cells["launch_us"] for r in replay}) != 1 for replay in replays):
+        return None
+    gaps_us = sorted(
+        max(0.0, float(b.cells["start_us"]) - float(a.cells["start_us"]) - float(a.cells["duration_us"]))
+        for replay in replays
+        for a, b in itertools.pairwise(replay)
+    )
+    return gaps_us[len(gaps_us) // 2] * 1e-6 if gaps_us else None
+
+
 def simulate_step(
     device: SimulatedDevice,
     step: RecordedStep,
@@ -361,7 +383,16 @@ def simulate_step(
     host-bound recordings' SM clock read 1980 MHz throughout), for the wait of the recorded
     launches (launch_paced_wait_s) where the recording has them, else for the host's pace less
     the kernels' time (host_pace_s, the profiled trace's span less `profiler_overhead_s` a GPU
-    event) where that is longer."""
+    event) where that is longer. A step replayed as one CUDA graph runs its kernels after the
+    graph's own gap between them (graph_launch_gap_s), not the card's launch latency."""
+    graph_gap_s = graph_launch_gap_s(step)
+    if graph_gap_s is not None:
+        device = SimulatedDevice(
+            dataclasses.replace(device.preset, launch_latency_s=graph_gap_s),
+            noise=0.0,
+            ambient_c=device.ambient_c,
+            power_cap_w=device.power_cap_w,
+        )
     workload = trace_workload(
         step.source, step.shape, step.rows, busy_shares, step.card, ramp_s
     )  # seq: the events' order

@@ -18,6 +18,7 @@ from kdvfs.runtime.simulator import SimulatedDevice
 from kdvfs.runtime.tables import CsvRow
 from kdvfs.tuner.calibration import (
     RecordedStep,
+    graph_launch_gap_s,
     launch_paced_gaps_s,
     launch_paced_wait_s,
     recorded_steps,
@@ -262,3 +263,36 @@ def test_a_launch_bound_steps_kernels_draw_less_between_their_hosts_launches_tha
     without = simulate_step(SimulatedDevice(no_drop, noise=0.0), step)
     assert row.simulated_time_s == pytest.approx(without.simulated_time_s)
     assert 0.02 <= 1.0 - row.energy_at_measured_time_j / without.energy_at_measured_time_j <= 0.10
+
+
+def test_a_step_replayed_as_one_cuda_graph_runs_its_kernels_after_the_graphs_gap_not_the_launch_latency():
+    graphs = {step.shape: step for step in recorded_steps(H100_STEPS.parent / "graph-steps")}
+    step = graphs["resnet18_bf16_b16_sgd"]  # 352 kernels in 2.57 ms: the gaps are a fifth of it at 1 us
+    gap_s = graph_launch_gap_s(step)
+    assert gap_s is not None and 0.0 <= gap_s < 1e-6  # what the replays left between their kernels
+    assert all(graph_launch_gap_s(s) is None for s in RECORDED.values())  # eager: one launch a kernel
+    device = SimulatedDevice("h100", noise=0.0)
+    replayed = simulate_step(device, step)
+    eager_gaps = simulate_step(
+        device,
+        dataclasses.replace(
+            step,
+            rows=tuple(
+                CsvRow(r.row, r.line, {k: v for k, v in r.cells.items() if k != "launch_us"})
+                for r in step.rows
+            ),
+        ),
+    )
+    assert replayed.simulated_time_s < eager_gaps.simulated_time_s  # the card's 1-us latency took longer
+    assert abs(replayed.time_error) <= 0.06, f"{replayed.time_error:+.2%}"
+
+
+def test_events_of_one_step_launched_by_several_host_calls_are_not_a_graph_replay():
+    step = _step([0.0, 5.0, 100.0, 105.0], [3.0, 3.0, 3.0, 3.0], host_issue_s=1e-4)
+    assert graph_launch_gap_s(step) is None
+    one_launch = _step([0.0, 0.0, 100.0, 100.0], [3.0, 3.0, 3.0, 3.0], host_issue_s=1e-4)
+    rows = tuple(
+        CsvRow(r.row, r.line, {**r.cells, "start_us": str(start)})
+        for r, start in zip(one_launch.rows, [0.0, 3.5, 100.0, 103.5], strict=True)
+    )
+    assert graph_launch_gap_s(dataclasses.replace(one_launch, rows=rows)) == pytest.approx(0.5e-6)
