@@ -4,7 +4,8 @@ Devices:   sim:PRESET (rtx3080ti, a100, h100, h200; NAME-fastswitch for a fast c
            replay:CSV (a recorded measurement table), nvml:INDEX (a real GPU, dry-run).
 Workloads: gpt3-xl-layer[:batch=N,seq=N], gpt3-xl[:batch=N,seq=N] (the whole step),
            gpt3-xl-dpN[:batch=N,seq=N,link_gbs=N] (with an N-rank all-reduce),
-           trace:CSV (a torch.profiler kernel trace),
+           trace:CSV (a torch.profiler kernel trace), step:DIR:SHAPE (a recorded whole
+           step of a folder of recorded steps),
            table (the kernels of a replay device's table),
            ops:FILE (the recorded ops of a training step, run on nvml:INDEX: open_op_replay).
 """
@@ -82,6 +83,13 @@ def open_workload(spec: str, device: Device | None = None) -> Workload:
         if not arg:
             raise KdvfsError("trace workload needs a file: trace:PATH.csv")
         return load_trace(Path(arg))
+    if kind == "step":
+        from kdvfs.runtime.recorded_steps import recorded_step_workload
+
+        folder, sep, shape = arg.rpartition(":")
+        if not (folder and sep and shape):
+            raise KdvfsError(f"workload {spec!r}: a recorded step needs its folder and name: step:DIR:SHAPE")
+        return recorded_step_workload(Path(folder), shape)
     if kind == "ops":
         raise KdvfsError(
             f"workload {spec!r}: recorded ops run on a real GPU: use it with --device nvml:INDEX"
@@ -92,7 +100,7 @@ def open_workload(spec: str, device: Device | None = None) -> Workload:
             raise KdvfsError("workload 'table' needs a replay:CSV device")
         return table.workload()
     raise KdvfsError(
-        f"unknown workload {spec!r}: use gpt3-xl-layer, gpt3-xl, gpt3-xl-dpN, trace:CSV, table or ops:FILE"
+        f"unknown workload {spec!r}: use gpt3-xl-layer, gpt3-xl, gpt3-xl-dpN, trace:CSV, step:DIR:SHAPE, table or ops:FILE"
     )
 
 

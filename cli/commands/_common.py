@@ -35,7 +35,8 @@ def add_device_workload(parser: argparse.ArgumentParser, default_device: str = "
     parser.add_argument(
         "--workload",
         default="gpt3-xl-layer",
-        help="gpt3-xl-layer | gpt3-xl | gpt3-xl-dp8[:link_gbs=N] | trace:CSV | table | ops:FILE (default %(default)s)",
+        help="gpt3-xl-layer | gpt3-xl | gpt3-xl-dp8[:link_gbs=N] | trace:CSV | step:DIR:SHAPE (a recorded whole "
+        "step) | table | ops:FILE (default %(default)s)",
     )
     parser.add_argument(
         "--full-grid",
