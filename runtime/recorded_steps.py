@@ -99,9 +99,7 @@ def recorded_steps(folder: Path) -> list[RecordedStep]:
                     raise ValueError(f"line {reader.line_num}: launch_us {cells['launch_us']!r}")
                 rows.append(CsvRow(len(rows) + 1, reader.line_num, cells))
     except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
-        raise KdvfsError(
-            f"recorded steps {folder}: unreadable recording ({type(e).__name__}: {e})"
-        ) from None
+        raise KdvfsError(f"recorded steps {folder}: unreadable recording ({type(e).__name__}: {e})") from None
     steps = []
     for entry in shapes:
         if "error" in entry:
