@@ -12,8 +12,9 @@
   kernels: `computes_flops`) or bytes moved (the rest) that runs its recorded duration on the
   simulated H200 at stock, the launch gap before it on top, busy for its kind's in-step share
   of the chip (presets.KindModel.step_busy, `busy_share`), times the share of the SMs its grid
-  fills where the trace has its blocks per SM (`grid_fill`); `under_window_cap` re-sets the
-  works under the step's power windows.
+  fills where the trace has its blocks per SM (`grid_fill`) and the share a kernel of its
+  duration keeps while it comes up to speed (`ramped`, presets.STEP_BUSY_RAMP_S);
+  `under_window_cap` re-sets the works under the step's power windows.
 
 The pass rule and why annotations are dropped: docs/design-runtime.md.
 """
