@@ -191,6 +191,7 @@ def trace_workload(
     from kdvfs.runtime.simulator import UNCAPPED
 
     shares = busy_shares or {}
+    ramp_s = STEP_BUSY_RAMP_S if ramp_s is None else ramp_s
     # first works as if uncapped: under_window_cap sets them under their windows' controls
     workload_kernels = under_window_cap(
         [
@@ -199,13 +200,7 @@ def trace_workload(
                 c,
                 passes[i],
                 durations_s[i],
-                _filled(
-                    shares.get(c.kind),
-                    c.kind,
-                    first[i].blocks_per_sm,
-                    durations_s[i],
-                    STEP_BUSY_RAMP_S if ramp_s is None else ramp_s,
-                ),
+                _filled(shares.get(c.kind), c.kind, first[i].blocks_per_sm, durations_s[i], ramp_s),
                 UNCAPPED,
                 card,
             )
@@ -269,11 +264,11 @@ def ramped(duration_s: float, ramp_s: float) -> float:
 
 
 def _filled(
-    share: float | None, kind: str, blocks_per_sm: float, duration_s: float = math.inf, ramp_s: float = 0.0
+    share: float | None, kind: str, blocks_per_sm: float, duration_s: float, ramp_s: float
 ) -> float | None:
     """A kernel's busy share (None: its kind's) times its grid's fill and its ramp (`ramped`);
     None where it fills the card for its whole run."""
-    scale = grid_fill(blocks_per_sm) * (ramped(duration_s, ramp_s) if math.isfinite(duration_s) else 1.0)
+    scale = grid_fill(blocks_per_sm) * ramped(duration_s, ramp_s)
     if scale >= 1.0:
         return share
     return (busy_share(kind) if share is None else share) * scale
