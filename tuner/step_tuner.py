@@ -136,11 +136,12 @@ MIN_SCREEN_GROUPS = 3
 SCREEN_Z = 0.5
 #: Most screenings in a row (each after the one before adopted its choice); rounds.
 SCREEN_ROUNDS = 2
-#: A screening's verification that ends undecided with its saving at this many errors or more
-#: goes on at once, its blocks kept (one longer test); sds.
-SCREEN_GO_ON_Z = 2.0
+#: A verification (a group's best, a trade, a screening's choice) that ends undecided with its
+#: saving at this many errors or more goes on at once, its blocks kept (one longer test, judged
+#: as the next verification of what it moves); sds.
+GO_ON_Z = 2.0
 #: ... at most this many times in a row; verifications.
-SCREEN_EXTENSIONS = 1
+GO_ON_EXTENSIONS = 1
 #: The screening's probes lower one clock of the whole step's pair to the lowest supported at
 #: or above this share of it (a probe far below it is over the budget before its first
 #: window, and slows every group too much to be a candidate); a fraction.
@@ -528,9 +529,10 @@ class Verifying:
         -> Verifying (a new one, the group's next-best pair): the saving was proven but the
            time measured over the budget, and a pair the group's decided trials measured
            faster, with a saving, is left (at most MAX_FALLBACKS in a row).
-        -> Verifying (the same screening's choice, its blocks kept): a screening's verification
-           reached its longest length undecided, its saving at SCREEN_GO_ON_Z errors or more
-           and its time within the budget (at most SCREEN_EXTENSIONS times).
+        -> Verifying (the same candidate, its blocks kept): the verification reached its
+           longest length undecided, its saving at GO_ON_Z errors or more and its time within
+           the budget (at most GO_ON_EXTENSIONS times), judged as the next verification of
+           what it moves.
         -> Exploring (the next group; after a whole schedule, the first) or Settled (no group
            left): the verification is judged, the candidate adopted or not.
         -> Retuning: the power limit moved, or the rank pool was lost.
@@ -2006,13 +2008,16 @@ class StepTuner:
             )
             self._trial_ended(trial, outcome)
             self._judge(ver, outcome, adopted=None if stopped_on is None else stopped_on.adopted)
-            if self._screen_goes_on(ver, outcome):  # one longer test: its blocks kept
+            if self._goes_on(ver, outcome):  # one longer test: its blocks kept
                 return self._verify(
-                    SCREEN_GROUP,
+                    ver.group,
                     trial.candidate,
                     ver.search,
+                    undecided=ver.explored_undecided,
                     screened=ver.screened,
+                    fallbacks=ver.fallbacks,
                     extensions=ver.extensions + 1,
+                    traded=ver.traded,
                 )
             if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
                 ver.search.reopen.append(ver.group)
@@ -2061,18 +2066,17 @@ class StepTuner:
             time_z=time_z,
         )
 
-    def _screen_goes_on(self, ver: Verifying, outcome: Outcome) -> bool:
-        """Whether a screening's verification that reached its longest length undecided goes on
-        at once (SCREEN_EXTENSIONS at most): its saving at SCREEN_GO_ON_Z errors or more and its
-        time not over the budget. The groups' own searches after it resolve less than the
-        choice's saving on a job whose groups each move a small share of the step."""
+    def _goes_on(self, ver: Verifying, outcome: Outcome) -> bool:
+        """Whether a verification that reached its longest length undecided goes on at once
+        (GO_ON_EXTENSIONS at most): its saving at GO_ON_Z errors or more and its time not over
+        the budget. A group's step, a trade or a screening's choice each move a small share of
+        the step; whatever the search tries after it resolves less than such a candidate saves."""
         return (
-            ver.group == SCREEN_GROUP
-            and not ver.adopted
+            not ver.adopted
             and outcome.undecided
             and not ver.over_time
-            and ver.saving_z >= SCREEN_GO_ON_Z
-            and ver.extensions < SCREEN_EXTENSIONS
+            and ver.saving_z >= GO_ON_Z
+            and ver.extensions < GO_ON_EXTENSIONS
         )
 
     def _judge(self, ver: Verifying, outcome: Outcome, adopted: bool | None = None) -> None:

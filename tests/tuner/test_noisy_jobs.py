@@ -13,7 +13,7 @@ import pytest
 from kdvfs.runtime.job_noise import job_noise
 from kdvfs.runtime.trials import ADOPT_Z, sequential_z
 from kdvfs.tuner.session import TuneSession
-from kdvfs.tuner.step_tuner import VERIFY_MIN_Z, Settled, TrialFinished, verification_z
+from kdvfs.tuner.step_tuner import GO_ON_Z, VERIFY_MIN_Z, Settled, TrialFinished, verification_z
 from tests.tuner.sim_jobs import job_session
 
 BUDGET = 0.01
@@ -162,6 +162,27 @@ def test_a_candidate_verified_again_against_the_same_incumbent_goes_on_from_its_
     # is counted after its event)
     assert again == first and adopted_by_then == 0
     assert blocks > first_blocks >= session.tuner.timing.verify_blocks
+
+
+def test_a_groups_undecided_verification_with_a_saving_at_two_errors_goes_on_with_its_blocks_kept():
+    # seed 3 of the H200 layer on the sync job verifies its wait group at the grid's lowest pair
+    # (true saving 0.92% of the step's energy): after 12 blocks 0.68% +- 0.30% (2.3 errors), under
+    # the boundary, so the same test goes on, judged as the group's second verification, and
+    # adopts after 22 blocks (before, the verification ended there and the group waited for its
+    # reopened round)
+    verified = []
+
+    def follow(session, event):
+        if isinstance(event, TrialFinished) and event.kind == "verify":
+            verified.append(event)
+
+    session = tuned("sync", 3, seconds=700.0, expected_run_s=3600.0, follow=follow)
+    first, went_on = verified[:2]
+    verify_max_blocks = session.tuner.timing.verify_max_blocks
+    assert first.group == went_on.group and first.candidate == went_on.candidate
+    assert first.outcome.undecided and not first.adopted and first.outcome.blocks == verify_max_blocks
+    assert first.judgement.saving >= GO_ON_Z * first.judgement.saving_se
+    assert went_on.outcome.blocks > verify_max_blocks and went_on.adopted
 
 
 @pytest.mark.parametrize("noise", [None, "hf"])
