@@ -530,9 +530,9 @@ class Verifying:
            time measured over the budget, and a pair the group's decided trials measured
            faster, with a saving, is left (at most MAX_FALLBACKS in a row).
         -> Verifying (the same candidate, its blocks kept): the verification reached its
-           longest length undecided, its saving at GO_ON_Z errors or more and its time within
-           the budget (at most GO_ON_EXTENSIONS times), judged as the next verification of
-           what it moves.
+           longest length undecided, its saving at GO_ON_Z errors or more and its time
+           possibly within the budget (at most GO_ON_EXTENSIONS times), judged as the next
+           verification of what it moves.
         -> Exploring (the next group; after a whole schedule, the first) or Settled (no group
            left): the verification is judged, the candidate adopted or not.
         -> Retuning: the power limit moved, or the rank pool was lost.
@@ -557,9 +557,11 @@ class Verifying:
         fallbacks: the verifications of next-best pairs before this one, in a row; verifications.
         time_diff: the candidate's step time against the incumbent's as the verification
             measured it (NaN until judged); a fraction.
-        extensions: for a screening's choice, the times its verification went on undecided
-            before this one; verifications.
+        extensions: the times this candidate's verification went on undecided before this
+            one; verifications.
         saving_z: the judged saving over its standard error (NaN until judged); sds.
+        time_open: the judgement left the candidate's time possibly within the budget (its
+            slowdown less VERIFY_TIME_Z time errors within it, the trial not stopped on time).
     """
 
     group: int | None
@@ -576,6 +578,7 @@ class Verifying:
     time_diff: float = math.nan
     extensions: int = 0
     saving_z: float = math.nan
+    time_open: bool = False
 
 
 @dataclass
@@ -2068,13 +2071,14 @@ class StepTuner:
 
     def _goes_on(self, ver: Verifying, outcome: Outcome) -> bool:
         """Whether a verification that reached its longest length undecided goes on at once
-        (GO_ON_EXTENSIONS at most): its saving at GO_ON_Z errors or more and its time not over
-        the budget. A group's step, a trade or a screening's choice each move a small share of
+        (GO_ON_EXTENSIONS at most): its saving at GO_ON_Z errors or more and its time possibly
+        within the budget (a candidate at the budget's edge needs more blocks to prove its
+        time). A group's step, a trade or a screening's choice each move a small share of
         the step; whatever the search tries after it resolves less than such a candidate saves."""
         return (
             not ver.adopted
             and outcome.undecided
-            and not ver.over_time
+            and ver.time_open
             and ver.saving_z >= GO_ON_Z
             and ver.extensions < GO_ON_EXTENSIONS
         )
@@ -2093,6 +2097,9 @@ class StepTuner:
             and judgement.slowdown + VERIFY_TIME_Z * judgement.time_se > self.budget
         )
         ver.over_time = not ver.adopted and (stopped_on_time or proven_over_time)
+        ver.time_open = not stopped_on_time and (
+            judgement.slowdown - VERIFY_TIME_Z * judgement.time_se <= self.budget
+        )
         ver.time_diff = outcome.time_diff
         ver.saving_z = judgement.saving / judgement.saving_se if judgement.saving_se > 0.0 else math.nan
         if not ver.adopted:
