@@ -56,6 +56,19 @@ def tuned(
     return session
 
 
+def verifications(noise: str | None, seed: int, seconds: float) -> tuple[TuneSession, list[TrialFinished]]:
+    """The H200 layer tuned as `tuned` tunes it (the run told it lasts an hour), and its
+    verifications' events in order."""
+    verified: list[TrialFinished] = []
+
+    def follow(_session: TuneSession, event: object) -> None:
+        if isinstance(event, TrialFinished) and event.kind == "verify":
+            verified.append(event)
+
+    session = tuned(noise, seed, seconds=seconds, expected_run_s=3600.0, follow=follow)
+    return session, verified
+
+
 @pytest.fixture(scope="module")
 def hf_runs():
     return [tuned("hf", seed) for seed in (0, 1, 2)]
@@ -178,13 +191,7 @@ def test_a_groups_undecided_verification_with_a_saving_at_two_errors_goes_on_wit
     # the boundary, so the same test goes on, judged as the group's second verification, and
     # adopts after 22 blocks (before, the verification ended there and the group waited for its
     # reopened round)
-    verified = []
-
-    def follow(session, event):
-        if isinstance(event, TrialFinished) and event.kind == "verify":
-            verified.append(event)
-
-    session = tuned("sync", 3, seconds=700.0, expected_run_s=3600.0, follow=follow)
+    session, verified = verifications("sync", 3, seconds=700.0)
     first, went_on = verified[:2]
     verify_max_blocks = session.tuner.timing.verify_max_blocks
     assert first.group == went_on.group and first.candidate == went_on.candidate
@@ -196,16 +203,10 @@ def test_a_groups_undecided_verification_with_a_saving_at_two_errors_goes_on_wit
 def test_a_verification_at_the_budgets_edge_goes_on_until_its_time_is_proven():
     # seed 2 of the quiet H200 layer verifies the one-knob optimum 1410/3201 (+0.84% in the
     # step's truth): after 12 blocks its saving is proven many times over and its time reads
-    # +0.87% +- 0.08%, which three-halves of an error more would put over the budget; it goes on
+    # +0.87% +- 0.08%, which 1.645 time errors more (VERIFY_TIME_Z) put over the budget; it goes on
     # and the longer test proves the time (before, the faster 1425/3201 was verified instead:
     # 4.93% against 5.78%)
-    verified = []
-
-    def follow(session, event):
-        if isinstance(event, TrialFinished) and event.kind == "verify":
-            verified.append(event)
-
-    session = tuned(None, 2, seconds=900.0, expected_run_s=3600.0, follow=follow)
+    session, verified = verifications(None, 2, seconds=900.0)
     first, went_on = verified[:2]
     assert first.candidate == went_on.candidate and first.outcome.undecided and not first.adopted
     j = first.judgement
@@ -309,13 +310,7 @@ def test_a_wait_pair_over_the_budget_on_time_is_verified_again_with_the_steps_pa
     # with verifications going on (GO_ON_EXTENSIONS) that one proves its time in a longer test
     # first, so they are turned off here
     monkeypatch.setattr(step_tuner, "GO_ON_EXTENSIONS", 0)
-    verified: list[TrialFinished] = []
-
-    def follow(session: TuneSession, event: object) -> None:
-        if isinstance(event, TrialFinished) and event.kind == "verify":
-            verified.append(event)
-
-    session = tuned("sync", 1, seconds=1500.0, expected_run_s=3600.0, follow=follow)
+    session, verified = verifications("sync", 1, seconds=1500.0)
     wait = session.tuner.wait_group
     over = next(i for i, v in enumerate(verified) if v.group == wait and not v.adopted)
     first, then = verified[over], verified[over + 1]
