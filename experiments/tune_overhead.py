@@ -2,6 +2,7 @@
 
     python -m kdvfs.experiments.tune_overhead                                (CPU, fake NVML)
     python -m kdvfs.experiments.tune_overhead --device cuda --job hf         (a card, dry run)
+    python -m kdvfs.experiments.tune_overhead --device cuda --job hf --interleave-s 6 --rounds 36
 
 Map, top to bottom:
   Args          every knob, one line each, with its unit
@@ -18,6 +19,9 @@ Map, top to bottom:
                 recordings ran it (experiments/record_job.py), bare or with
                 hf_callback(kdvfs.tune(...)); a step is the time between two step starts, timed
                 after `warmup_s`
+  Blocks        `--interleave-s`: one running job whose blocks alternate bare and tuned (a
+                kdvfs.tune opened and closed in each tuned block), paired bare-tuned-tuned-bare,
+                so that the host's drift over a pair's seconds, not an arm's minute, is the noise
   main          `rounds` of a bare arm then a tuned one per counter poller (`pollers`: thread,
                 process or both, each round's order reversed every other round); prints JSON:
                 the per-step medians, the overhead (tuned over bare, less 1) for each poller,
@@ -80,6 +84,8 @@ class Args:
     fake_read_ms: float = 4.0  # CPU: one fake energy read, the GIL released (an H200's NVML read: ~4 ms); ms
     seed: int = 0  # seeds the weights and the data
     pollers: str = "thread"  # a round's tuned arms, one per counter poller: thread, process (comma-separated)
+    interleave_s: float = 0.0  # >0: one job, its blocks of this length alternate bare and tuned (bare, tuned, tuned, bare, ...), `rounds` pairs of them; s
+    settle_s: float = 1.0  # interleaved: each block's first seconds, not timed (kdvfs.tune opens or closes in them), and a tuned block's kdvfs.tune warm-up; s
     out: str = ""  # also write the JSON to this file; "": print only
 
 
@@ -92,6 +98,14 @@ def parse_args(argv: list[str]) -> Args:
         or args.driver not in ("hf", "step")
     ):
         sys.exit("tune_overhead: --job is mlp or hf, --device cpu or cuda, --driver hf or step")
+    if (
+        args.interleave_s < 0
+        or args.settle_s < 0
+        or (args.interleave_s and args.settle_s >= args.interleave_s)
+    ):
+        sys.exit(f"tune_overhead: --interleave-s must be 0 or more than --settle-s ({args.settle_s} s), got {args.interleave_s}")  # fmt: skip
+    if args.interleave_s and (args.pollers != "thread" or args.driver != "hf"):
+        sys.exit("tune_overhead: --interleave-s drives the job through the Hugging Face hooks with the thread poller")  # fmt: skip
     kinds = poller_kinds(args)
     if not kinds or any(k not in POLLER_KINDS for k in kinds) or len(set(kinds)) < len(kinds):
         sys.exit(f"tune_overhead: --pollers is a comma-separated list of distinct {', '.join(POLLER_KINDS)}, got {args.pollers!r}")  # fmt: skip
@@ -146,12 +160,19 @@ def fake_card(read_ms: float) -> Iterator[None]:
 
 
 def open_tuning(args: Args, model: nn.Module | None = None, optimizer: Any = None) -> tuple[Any, NvmlDevice]:
-    """kdvfs.tune as the recorded jobs opened it: the card in dry run, no plan store, no MLflow."""
+    """kdvfs.tune as the recorded jobs opened it: the card in dry run, no plan store, no MLflow;
+    its warm-up `warmup_s` (interleaved: `settle_s`, so that a block is timed in its Reference)."""
     card = NvmlDevice(
         args.index, dry_run=True, lease_dir=tempfile.mkdtemp() if args.device == "cpu" else None
     )
     tuning = kdvfs.tune(
-        model, optimizer, device=card, dry_run=True, plan_store=False, track=False, warmup_s=args.warmup_s
+        model,
+        optimizer,
+        device=card,
+        dry_run=True,
+        plan_store=False,
+        track=False,
+        warmup_s=args.settle_s if args.interleave_s else args.warmup_s,
     )
     return tuning, card
 
@@ -304,6 +325,151 @@ def hf_arm(args: Args, tuned: bool, model: nn.Module, sync: Callable[[], None]) 
     return arm | ({"tuner": tuner_figures(tuning)} if tuning is not None else {})
 
 
+# --- one job, bare and tuned blocks alternated ---------------------------------------------------
+class Blocks:
+    """Blocks of `interleave_s` of one running job, alternately bare and under a kdvfs.tune
+    opened at the block's first step and closed at the next block's first (bare, tuned, tuned,
+    bare, ...: a linear drift of the host cancels within each pair of pairs). A step is the
+    time between two step starts of the same block after its first `settle_s`.
+
+    Args:
+        args: the run's knobs (interleave_s, settle_s, rounds: pairs of blocks).
+        model: the network kdvfs.tune attaches to in a tuned block.
+        optimizer: its optimizer.
+    """
+
+    def __init__(self, args: Args, model: Any, optimizer: Any) -> None:
+        self.args = args
+        self.model = model
+        self.optimizer = optimizer
+        self.index = -1  # the block running now
+        self.block_start_s = 0.0
+        self.hooks: HFTrainerHooks | None = None  # a tuned block's hooks, None in a bare one
+        self.tuning: Any = None
+        self.card: NvmlDevice | None = None
+        self.starts_s: list[list[float]] = [[] for _ in range(2 * args.rounds)]
+        self.tuners: list[dict[str, Any]] = []  # each tuned block's tuner_figures
+        self.first_s: float | None = None  # the job's first step start: warmup_s bare, untimed, from it
+
+    @staticmethod
+    def tuned(index: int) -> bool:
+        return index % 4 in (1, 2)
+
+    def step_start(self, now_s: float) -> bool:
+        """A step starts at now_s (host time): it ends the last step; False once every block ran."""
+        if self.first_s is None:  # a kdvfs.tune opened and closed once: its imports and first NVML calls
+            tuning, card = open_tuning(self.args)
+            tuning.close()
+            card.close()
+            self.first_s = now_s = time.perf_counter()
+        if self.index < 0 and now_s - self.first_s < self.args.warmup_s:
+            return True
+        in_block_s = now_s - self.block_start_s
+        if self.index >= 0 and in_block_s >= self.args.settle_s:
+            self.starts_s[self.index].append(now_s)
+        if self.index < 0 or in_block_s >= self.args.interleave_s:
+            self.close()
+            self.index += 1
+            if self.index >= len(self.starts_s):
+                return False
+            self.block_start_s = now_s
+            if self.tuned(self.index):
+                self.tuning, self.card = open_tuning(self.args)
+                self.hooks = HFTrainerHooks(self.tuning)
+                self.hooks.on_train_begin(None, None, None, model=self.model, optimizer=self.optimizer)
+        if self.hooks is not None:
+            self.hooks.on_step_begin(None, None, None)
+        return True
+
+    def step_end(self) -> None:
+        if self.hooks is not None:
+            self.hooks.on_step_end(None, None, None)
+
+    def close(self) -> None:
+        """Close a tuned block's kdvfs.tune (its figures kept); nothing in a bare one."""
+        if self.tuning is not None:
+            self.tuning.close()
+            self.tuners.append(tuner_figures(self.tuning))
+            self.card.close()
+        self.tuning = self.card = self.hooks = None
+
+    def figures(self) -> dict[str, Any]:
+        """Each block's median step; each pair's overhead (its tuned block over its bare one,
+        less 1); their mean, standard error and median; the tuned blocks' mismatched steps."""
+        blocks = []
+        for index, starts_s in enumerate(self.starts_s):
+            steps_s = [b - a for a, b in itertools.pairwise(starts_s)]
+            blocks.append({
+                "tuned": self.tuned(index),
+                "steps": len(steps_s),
+                "step_ms": round(1e3 * statistics.median(steps_s), 4) if steps_s else None,
+            })  # fmt: skip
+        pairs = []
+        for a, b in zip(blocks[::2], blocks[1::2], strict=True):
+            bare, tuned = (b, a) if a["tuned"] else (a, b)
+            if bare["step_ms"] and tuned["step_ms"]:
+                pairs.append(tuned["step_ms"] / bare["step_ms"] - 1.0)
+        se = statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else None
+        return {
+            "block_s": self.args.interleave_s,
+            "settle_s": self.args.settle_s,
+            "pairs": len(pairs),
+            "overhead_mean": round(statistics.fmean(pairs), 5) if pairs else None,
+            "overhead_se": None if se is None else round(se, 5),
+            "overhead_median": round(statistics.median(pairs), 5) if pairs else None,
+            "overhead_per_pair": [round(x, 5) for x in pairs],
+            "mismatched_steps": sum(t["mismatched_steps"] for t in self.tuners),
+            "tuned_blocks": len(self.tuners),
+            "blocks": blocks,
+        }
+
+
+def mlp_interleaved(args: Args, job: tuple) -> dict[str, Any]:
+    """The plain loop through the Hugging Face hooks, its blocks alternately bare and tuned."""
+    model, optimizer, step = job
+    blocks = Blocks(args, model, optimizer)
+    try:
+        while blocks.step_start(time.perf_counter()):
+            step()
+            blocks.step_end()
+    finally:
+        blocks.close()
+    return blocks.figures()
+
+
+def hf_interleaved(args: Args, model: nn.Module) -> dict[str, Any]:
+    """GPT-2 under one Hugging Face Trainer, its blocks alternately bare and tuned."""
+    from transformers import Trainer, TrainerCallback
+
+    from kdvfs.experiments.record_job import RandomTokens, hf_training_arguments
+
+    class Gate(TrainerCallback):
+        def __init__(self) -> None:
+            self.blocks: Blocks | None = None
+
+        def on_train_begin(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.blocks = Blocks(args, kwargs.get("model"), kwargs.get("optimizer"))
+
+        def on_step_begin(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if not self.blocks.step_start(time.perf_counter()):
+                control.should_training_stop = True
+
+        def on_step_end(self, targs: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.blocks.step_end()
+
+    out_dir = tempfile.mkdtemp(prefix="tune_overhead_hf_")
+    targs = hf_training_arguments(out_dir, args.batch, args.workers, args.device == "cuda", args.seed)
+    gate = Gate()
+    data = RandomTokens(10**7, args.seq_len, model.config.vocab_size, args.seed)
+    try:
+        Trainer(model=model, args=targs, train_dataset=data, callbacks=[gate]).train()
+    finally:
+        if gate.blocks is not None:
+            gate.blocks.close()
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return gate.blocks.figures()
+
+
 # --- main --------------------------------------------------------------------------------------
 def tuned_key(kind: str, kinds: list[str]) -> str:
     """A round's key of the tuned arm with that poller: "tuned" where there is one poller."""
@@ -333,6 +499,23 @@ def main(argv: list[str]) -> dict[str, Any]:
         def arm(tuned: bool) -> dict[str, Any]:
             return mlp_arm(args, tuned, job, sync)
 
+    if cuda:
+        measured_on = f"{torch.cuda.get_device_name(device)} (NVML index {args.index}, dry run)"
+    else:
+        measured_on = f"measured on CPU, fake NVML (energy reads of {args.fake_read_ms} ms)"
+    if args.interleave_s:
+        with contextlib.ExitStack() as stack:
+            if not cuda:
+                stack.enter_context(fake_card(args.fake_read_ms))
+            stack.enter_context(mock.patch.dict(os.environ, {COUNTER_POLLER_ENV: "thread"}))
+            figures = hf_interleaved(args, model) if args.job == "hf" else mlp_interleaved(args, job)
+        return report({
+            "measured_on": measured_on,
+            "host": platform.processor() or platform.machine(),
+            "args": dataclasses.asdict(args),
+            "overhead": figures["overhead_mean"],
+            "interleaved": figures,
+        }, args)  # fmt: skip
     with contextlib.ExitStack() as stack:
         if not cuda:
             stack.enter_context(fake_card(args.fake_read_ms))
@@ -355,10 +538,6 @@ def main(argv: list[str]) -> dict[str, Any]:
         for kind in kinds
     }
     tuned_ms = by_poller[kinds[0]]
-    if cuda:
-        measured_on = f"{torch.cuda.get_device_name(device)} (NVML index {args.index}, dry run)"
-    else:
-        measured_on = f"measured on CPU, fake NVML (energy reads of {args.fake_read_ms} ms)"
     result = {
         "measured_on": measured_on,
         "host": platform.processor() or platform.machine(),
@@ -372,6 +551,11 @@ def main(argv: list[str]) -> dict[str, Any]:
         "overhead_per_round_by_poller": per_round,
         "rounds": rounds,
     }
+    return report(result, args)
+
+
+def report(result: dict[str, Any], args: Args) -> dict[str, Any]:
+    """Print the JSON, and write it to `out` where given."""
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

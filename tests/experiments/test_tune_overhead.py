@@ -35,3 +35,24 @@ def test_a_short_run_prints_bare_and_tuned_step_times_with_the_overhead_between_
 def test_an_unknown_option_is_refused_with_one_line():
     with pytest.raises(SystemExit, match="unknown option --colour"):
         tune_overhead.parse_args(["--colour", "red"])
+
+
+def test_an_interleaved_run_alternates_bare_and_tuned_blocks_of_one_job_and_pairs_them(capsys):
+    result = tune_overhead.main([
+        "--interleave-s", "0.5", "--settle-s", "0.15", "--rounds", "2", "--warmup-s", "0.2", "--layers", "2",
+    ])  # fmt: skip
+    capsys.readouterr()
+    blocks = result["interleaved"]["blocks"]
+    assert [b["tuned"] for b in blocks] == [False, True, True, False]
+    assert all(b["steps"] > 0 for b in blocks)
+    pairs = result["interleaved"]["overhead_per_pair"]
+    assert pairs == pytest.approx([
+        blocks[1]["step_ms"] / blocks[0]["step_ms"] - 1, blocks[2]["step_ms"] / blocks[3]["step_ms"] - 1,
+    ], abs=1e-4)  # fmt: skip
+    assert result["overhead"] == pytest.approx(sum(pairs) / 2, abs=1e-4)
+    assert result["interleaved"]["tuned_blocks"] == 2 and result["interleaved"]["mismatched_steps"] == 0
+
+
+def test_an_interleaved_block_no_longer_than_its_settling_is_refused():
+    with pytest.raises(SystemExit, match="--interleave-s must be 0 or more than --settle-s"):
+        tune_overhead.parse_args(["--interleave-s", "0.5", "--settle-s", "1"])
