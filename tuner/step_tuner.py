@@ -542,8 +542,9 @@ class Verifying:
         trial: the verification's A-B-B-A trial.
         search: the groups' order and first pairs (Search).
         adopted: the judgement (None until judged).
-        explored_undecided: the group's exploring trials that ended undecided (a group not
-            adopted after any is reopened later).
+        explored_undecided: the group's exploring trials that ended undecided (a group
+            verified after any is reopened later, adopted or not: a pair they left open may
+            save more than the one adopted).
         z: the standard errors the adoption must exceed at each of the trial's looks (its
             blocks from the first judged to the last: `sequential_z`, so that its false rate
             over all looks is that of one look at `verification_z`: ADOPT_Z for a group's
@@ -2022,7 +2023,8 @@ class StepTuner:
                     extensions=ver.extensions + 1,
                     traded=ver.traded,
                 )
-            if ver.group is not None and not ver.adopted and (outcome.undecided or ver.explored_undecided):
+            # tried again later: left open, or adopted while its exploration left pairs open
+            if ver.group is not None and (ver.explored_undecided or (not ver.adopted and outcome.undecided)):
                 ver.search.reopen.append(ver.group)
             if ver.traded is not None:  # the trades go on (rebuilt where this one was adopted)
                 self._enter(ver.traded)

@@ -318,3 +318,16 @@ def test_a_wait_pair_over_the_budget_on_time_is_verified_again_with_the_steps_pa
     assert then.candidate.groups[0][1].core_mhz > first.candidate.groups[0][1].core_mhz
     assert first.judgement.slowdown > BUDGET - 2 * first.judgement.time_se
     assert then.adopted and session.tuner.incumbent == then.candidate
+
+
+def test_a_group_that_adopts_after_undecided_trials_is_tried_again_and_adopts_a_pair_that_saves_more():
+    # the H200 layer on the hf job, seed 1: its first round adopts 1530/3201 MHz while a trial of
+    # 1515/3201 at the budget's edge ended undecided; the group is reopened with longer windows
+    # and 1515/3201 proven at 2,289 s
+    session, verified = verifications("hf", 1, 2400.0)
+    first, *later = session.tuner.adoptions
+    assert later, "the group is verified again after its first adoption"
+    assert later[-1].step > first.step
+    assert 1.0 - (1.0 - first.saving) * (1.0 - later[-1].saving) > first.saving  # more saved against stock
+    reopened = [e for e in verified if e.step > first.step and e.group == verified[-1].group]
+    assert reopened and reopened[-1].adopted
