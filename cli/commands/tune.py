@@ -340,6 +340,7 @@ class _Tune:
                 "job": self.service_strategy.session.job,
                 "session_id": self.service_strategy.session_id,
                 "answers": dict(self.service_strategy.answers),
+                "told": self.service_strategy.told,
                 "tells_waiting": len(self.service_strategy.outbox),
                 "refused": self.service_strategy.refused,
             }
