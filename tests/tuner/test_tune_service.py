@@ -52,7 +52,8 @@ def test_a_job_tunes_through_the_service_and_the_next_starts_from_the_plan_it_st
     assert first["plan_stored"] == f"{service.url} version 1"
     with service.http(TOKEN) as http:
         info = http.get(f"/v1/sessions/{first['service']['session_id']}").json()
-    # the service holds every measurement the job told it (a trial left undecided tells none)
+    # the service holds every measurement the job told it (its verifications, and a trial still
+    # running when training ends, tell none)
     assert info["observations"] == first["service"]["told"] >= 3
 
     second = tune(tmp_path, service.url, 100, 150)
