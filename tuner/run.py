@@ -389,6 +389,7 @@ class TuningRun:
                     "time_diff": o.time_diff,
                     "time_se": o.time_se,
                     "blocks": o.blocks,
+                    "window_s": event.window_s,
                     "abandoned": o.abandoned,
                     "undecided": o.undecided,
                     "adopted": event.adopted,

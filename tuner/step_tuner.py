@@ -165,6 +165,12 @@ VERIFY_TIME_Z = CONFIDENCE_Z
 VERIFY_MIN_Z = 1.0
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
+#: The shortest window of a trial or verification where either arm holds a pair of its own
+#: in the wait group: that pair's requests land after the next step has begun, and each change
+#: of arm leaves a transient that a short window reads as the candidate's (the simulated H200
+#: layer on the sync job: 1440/3201 with the wait group against stock with it reads 1.3 points
+#: less saving in 2-s windows, 0.9 in 4-s, 0.2 in 8-s; experiments/window_bias.py); s.
+WAIT_GROUP_WINDOW_S = 8.0
 #: Verifications in a row of one group's next-best pairs after a verification that proved the
 #: saving but measured the time over the budget (each next pair explored faster than the one
 #: before it); verifications.
@@ -705,9 +711,10 @@ class PhaseEntered:
 @dataclass(frozen=True)
 class TrialFinished:
     """A trial ("trial") or a verification ("verify") ended: its candidate and Outcome, for a
-    verification whether the candidate was adopted (None for a trial), and the Judgement the
+    verification whether the candidate was adopted (None for a trial), the Judgement the
     tuner read it by at its end (saving and slowdown with the errors it stated for them; None
-    where no block completed, and for the screening's probes and rows)."""
+    where no block completed, and for the screening's probes and rows), and the length of its
+    windows (s)."""
 
     step: int
     end_s: float
@@ -717,6 +724,7 @@ class TrialFinished:
     outcome: Outcome
     adopted: bool | None
     judgement: Judgement | None = None
+    window_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -1436,7 +1444,14 @@ class StepTuner:
         self._trial_ended(sc.trial, outcome)
         self._emit(
             TrialFinished(
-                self.account.steps, self._now_s, "screen", SCREEN_GROUP, sc.trial.candidate, outcome, None
+                self.account.steps,
+                self._now_s,
+                "screen",
+                SCREEN_GROUP,
+                sc.trial.candidate,
+                outcome,
+                None,
+                window_s=sc.trial.window_s,
             )
         )
         if isinstance(sc.current, ClockPair):
@@ -1644,6 +1659,7 @@ class StepTuner:
                         outcome,
                         None,
                         judged,
+                        trial.window_s,
                     )
                 )
                 self._learn_elasticity(tr, trial.candidate, outcome)
@@ -1676,9 +1692,18 @@ class StepTuner:
             tr.trial.open(self._now)
         return tr.trial.schedule()
 
+    def _window_s(self, candidate: Schedule, window_s: float) -> float:
+        """The window of a trial of `candidate` against the incumbent: window_s, or at least
+        WAIT_GROUP_WINDOW_S where either holds a pair of its own in the wait group, s."""
+        if self._holding_wait(self.incumbent) is None and self._holding_wait(candidate) is None:
+            return window_s
+        return max(window_s, WAIT_GROUP_WINDOW_S)
+
     def _explore_trial(self, candidate: Schedule, window_s: float) -> Trial:
-        """A sequential trial of `candidate` against the incumbent, in windows of window_s (s),
-        decided as an exploring trial is (`_explore_decided`)."""
+        """A sequential trial of `candidate` against the incumbent, in windows of window_s (s;
+        longer where a wait group holds its own pair: `_window_s`), decided as an exploring
+        trial is (`_explore_decided`)."""
+        window_s = self._window_s(candidate, window_s)
         return Trial(
             self.incumbent,
             candidate,
@@ -1850,7 +1875,15 @@ class StepTuner:
         judged = self.judge(outcome, ex.trial.window_s, z=DECIDE_Z) if outcome.blocks > 0 else None
         self._emit(
             TrialFinished(
-                self.account.steps, self._now_s, "trial", ex.group, ex.trial.candidate, outcome, None, judged
+                self.account.steps,
+                self._now_s,
+                "trial",
+                ex.group,
+                ex.trial.candidate,
+                outcome,
+                None,
+                judged,
+                ex.trial.window_s,
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
@@ -1961,14 +1994,15 @@ class StepTuner:
         if closed:
             blocks, max_blocks = len(closed) // 4 + 1, len(closed) // 4 + t.verify_max_blocks
         z = sequential_z(first_look, max_blocks, verification_z(nth))
+        window_s = self._window_s(candidate, t.verify_window_s)
         trial = Trial(
             self.incumbent,
             candidate,
             max_blocks,
-            t.verify_window_s,
+            window_s,
             self.settle_s,
             min_blocks=blocks,
-            decide=functools.partial(self._verify_decided, z=z),
+            decide=functools.partial(self._verify_decided, z=z, window_s=window_s),
             wait_power_w=self.noise.wait_power_w,
             closed=closed,
         )
@@ -1989,10 +2023,11 @@ class StepTuner:
         )
         return self._verifying(self.phase, None)
 
-    def _verify_decided(self, outcome: Outcome, z: float) -> bool:
-        """A verification is decided once the candidate is adopted (z errors: the verification's
-        sequential boundary), or at ADOPT_Z errors it saves nothing or is over the budget."""
-        j = self.judge(outcome, self.timing.verify_window_s, z=z, time_z=VERIFY_TIME_Z)
+    def _verify_decided(self, outcome: Outcome, z: float, window_s: float) -> bool:
+        """A verification (windows window_s long) is decided once the candidate is adopted (z
+        errors: the verification's sequential boundary), or at ADOPT_Z errors it saves nothing
+        or is over the budget."""
+        j = self.judge(outcome, window_s, z=z, time_z=VERIFY_TIME_Z)
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
         return j.adopted or worse
 
@@ -2121,6 +2156,7 @@ class StepTuner:
                 outcome,
                 ver.adopted,
                 judgement if outcome.blocks > 0 else None,
+                ver.trial.window_s,
             )
         )
         if ver.adopted:
@@ -2174,15 +2210,28 @@ class StepTuner:
             own = [
                 (inc, self.incumbent_step_s / self.stock_estimate_s) for inc, *_ in decided if inc.is_stock
             ][:1]
-        if not own:
-            return None
-        incumbent, bound = own[-1]
-        faster = [
-            (e, self.pairs[config])
-            for inc, config, t, e in decided
-            if inc == incumbent and t < bound and e < 1.0 and self.pairs[config] != pair
+        faster = []
+        if own:
+            incumbent, bound = own[-1]
+            faster = [
+                (e, self.pairs[config])
+                for inc, config, t, e in decided
+                if inc == incumbent and t < bound and e < 1.0 and self.pairs[config] != pair
+            ]
+            # that exploration's incumbent, where it held a pair, is itself faster (its ratios 1)
+            before = self._pair_of(STEP_GROUP, incumbent)
+            if before is not None and before != pair and bound > 1.0:
+                faster.append((1.0, before))
+        if faster:
+            return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1]
+        # none measured: the grid's next core clock up at the same memory clock (faster, and of
+        # the pairs above it the nearest in energy), the top pair excluded (stock's)
+        up = [
+            p
+            for p in self.pairs
+            if p.mem_mhz == pair.mem_mhz and p.core_mhz > pair.core_mhz and p != self.top_pair
         ]
-        return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1] if faster else None
+        return min(up, key=lambda p: p.core_mhz) if up else None
 
     def _fallback_pair(self, ver: Verifying) -> ClockPair | None:
         """After a verification over the budget on time alone, the group's next-best pair: of
