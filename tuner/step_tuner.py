@@ -165,11 +165,14 @@ VERIFY_TIME_Z = CONFIDENCE_Z
 VERIFY_MIN_Z = 1.0
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
-#: The shortest window of a trial or verification where either arm holds a pair of its own
-#: in the wait group: that pair's requests land after the next step has begun, and each change
-#: of arm leaves a transient that a short window reads as the candidate's (the simulated H200
-#: layer on the sync job: 1440/3201 with the wait group against stock with it reads 1.3 points
-#: less saving in 2-s windows, 0.9 in 4-s, 0.2 in 8-s; experiments/window_bias.py); s.
+#: The shortest window of a verification where either arm holds a pair of its own in the
+#: wait group: that pair's requests land after the next step has begun, and each change of arm
+#: leaves a transient that a short window reads as the candidate's (the simulated H200 layer on
+#: the sync job: 1440/3201 with the wait group against stock with it reads 1.3 points less
+#: saving in 2-s windows, 0.9 in 4-s, 0.2 in 8-s; experiments/window_bias.py). Exploring trials
+#: keep theirs: on the 3080 Ti layer with the vision job's waits, 8-s windows let a wait pair's
+#: first trial (+29% in the step's truth) run long enough to take one seed's cumulative
+#: slowdown to 1.03% in the card's truth; s.
 WAIT_GROUP_WINDOW_S = 8.0
 #: Verifications in a row of one group's next-best pairs after a verification that proved the
 #: saving but measured the time over the budget (each next pair explored faster than the one
@@ -1693,17 +1696,15 @@ class StepTuner:
         return tr.trial.schedule()
 
     def _window_s(self, candidate: Schedule, window_s: float) -> float:
-        """The window of a trial of `candidate` against the incumbent: window_s, or at least
-        WAIT_GROUP_WINDOW_S where either holds a pair of its own in the wait group, s."""
+        """The window of a verification of `candidate` against the incumbent: window_s, or at
+        least WAIT_GROUP_WINDOW_S where either holds a pair of its own in the wait group, s."""
         if self._holding_wait(self.incumbent) is None and self._holding_wait(candidate) is None:
             return window_s
         return max(window_s, WAIT_GROUP_WINDOW_S)
 
     def _explore_trial(self, candidate: Schedule, window_s: float) -> Trial:
-        """A sequential trial of `candidate` against the incumbent, in windows of window_s (s;
-        longer where a wait group holds its own pair: `_window_s`), decided as an exploring
-        trial is (`_explore_decided`)."""
-        window_s = self._window_s(candidate, window_s)
+        """A sequential trial of `candidate` against the incumbent, in windows of window_s (s),
+        decided as an exploring trial is (`_explore_decided`)."""
         return Trial(
             self.incumbent,
             candidate,
@@ -2210,28 +2211,15 @@ class StepTuner:
             own = [
                 (inc, self.incumbent_step_s / self.stock_estimate_s) for inc, *_ in decided if inc.is_stock
             ][:1]
-        faster = []
-        if own:
-            incumbent, bound = own[-1]
-            faster = [
-                (e, self.pairs[config])
-                for inc, config, t, e in decided
-                if inc == incumbent and t < bound and e < 1.0 and self.pairs[config] != pair
-            ]
-            # that exploration's incumbent, where it held a pair, is itself faster (its ratios 1)
-            before = self._pair_of(STEP_GROUP, incumbent)
-            if before is not None and before != pair and bound > 1.0:
-                faster.append((1.0, before))
-        if faster:
-            return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1]
-        # none measured: the grid's next core clock up at the same memory clock (faster, and of
-        # the pairs above it the nearest in energy), the top pair excluded (stock's)
-        up = [
-            p
-            for p in self.pairs
-            if p.mem_mhz == pair.mem_mhz and p.core_mhz > pair.core_mhz and p != self.top_pair
+        if not own:
+            return None
+        incumbent, bound = own[-1]
+        faster = [
+            (e, self.pairs[config])
+            for inc, config, t, e in decided
+            if inc == incumbent and t < bound and e < 1.0 and self.pairs[config] != pair
         ]
-        return min(up, key=lambda p: p.core_mhz) if up else None
+        return min(faster, key=lambda c: (c[0], c[1].core_mhz, c[1].mem_mhz))[1] if faster else None
 
     def _fallback_pair(self, ver: Verifying) -> ClockPair | None:
         """After a verification over the budget on time alone, the group's next-best pair: of
