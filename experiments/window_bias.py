@@ -2,9 +2,9 @@
 
 A trial alternates its arms in A-B-B-A windows; whatever one arm leaves behind at a window's
 edge (a clock request still in flight, a wait that straddles the edge, the card's temperature)
-lands in the other arm's window. A bias from the edges is a fixed amount per window, so it
-shrinks as the windows grow. This measures it on a simulated card carrying a recorded job's
-noise (seeded, the job's sites, no tuner):
+lands in the other arm's window. Where that is a fixed amount per change of arm it shrinks as
+the windows grow; where it depends on the job's own waits it need not. This measures it on a
+simulated card carrying a recorded job's noise (seeded, the job's sites, no tuner):
 
     python -m kdvfs.experiments.window_bias --device sim:h200 --workload gpt3-xl-layer --job-noise sync \
         --incumbent '[[0,null],[37,[345,2201]]]' --candidate '[[0,[1440,3201]],[37,[345,2201]]]'

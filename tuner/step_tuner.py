@@ -166,8 +166,8 @@ VERIFY_MIN_Z = 1.0
 #: Length of one verification window; s.
 VERIFY_WINDOW_S = 4.0
 #: The shortest window of a verification where either arm holds a pair of its own in the
-#: wait group: that pair's requests land after the next step has begun, and each change of arm
-#: leaves a transient that a short window reads as the candidate's (the simulated H200 layer on
+#: wait group: that pair's requests land after the next step has begun, and a change of arm
+#: leaves a cost that a short window reads as the candidate's (the simulated H200 layer on
 #: the sync job: 1440/3201 with the wait group against stock with it reads 1.3 points less
 #: saving in 2-s windows, 0.9 in 4-s, 0.2 in 8-s; experiments/window_bias.py). Exploring trials
 #: keep theirs: on the 3080 Ti layer with the vision job's waits, 8-s windows let a wait pair's
