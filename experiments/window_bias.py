@@ -27,12 +27,13 @@ import dataclasses
 import json
 import sys
 
+from kdvfs.experiments.noisy_jobs import schedule_of_json
 from kdvfs.experiments.record_job import parse_fields
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
 from kdvfs.runtime.trials import NoiseMeter, Trial
-from kdvfs.runtime.types import ClockPair, KdvfsError
+from kdvfs.runtime.types import KdvfsError
 
 
 @dataclasses.dataclass
@@ -53,14 +54,8 @@ class Args:
 def parse_schedule(text: str, name: str) -> Schedule:
     """A schedule from JSON: [[first site, [core, mem] or null], ...], the first at site 0."""
     try:
-        groups = json.loads(text)
-        schedule = Schedule(
-            tuple(
-                (int(start), None if pair is None else ClockPair(int(pair[0]), int(pair[1])))
-                for start, pair in groups
-            )
-        )
-    except (ValueError, TypeError, IndexError):
+        schedule = schedule_of_json(json.loads(text))
+    except (ValueError, TypeError):
         raise KdvfsError(
             f"--{name} must be a JSON list of [first site, [core, mem] or null], got {text!r}"
         ) from None

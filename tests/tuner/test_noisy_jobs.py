@@ -324,8 +324,8 @@ def test_a_wait_pair_over_the_budget_on_time_is_verified_again_with_the_steps_pa
 
 
 def test_a_verification_where_either_arm_holds_a_wait_pair_runs_windows_long_enough_for_its_transient():
-    # the wait pair's request lands after the next step has begun, and each change of arm leaves
-    # a transient that a 4-s window reads as the candidate's (experiments/window_bias.py: 0.9
+    # the wait pair's request lands after the next step has begun, and a change of arm leaves a
+    # cost that a 4-s window reads as the candidate's (experiments/window_bias.py: 0.9
     # points of saving on the H200 layer with the sync job's waits, 0.2 in 8-s windows); the
     # exploring trials keep their windows (a wait pair's first trial can slow the step by a
     # quarter), and so do the verifications that hold no wait pair
