@@ -27,8 +27,10 @@ each change of schedule), the job's noise as the tuner measured it.
 
 --null: the same runs in dry run (clock requests recorded, none applied): adoptions and the
 run's measured saving must stay at zero; and, per row, whether the errors the tuner states are
-honest (`judged_errors`): every candidate is stock, so each completed trial's judged saving over
-its stated error should be a standard normal draw (s.d. 1, as rarely beyond 3 as the normal).
+honest (`judged_errors`): every candidate is stock, so each trial's judged saving at its first
+look over the error stated there should be a standard normal draw (s.d. 1, as rarely beyond 3
+as the normal: `errors_at_first_look`). The same at the look each trial stopped on
+(`errors_at_stop`) is spread wider by the stop itself and is no such yardstick.
 
 Every figure is simulated, prior none, yardstick the realisable oracle.
 
@@ -160,8 +162,15 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, ora
         else 0.0,
         "job_noise": summary["job_noise"],
         "phases": summary["phases"],
-        # each completed trial's judged saving over the error the tuner stated for it: in a dry
-        # run every candidate is stock, so these are the errors' own yardstick
+        # each trial's judged saving over the error the tuner stated for it, in a dry run where
+        # every candidate is stock: at its first look (a fixed look, the errors' own yardstick)
+        # and at the look it stopped on (spread wider by the stop: a sequential trial stops
+        # early where its reading is extreme)
+        "first_look_z": [
+            o["first_look"]["saving"] / o["first_look"]["saving_se"]
+            for o in session.run.outcomes
+            if o["first_look"] is not None and o["first_look"]["saving_se"] > 0.0
+        ],
         "judged_z": [
             o["judged"]["saving"] / o["judged"]["saving_se"]
             for o in session.run.outcomes
@@ -289,7 +298,8 @@ def row_figures(
         out["adoptions"] = sum(r["adopted"] for r in runs)
         out["largest_abs_run_saving"] = max(abs(r["run_energy_saving"]) for r in runs)
         out["held"] = out["adoptions"] == 0 and out["largest_abs_run_saving"] <= 0.003
-        out["judged_errors"] = judged_errors([z for r in runs for z in r["judged_z"]])
+        out["errors_at_first_look"] = judged_errors([z for r in runs for z in r["first_look_z"]])
+        out["errors_at_stop"] = judged_errors([z for r in runs for z in r["judged_z"]])
         return out
     reached = [r["reached"] for r in runs]
     hits = sorted(x for x in reached if x is not None)

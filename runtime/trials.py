@@ -604,6 +604,12 @@ class Trial:
             (NoiseMeter.wait_power_w): each window's energy per step is moved to the trial's
             mean wait by it, or by its arm's own where the arm's windows tell it (0: as
             measured); W.
+
+    Attributes:
+        first_look: the Judgement its decider stated at its first look, where the decider
+            records it (the step tuner does); None before. One fixed look's reading, unlike
+            the reading at the look a sequential trial stopped on, is a standard normal draw
+            about the truth in units of its stated error where that error is honest.
     """
 
     incumbent: Schedule
@@ -619,6 +625,7 @@ class Trial:
     abandoned: bool = False
     undecided_stop: bool = False  # abandoned for the budget's slack, not for its measured time
     decided: bool = False
+    first_look: Judgement | None = None
 
     @property
     def arm(self) -> str:

@@ -34,7 +34,7 @@ from kdvfs.runtime.model_device import ModelDevice
 from kdvfs.runtime.ranks import RankPool
 from kdvfs.runtime.schedule import Schedule, schedule_items
 from kdvfs.runtime.steps import StepReport
-from kdvfs.runtime.trials import ADOPT_Z, Window
+from kdvfs.runtime.trials import ADOPT_Z, Judgement, Window
 from kdvfs.runtime.types import ClockGrid, KdvfsError, Workload
 from kdvfs.tuner.plan import Plan, plan_schedule
 from kdvfs.tuner.plan_store import PlanStore
@@ -394,14 +394,11 @@ class TuningRun:
                     "undecided": o.undecided,
                     "adopted": event.adopted,
                     # what the tuner read it by: saving and slowdown with their stated errors
-                    "judged": None
-                    if event.judgement is None
-                    else {
-                        "saving": event.judgement.saving,
-                        "saving_se": event.judgement.saving_se,
-                        "slowdown": event.judgement.slowdown,
-                        "time_se": event.judgement.time_se,
-                    },
+                    "judged": _judged(event.judgement),
+                    # ... and at its first look (a fixed look: the yardstick of those errors)
+                    "first_look": None
+                    if event.first_look is None
+                    else {"blocks": event.first_look_blocks, **_judged(event.first_look)},
                 }
             )
         self._tell(event)
@@ -574,6 +571,18 @@ class TuningRun:
                 for a in t.alarms
             ],
         }
+
+
+def _judged(judgement: Judgement | None) -> dict[str, float] | None:
+    """A Judgement's saving and slowdown with their stated errors (None: none)."""
+    if judgement is None:
+        return None
+    return {
+        "saving": judgement.saving,
+        "saving_se": judgement.saving_se,
+        "slowdown": judgement.slowdown,
+        "time_se": judgement.time_se,
+    }
 
 
 def schedule_pairs(schedule: Schedule) -> list[list[Any]]:

@@ -701,6 +701,18 @@ def verification_z(nth: int) -> float:
     return ADOPT_Z if nth == 1 else NormalDist().inv_cdf(1.0 - NormalDist().cdf(-ADOPT_Z) / nth**2)
 
 
+def _first_look(trial: Trial, outcome: Outcome, judgement: Judgement | None) -> tuple[Judgement | None, int]:
+    """A trial's judgement at its first look and that look's blocks: the one its decider kept,
+    or, for a trial that ended at that look without being asked (a trial whose first look is
+    its last), its final judgement; (None, 0) for one that ended before it."""
+    first_blocks = trial.min_blocks or trial.blocks
+    if trial.first_look is not None:
+        return trial.first_look, first_blocks
+    if judgement is not None and not outcome.abandoned and outcome.blocks == first_blocks:
+        return judgement, first_blocks
+    return None, 0
+
+
 # --- events: what the tuner tells its subscribers (tuner/run.py, MLflow, progress) -----------
 @dataclass(frozen=True)
 class PhaseEntered:
@@ -716,8 +728,9 @@ class TrialFinished:
     """A trial ("trial") or a verification ("verify") ended: its candidate and Outcome, for a
     verification whether the candidate was adopted (None for a trial), the Judgement the
     tuner read it by at its end (saving and slowdown with the errors it stated for them; None
-    where no block completed, and for the screening's probes and rows), and the length of its
-    windows (s)."""
+    where no block completed, and for the screening's probes and rows), the length of its
+    windows (s), and the Judgement at its first look with that look's blocks (None, 0: it
+    ended before one, or it is a probe or a row of fixed length)."""
 
     step: int
     end_s: float
@@ -728,6 +741,8 @@ class TrialFinished:
     adopted: bool | None
     judgement: Judgement | None = None
     window_s: float = math.nan
+    first_look: Judgement | None = None
+    first_look_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -1705,16 +1720,17 @@ class StepTuner:
     def _explore_trial(self, candidate: Schedule, window_s: float) -> Trial:
         """A sequential trial of `candidate` against the incumbent, in windows of window_s (s),
         decided as an exploring trial is (`_explore_decided`)."""
-        return Trial(
+        trial = Trial(
             self.incumbent,
             candidate,
             self._trial_max_blocks(window_s),
             window_s,
             self.settle_s,
             min_blocks=self.timing.trial_blocks,
-            decide=lambda outcome: self._explore_decided(outcome, window_s),
             wait_power_w=self.noise.wait_power_w,
         )
+        trial.decide = functools.partial(self._explore_decided, window_s=window_s, trial=trial)
+        return trial
 
     def _proof_s(self) -> float:
         """The budget a verification of the longest length spends on proof: VERIFY_TIME_Z time
@@ -1816,12 +1832,14 @@ class StepTuner:
             window, self._waiting_window = self._waiting_window, None
             self._count_stock([window])
 
-    def _explore_decided(self, outcome: Outcome, window_s: float) -> bool:
+    def _explore_decided(self, outcome: Outcome, window_s: float, trial: Trial | None = None) -> bool:
         """An exploring trial is decided once, at DECIDE_Z errors, B is within the budget and
         saves, or saves nothing or is over the budget, or its figures are precise enough for
         the strategy (DECIDE_Z energy errors within RESOLVE_ENERGY, time errors within half the
-        budget)."""
+        budget). The judgement of `trial`'s first look is kept on it (Trial.first_look)."""
         j = self.judge(outcome, window_s, z=DECIDE_Z)
+        if trial is not None and trial.first_look is None:
+            trial.first_look = j
         worse = j.saving + DECIDE_Z * j.saving_se < 0.0 or j.slowdown - DECIDE_Z * j.time_se > self.budget
         resolved = DECIDE_Z * j.saving_se <= RESOLVE_ENERGY and DECIDE_Z * j.time_se <= self.budget / 2
         return j.adopted or worse or resolved
@@ -1885,6 +1903,7 @@ class StepTuner:
                 None,
                 judged,
                 ex.trial.window_s,
+                *_first_look(ex.trial, outcome, judged),
             )
         )
         self.strategy.tell(ex.task, ex.config, group_s, energy_j)
@@ -2003,10 +2022,10 @@ class StepTuner:
             window_s,
             self.settle_s,
             min_blocks=blocks,
-            decide=functools.partial(self._verify_decided, z=z, window_s=window_s),
             wait_power_w=self.noise.wait_power_w,
             closed=closed,
         )
+        trial.decide = functools.partial(self._verify_decided, z=z, window_s=window_s, trial=trial)
         self.trials += 1
         self._enter(
             Verifying(
@@ -2024,11 +2043,15 @@ class StepTuner:
         )
         return self._verifying(self.phase, None)
 
-    def _verify_decided(self, outcome: Outcome, z: float, window_s: float) -> bool:
+    def _verify_decided(
+        self, outcome: Outcome, z: float, window_s: float, trial: Trial | None = None
+    ) -> bool:
         """A verification (windows window_s long) is decided once the candidate is adopted (z
         errors: the verification's sequential boundary), or at ADOPT_Z errors it saves nothing
-        or is over the budget."""
+        or is over the budget. The judgement of `trial`'s first look is kept on it."""
         j = self.judge(outcome, window_s, z=z, time_z=VERIFY_TIME_Z)
+        if trial is not None and trial.first_look is None:
+            trial.first_look = j
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
         return j.adopted or worse
 
@@ -2158,6 +2181,7 @@ class StepTuner:
                 ver.adopted,
                 judgement if outcome.blocks > 0 else None,
                 ver.trial.window_s,
+                *_first_look(ver.trial, outcome, judgement),
             )
         )
         if ver.adopted:

@@ -358,3 +358,27 @@ def test_a_group_that_adopts_after_undecided_trials_is_tried_again_and_adopts_a_
     assert 1.0 - (1.0 - first.saving) * (1.0 - later[-1].saving) > first.saving  # more saved against stock
     reopened = [e for e in verified if e.step > first.step and e.group == verified[-1].group]
     assert reopened and reopened[-1].adopted
+
+
+def test_a_finished_trial_keeps_its_first_looks_judgement_beside_the_one_it_stopped_on():
+    # a sequential trial stops early where its reading is extreme, so only a fixed look's
+    # reading is the yardstick of the stated errors: the first look is kept for it
+    finished = []
+    session = tuned(
+        "hf",
+        0,
+        dry_run=True,
+        follow=lambda _, e: finished.append(e) if isinstance(e, TrialFinished) else None,
+    )
+    looked = [e for e in finished if e.first_look is not None]
+    assert looked, "no trial reached its first look"
+    for e in looked:
+        assert 1 <= e.first_look_blocks <= e.outcome.blocks
+        if e.first_look_blocks == e.outcome.blocks:  # stopped at its first look: the same reading
+            assert e.first_look.saving == pytest.approx(e.judgement.saving)
+    assert any(e.first_look_blocks < e.outcome.blocks for e in looked), "no trial went past its first look"
+    assert all(e.first_look_blocks == 0 for e in finished if e.first_look is None)
+    kept = [o["first_look"] for o in session.run.outcomes if o["first_look"] is not None]
+    assert [(k["blocks"], k["saving_se"]) for k in kept] == [
+        (e.first_look_blocks, e.first_look.saving_se) for e in looked
+    ]
