@@ -879,6 +879,9 @@ class StepTuner:
         """The schedule adopted so far (the plan): stock until something is adopted."""
         self.wait_site: int | None = None
         """The kernel index of the wait group's start (None: the job has none; `wait_group`)."""
+        self.wait_releases = False
+        """Whether the wait group's segment outlasts a switch: its candidate is then stock
+        (the clocks released there), not the grid's lowest pair (`_wait_site_of`)."""
         self.longest_wait_s = 0.0  # the largest mean wait per step of a report seen, s
         self.stock_energy_j = math.nan  # per step, measured in the reference
         self.stock_wait_s = math.nan  # the job's mean wait per step in the windows stock_energy_j reads, s
@@ -1120,22 +1123,34 @@ class StepTuner:
             order.insert(1, TRADE_GROUP)  # then kinds of groups traded against each other
             order.insert(2, SCREEN_GROUP)  # then many groups at once, then each group alone
         if wait is not None and (ref.explore is None or wait in ref.explore):
-            order.insert(0, wait)  # where the card idles first: the held pairs are then tried with it
+            # where the card idles first: the held pairs are then tried with it; a releasing
+            # wait group once the step holds a pair (released at stock, nothing changes)
+            order.insert(1 if self.wait_releases and order[:1] == [STEP_GROUP] else 0, wait)
         return Search(order, dict(ref.first), window_s=self.timing.trial_window_s, started_s=self._now_s)
 
     def _wait_site_of(self, starts: list[int], segment_times_s: list[float]) -> int | None:
-        """The step's last site, as the wait group's start, where a request there lands after
-        the step's kernels (its segment is shorter than the switch latency, so it runs at the
-        clocks before it) and a wait of the job's can outlast its landing (a report's mean wait
-        per step exceeded the latency less that segment's time): the card then idles at its
-        pair. None where the step has one site, that site already starts a group, or the job's
-        waits end before such a request lands (it is replaced by the next step's first)."""
+        """The step's last site, as the wait group's start (`wait_releases` set), where the card
+        can idle through the job's waits at a pair of the group's own:
+        - a request there lands after the step's kernels (its segment is shorter than the
+          switch latency, so it runs at the clocks before it) and a wait of the job's can
+          outlast its landing (a report's mean wait per step exceeded the latency less that
+          segment's time): the card then idles at the group's pair, tried at the lowest;
+        - or its segment outlasts a switch and the job waits longer than a switch per step at
+          stock (the reference's mean): the group then releases the clocks (stock), so the card
+          idles at its own lowest clock and the tail's last kernels run at stock (a low pair
+          would slow them and lag into the next step).
+        None where the step has one site, that site already starts a group, or the job's waits
+        end before such a request lands (it is replaced by the next step's first)."""
+        self.wait_releases = False
         if len(self.segments) < 2 or self.segments[-1] in starts:
             return None
-        tail_s = float(segment_times_s[-1])
-        if not (tail_s < self.switch_latency_s and self.longest_wait_s > self.switch_latency_s - tail_s):
-            return None
-        return self.segments[-1]
+        tail_s, latency_s = float(segment_times_s[-1]), self.switch_latency_s
+        if tail_s < latency_s and self.longest_wait_s > latency_s - tail_s:
+            return self.segments[-1]
+        if tail_s >= latency_s and self.stock_wait_s > latency_s:
+            self.wait_releases = True
+            return self.segments[-1]
+        return None
 
     @property
     def wait_group(self) -> int | None:
@@ -1146,8 +1161,9 @@ class StepTuner:
 
     @property
     def wait_pair(self) -> ClockPair:
-        """The pair the wait group is tried at: the grid's lowest core and memory clocks (the
-        least idle draw), else the lowest core clock at the lowest memory clock."""
+        """The pair a wait group that does not release is tried at: the grid's lowest core and
+        memory clocks (the least idle draw), else the lowest core clock at the lowest memory
+        clock."""
         low = ClockPair(min(p.core_mhz for p in self.pairs), min(p.mem_mhz for p in self.pairs))
         if low in self.pairs:
             return low
@@ -1293,6 +1309,8 @@ class StepTuner:
         where = (
             "step" if g == STEP_GROUP else f"{'wait' if wait else 'group'}{g}@{self.incumbent.groups[g][0]}"
         )
+        if wait and self.wait_releases:
+            return self._start_release(search, position)
         current = self._own_pair(g)
         task = Task(
             key=f"{where}/{self.retunes}" + (f".{search.round}" if search.round else ""),
@@ -1313,6 +1331,16 @@ class StepTuner:
             return self._start_group(search, position + 1)
         self._enter(Exploring(g, task, search, first=first_config))
         return self._exploring(self.phase, None)
+
+    def _start_release(self, search: Search, position: int) -> Schedule:
+        """A releasing wait group (`wait_releases`): its one candidate, the clocks released
+        there, verified at once (nothing to explore); skipped while the group before it is at
+        stock (a release would change nothing) or it releases already."""
+        g = search.order[position]
+        candidate = self._with_pairs({g: None})
+        if candidate == self.incumbent or self._pair_of(g - 1) is None:
+            return self._start_group(search, position + 1)
+        return self._verify(g, candidate, search)
 
     def _extra_allowed_s(self) -> float:
         """The time per step a candidate may add to the incumbent's: the budget less what the
