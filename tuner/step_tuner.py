@@ -128,6 +128,14 @@ MAX_KINDS = 3
 #: whose pair the card idles at through those waits (a held pair otherwise idles at itself, stock
 #: at its lowest core clock); it is tried once per round at the grid's lowest pair (the least
 #: idle draw), first, and is otherwise left out of the search.
+#: The shortest mean wait per step at stock, a share of stock's busy step, where a step whose
+#: last segment outlasts a switch gets a wait group that releases the clocks there (stock: the
+#: card idles at its own lowest clock through the wait, but runs the rest of that segment and
+#: the next step's first switch latency at stock). On the simulated whole GPT-3-XL step
+#: releasing pays from about 10% (H200, 1380/3201) and 15% (RTX 3080 Ti, 1680/9501), by 0.3-0.4
+#: points from 20%, and loses 0.3 and 1.0 points where the job never waits
+#: (experiments/release_gain.py); a fraction.
+RELEASE_MIN_WAIT_SHARE = 0.2
 #: Fewest groups a first run screens (fewer are searched one by one, the wait group not
 #: counted); groups.
 MIN_SCREEN_GROUPS = 3
@@ -1135,10 +1143,11 @@ class StepTuner:
           switch latency, so it runs at the clocks before it) and a wait of the job's can
           outlast its landing (a report's mean wait per step exceeded the latency less that
           segment's time): the card then idles at the group's pair, tried at the lowest;
-        - or its segment outlasts a switch and the job waits longer than a switch per step at
-          stock (the reference's mean): the group then releases the clocks (stock), so the card
-          idles at its own lowest clock and the tail's last kernels run at stock (a low pair
-          would slow them and lag into the next step).
+        - or its segment outlasts a switch and the job waits, per step at stock (the
+          reference's mean), at least RELEASE_MIN_WAIT_SHARE of the busy step: the group then
+          releases the clocks (stock), so the card idles at its own lowest clock and the
+          segment's last kernels run at stock (a low pair would slow them and lag into the
+          next step).
         None where the step has one site, that site already starts a group, or the job's waits
         end before such a request lands (it is replaced by the next step's first)."""
         self.wait_releases = False
@@ -1147,7 +1156,7 @@ class StepTuner:
         tail_s, latency_s = float(segment_times_s[-1]), self.switch_latency_s
         if tail_s < latency_s and self.longest_wait_s > latency_s - tail_s:
             return self.segments[-1]
-        if tail_s >= latency_s and self.stock_wait_s > latency_s:
+        if tail_s >= latency_s and self.stock_wait_s >= RELEASE_MIN_WAIT_SHARE * self.stock_estimate_s:
             self.wait_releases = True
             return self.segments[-1]
         return None
