@@ -1893,8 +1893,12 @@ class StepTuner:
         )
 
     def _tell(self, ex: Exploring, outcome: Outcome) -> None:
-        """The group's time under B and the step's energy at B (the incumbent's, moved by the
-        measured difference; an abandoned B: its power so far, or stock power, x its time)."""
+        """The group's time under B and the step's energy at B (the incumbent's as the task
+        began, moved by the measured difference; an abandoned B: its power so far, or stock
+        power, x its time). The task's own reference, not the incumbent's energy now: while
+        the incumbent is stock its energy is refined by every trial's A windows, and on a job
+        whose waits vary that estimate moves by percents, which would move each told energy
+        against those told before it."""
         self._trial_ended(ex.trial, outcome)
         completed = outcome.blocks > 0 and not outcome.abandoned
         # an energy at or below none is no reading (a first trial's windows moved to a common
@@ -1906,10 +1910,10 @@ class StepTuner:
         if outcome.abandoned:
             ex.abandoned += 1
         if impossible:
-            energy_j = self.incumbent_energy_j
+            energy_j = ex.task.ref_energy_j
         elif completed:
             ex.completed += 1
-            energy_j = self.incumbent_energy_j * (1.0 + outcome.energy_diff)
+            energy_j = ex.task.ref_energy_j * (1.0 + outcome.energy_diff)
         else:
             read = [w.power_w for w in ex.trial.b_windows() if w.steps and not math.isnan(w.power_w)]
             power_w = read[-1] if read else math.nan  # B's latest window that read its power
