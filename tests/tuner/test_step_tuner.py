@@ -109,7 +109,7 @@ def test_the_adopted_schedule_saves_energy_on_the_card(tuning):
 
 def test_null_test_in_dry_run_adopts_nothing_and_saves_nothing():
     tuner, _recording, _, measured_saving = tuned(4, dry_run=True)
-    assert tuner.trials >= 3  # candidates were tried: in dry run none differs from stock
+    assert tuner.trials >= 2  # candidates were tried: in dry run none differs from stock
     assert tuner.adoptions == []
     assert tuner.plan_energy_saving() == 0.0
     assert abs(measured_saving) <= 0.003
