@@ -30,6 +30,7 @@ Design and findings: docs/design-step-tuner.md; figures: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import numbers
@@ -2089,8 +2090,9 @@ class StepTuner:
     ) -> bool:
         """A verification (windows window_s long) is decided once the candidate is adopted (z
         errors: the verification's sequential boundary), or at ADOPT_Z errors it saves nothing
-        or is over the budget. The judgement of `trial`'s first look is kept on it."""
-        j = self.judge(outcome, window_s, z=z, time_z=VERIFY_TIME_Z)
+        or is over the budget, the job's noise read with its own pairs of windows. The judgement
+        of `trial`'s first look is kept on it."""
+        j = self.judge(outcome, window_s, z=z, time_z=VERIFY_TIME_Z, own_pairs=True)
         if trial is not None and trial.first_look is None:
             trial.first_look = j
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
@@ -2108,7 +2110,9 @@ class StepTuner:
             # again after this trial's windows refine the job's noise and stock, a decided
             # adoption's error moved and it was dropped, neither adopted nor reopened
             stopped_on = (
-                self.judge(outcome, trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z) if trial.decided else None
+                self.judge(outcome, trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z, own_pairs=True)
+                if trial.decided
+                else None
             )
             self._trial_ended(trial, outcome)
             self._judge(ver, outcome, adopted=None if stopped_on is None else stopped_on.adopted)
@@ -2151,12 +2155,23 @@ class StepTuner:
         return trial.schedule()
 
     def judge(
-        self, outcome: Outcome, window_s: float, z: float = ADOPT_Z, time_z: float | None = None
+        self,
+        outcome: Outcome,
+        window_s: float,
+        z: float = ADOPT_Z,
+        time_z: float | None = None,
+        own_pairs: bool = False,
     ) -> Judgement:
         """A trial's outcome (windows window_s long) judged against this run's stock (the
         account's, at 95% confidence), the incumbent, the budget and the job's noise at z
         standard errors: runtime/trials.py's `judge`, the one the environment pays its reward
-        from."""
+        from. own_pairs: the job's noise read with the trial's own pairs of windows added (a
+        verification's looks: the noise its windows show counts before it adopts, not only
+        after it ends)."""
+        noise = self.noise
+        if own_pairs and outcome.pairs:
+            noise = copy.deepcopy(self.noise)
+            noise.add_pairs(outcome.pairs)
         return judge(
             outcome,
             self.stock,
@@ -2164,7 +2179,7 @@ class StepTuner:
             incumbent_energy_j=self.incumbent_energy_j,
             budget=self.budget,
             window_s=window_s,
-            noise=self.noise,
+            noise=noise,
             account_step_s=self.account.stock_step_s,
             ranks=self._ranks,
             z=z,
