@@ -21,10 +21,8 @@ of its busy step at stock (tuner/step_tuner.py). [simulated, no prior, noiseless
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 
-from kdvfs.experiments.record_job import parse_fields
+from kdvfs.experiments._json_main import json_main
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockPair, KdvfsError
@@ -98,13 +96,7 @@ def gain(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_fields(Args, sys.argv[1:] if argv is None else argv, "release_gain", __doc__)
-    try:
-        doc = gain(args)
-    except KdvfsError as e:
-        print(f"release_gain: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(json.dumps(doc, indent=2))
+    json_main(Args, argv, "release_gain", __doc__, gain)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
-import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from kdvfs.experiments.record_job import parse_fields
+from kdvfs.experiments._json_main import json_main
 from kdvfs.runtime.types import KdvfsError
 
 
@@ -131,13 +129,7 @@ def measure(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_fields(Args, sys.argv[1:] if argv is None else argv, "stock_warming", __doc__)
-    try:
-        doc = measure(args)
-    except KdvfsError as e:
-        print(f"stock_warming: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(json.dumps(doc, indent=2))
+    json_main(Args, argv, "stock_warming", __doc__, measure)
 
 
 if __name__ == "__main__":

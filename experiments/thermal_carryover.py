@@ -21,12 +21,10 @@ The step time is the busy time (the job's waits left out), as the tuner reads it
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 
 import numpy as np
 
-from kdvfs.experiments.record_job import parse_fields
+from kdvfs.experiments._json_main import json_main
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
@@ -130,13 +128,7 @@ def measure(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_fields(Args, sys.argv[1:] if argv is None else argv, "thermal_carryover", __doc__)
-    try:
-        doc = measure(args)
-    except KdvfsError as e:
-        print(f"thermal_carryover: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(json.dumps(doc, indent=2))
+    json_main(Args, argv, "thermal_carryover", __doc__, measure)
 
 
 if __name__ == "__main__":

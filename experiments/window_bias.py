@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
+from kdvfs.experiments._json_main import json_main
 from kdvfs.experiments.noisy_jobs import schedule_of_json
-from kdvfs.experiments.record_job import parse_fields
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.steps import SimulatedJob
@@ -156,13 +155,7 @@ def measure(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_fields(Args, sys.argv[1:] if argv is None else argv, "window_bias", __doc__)
-    try:
-        doc = measure(args)
-    except KdvfsError as e:
-        print(f"window_bias: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    print(json.dumps(doc, indent=2))
+    json_main(Args, argv, "window_bias", __doc__, measure)
 
 
 if __name__ == "__main__":
