@@ -1870,13 +1870,13 @@ class StepTuner:
             window, self._waiting_window = self._waiting_window, None
             self._count_stock([window])
 
-    def _explore_decided(self, outcome: Outcome, window_s: float, trial: Trial | None = None) -> bool:
+    def _explore_decided(self, outcome: Outcome, window_s: float, trial: Trial) -> bool:
         """An exploring trial is decided once, at DECIDE_Z errors, B is within the budget and
         saves, or saves nothing or is over the budget, or its figures are precise enough for
         the strategy (DECIDE_Z energy errors within RESOLVE_ENERGY, time errors within half the
         budget). The judgement of `trial`'s first look is kept on it (Trial.first_look)."""
         j = self.judge(outcome, window_s, z=DECIDE_Z)
-        if trial is not None and trial.first_look is None:
+        if trial.first_look is None:
             trial.first_look = j
         worse = j.saving + DECIDE_Z * j.saving_se < 0.0 or j.slowdown - DECIDE_Z * j.time_se > self.budget
         resolved = DECIDE_Z * j.saving_se <= RESOLVE_ENERGY and DECIDE_Z * j.time_se <= self.budget / 2
@@ -2085,15 +2085,13 @@ class StepTuner:
         )
         return self._verifying(self.phase, None)
 
-    def _verify_decided(
-        self, outcome: Outcome, z: float, window_s: float, trial: Trial | None = None
-    ) -> bool:
+    def _verify_decided(self, outcome: Outcome, z: float, window_s: float, trial: Trial) -> bool:
         """A verification (windows window_s long) is decided once the candidate is adopted (z
         errors: the verification's sequential boundary), or at ADOPT_Z errors it saves nothing
         or is over the budget, the job's noise read with its own pairs of windows. The judgement
         of `trial`'s first look is kept on it."""
         j = self.judge(outcome, window_s, z=z, time_z=VERIFY_TIME_Z, own_pairs=True)
-        if trial is not None and trial.first_look is None:
+        if trial.first_look is None:
             trial.first_look = j
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
         return j.adopted or worse
