@@ -14,13 +14,19 @@ enough to ship as a few numbers:
 - **Periodic syncs**: every `period_steps[i]` steps, a wait of `period_wait_s[i]` s more (an
   evaluation pass, a checkpoint), at the step whose index plus one is a multiple of the period
   (the recording's step 499 holds the wait of the 500th step's checkpoint).
+- **Where the job sees it**: `seen_wait_share` of the relative wait is reported as the step's
+  wait (StepReport.wait_s), the rest counts in the step's busy time as on the recorded jobs
+  under kdvfs.tune; the card idles through all of it after the step's kernels either way.
 - **Power**: the sampler returns only a wait; the device idles through it (SimulatedJob), so
   the card draws its own idle power at the clocks in effect. `wait_power_w` and
   `busy_power_w` are what the recording's energy counter says of the real card (fitted against
   the step series), kept to compare, not applied.
 
-`fit_job_noise(steps_csv, nvml_csv)` fits one from a recording; `job_noise(name)` reads the
-fitted parameters of the three recordings that ship with kdvfs (`vision`, `hf`, `sync`:
+`fit_job_noise(steps_csv, nvml_csv)` fits one from a recording, and `seen_wait_share` how much
+of its wait a job under kdvfs.tune sees after its steps (the rest lands inside them, in the
+busy time the tuner holds to the budget); `job_noise(name)` reads the
+fitted parameters of the three recordings that ship with kdvfs (`vision`, `hf`, `sync`, and
+`vision-tuned`, `hf-tuned`: the same waits split as the job under kdvfs.tune saw them;
 job_noise.json, written by `python -m kdvfs.experiments.fit_job_noise`) or a JSON file of
 the same form; `JobNoiseSampler(noise, seed)` draws each step's wait, deterministic under
 its seed; `mean_wait_rel`, `wait_rel_strata`, `mean_periodic_wait_s` and `after_periodic_share`
@@ -104,6 +110,12 @@ class JobNoise:
             end (data/h200/jobs/README.md's figure).
         recorded_window_1s_cv_phase_mean: the same averaged over window phases
             (window_1s_cv_phase_mean; for checks).
+        seen_wait_share: the share of each step's relative wait that the job sees, in (0, 1]:
+            it falls between the step's end and the next step's start, where kdvfs.tune
+            measures a wait (StepReport.wait_s); the rest falls inside the step (the GPU
+            starved by its host between kernels) and counts as the clocks' busy time. 1: all
+            seen (the bare recordings hold no split); fitted from a recording under kdvfs.tune
+            by `seen_wait_share` (the `-tuned` noises). The periodic syncs are always seen.
     """
 
     name: str
@@ -119,6 +131,7 @@ class JobNoise:
     recorded_per_step_cv: float = math.nan
     recorded_window_1s_cv: float = math.nan
     recorded_window_1s_cv_phase_mean: float = math.nan
+    seen_wait_share: float = 1.0
 
     def __post_init__(self) -> None:
         q = self.wait_rel_quantiles
@@ -136,6 +149,8 @@ class JobNoise:
             raise KdvfsError(f"job noise {self.name!r}: one wait per period expected")
         if any(p < 1 for p in self.period_steps) or any(w < 0.0 for w in self.period_wait_s):
             raise KdvfsError(f"job noise {self.name!r}: periods must be >= 1 step and waits >= 0 s")
+        if not 0.0 < self.seen_wait_share <= 1.0:
+            raise KdvfsError(f"job noise {self.name!r}: seen_wait_share must be in (0, 1]")
 
     @property
     def mean_wait_rel(self) -> float:
@@ -212,6 +227,7 @@ class JobNoise:
                 recorded_per_step_cv=float(d.get("recorded_per_step_cv", math.nan)),
                 recorded_window_1s_cv=float(d.get("recorded_window_1s_cv", math.nan)),
                 recorded_window_1s_cv_phase_mean=float(d.get("recorded_window_1s_cv_phase_mean", math.nan)),
+                seen_wait_share=float(d.get("seen_wait_share", 1.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise KdvfsError(f"job noise: not a job-noise record ({type(e).__name__}: {e})") from None
@@ -240,6 +256,11 @@ class JobNoiseSampler:
         step's: the draws come in order, SAMPLER_BLOCK at a time (the same waits as one by one)."""
         rel, fixed_s = self.wait_parts(step)
         return rel * step_s + fixed_s
+
+    def seen_s(self, rel: float, fixed_s: float, step_s: float) -> float:
+        """The part of a wait (rel x step_s + fixed_s, wait_parts) that the job sees after its
+        step (JobNoise.seen_wait_share of the relative part, all of the periodic), s."""
+        return self.noise.seen_wait_share * rel * step_s + fixed_s
 
     def wait_parts(self, step: int) -> tuple[float, float]:
         """Step `step`'s wait as (share of its GPU work, periodic syncs' s): its wait is
@@ -305,6 +326,10 @@ def _builtin() -> dict[str, dict]:
 
 
 # --- fitting -----------------------------------------------------------------------------------
+SEEN_SKIP_STEPS = 5
+"""A tuned recording's first steps left out of its seen share (the job's first, compiling)."""
+
+
 def _read_csv(path: str | Path) -> dict[str, np.ndarray]:
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -431,6 +456,26 @@ def fit_job_noise(
         ),
         recorded_window_1s_cv_phase_mean=window_1s_cv_phase_mean(start_s, gpu_s),
     )
+
+
+def seen_wait_share(reports_csv: str | Path, skip_steps: int = SEEN_SKIP_STEPS) -> float:
+    """The share of a job's host wait that kdvfs.tune saw after the steps, from a recording
+    under it (experiments/record_job.py's `<job>_tuned_reports.csv.gz`: `tuner_step_s` and the
+    `wait_s` it measured, per step): each step's busy time (its step less that wait) over the
+    busy steps' FLOOR_QUANTILE is the wait inside the step, and the share is the seen waits'
+    sum over the seen and inside waits' sums. The first `skip_steps` steps (the job's first,
+    compiling and warming) are left out. A job without a wait reads 1."""
+    reports_csv = Path(reports_csv)
+    table = _read_csv(reports_csv)
+    _need(table, reports_csv, ("step", "tuner_step_s", "wait_s"))
+    order = np.argsort(table["step"])
+    step_s, seen_s = table["tuner_step_s"][order][skip_steps:], table["wait_s"][order][skip_steps:]
+    if step_s.size < 2:
+        raise KdvfsError(f"{reports_csv}: fewer than two steps after the first {skip_steps}")
+    busy_s = step_s - seen_s
+    inside_s = np.clip(busy_s - np.quantile(busy_s, FLOOR_QUANTILE), 0.0, None)
+    total = float(seen_s.sum() + inside_s.sum())
+    return float(seen_s.sum()) / total if total > 0.0 else 1.0
 
 
 def _periods(step_index: np.ndarray, gpu_s: np.ndarray, median_s: float) -> tuple[list[int], np.ndarray]:

@@ -14,7 +14,8 @@
   (a drift scenario). It decides nothing. `dry_run` records the clock
   requests and applies none, as a real card in dry run does (the null test). `job_noise`
   (runtime/job_noise.py) adds a recorded job's host-side waits: the card idles after each
-  step's kernels for the step's sampled wait. `step_until_update` runs a stretch of steps at
+  step's kernels for the step's sampled wait, of which the report's `wait_s` is the part the
+  job sees. `step_until_update` runs a stretch of steps at
   once (each step's noiseless costs cached per pattern, its noise, wait and counter reading
   drawn as step by step) and reports them in one StepReport that ends at the step where the
   next counter update is observed (at most MAX_REPORT_S of training).
@@ -119,8 +120,9 @@ class SimulatedJob:
         job_noise: a recorded job's waits (runtime/job_noise.py): after each step's kernels
             the card idles for the step's sampled wait, at the step's end because a recorded
             step runs from one step start to the next, so the GPU's wait for the host (a late
-            batch, a checkpoint) closes the step it follows; None: the steps are the kernels
-            alone.
+            batch, a checkpoint) closes the step it follows; the report's `wait_s` is the
+            part the job sees (JobNoise.seen_wait_share), the rest counts in its busy time;
+            None: the steps are the kernels alone.
         job_noise_seed: seeds the job noise's draws.
     """
 
@@ -168,10 +170,11 @@ class SimulatedJob:
         """The step's report, after the card idled wait_s (a data-parallel rank waiting at the
         step's gradient all-reduce for the slowest rank; the wait is the last group's, s) and
         the job noise's wait for this step, if any (the last group's too)."""
-        job_wait_s = 0.0
+        job_wait_s = 0.0  # the job noise's wait the job sees after the step (all of it idles)
         if self._job_noise is not None:
-            job_wait_s = self._job_noise.wait_s(self.steps, ran.step_s)
-            wait_s += job_wait_s
+            rel, fixed_s = self._job_noise.wait_parts(self.steps)
+            wait_s += rel * ran.step_s + fixed_s
+            job_wait_s = self._job_noise.seen_s(rel, fixed_s, ran.step_s)
         if wait_s > 0.0:
             self.device.idle(wait_s)
         groups = _group_times(ran.schedule, ran.kernel_times_s, ran.step_s)
@@ -208,7 +211,7 @@ class SimulatedJob:
         applied = Schedule.stock() if self.dry_run else schedule
         starts = tuple(start for start, _ in schedule.groups)  # the groups reported: the requested schedule's
         sampler, runner = self._job_noise, self.runner
-        steps, total_s, wait_sum_s, groups_sum_s = 0, 0.0, 0.0, 0.0
+        steps, total_s, wait_sum_s, seen_sum_s, groups_sum_s = 0, 0.0, 0.0, 0.0, 0.0
         while True:
             noise = device.step_noise()
             pattern = runner.pattern(applied, noise[0])
@@ -223,6 +226,7 @@ class SimulatedJob:
             steps += 1
             total_s += step_s + wait_s
             wait_sum_s += wait_s
+            seen_sum_s += sampler.seen_s(rel, fixed_s, step_s) if sampler is not None else 0.0
             groups_sum_s = groups_sum_s + group_s * noise[0]
             if device.energy_j() != self._counter_j or total_s + step_s + wait_s > MAX_REPORT_S:
                 break
@@ -239,7 +243,7 @@ class SimulatedJob:
             power_limit_w=optional_sensor(device, "power_limit_w", math.nan),
             sm_clock_mhz=_sm_clock_mhz(device),
             steps=steps,
-            wait_s=wait_sum_s / steps,
+            wait_s=seen_sum_s / steps,
         )
 
     def _step_cost(self, pattern, idle_s: float, starts: tuple[int, ...]) -> tuple:

@@ -27,6 +27,7 @@ from kdvfs.runtime.job_noise import (
     fit_job_noise,
     job_noise,
     job_noise_names,
+    seen_wait_share,
     window_1s_cv_phase_mean,
 )
 from kdvfs.runtime.registry import open_device
@@ -90,7 +91,7 @@ def test_a_simulated_job_with_a_recorded_noise_has_the_recordings_cv_of_1s_means
 
 
 def test_the_sync_noise_is_the_noisiest_per_step_and_per_second():
-    fits = {name: job_noise(name) for name in job_noise_names()}
+    fits = {name: job_noise(name) for name in job_noise_names() if not name.endswith("-tuned")}
     assert set(fits) == {"vision", "hf", "sync"}
     assert max(fits, key=lambda n: fits[n].recorded_per_step_cv) == "sync"
     assert max(fits, key=lambda n: fits[n].recorded_window_1s_cv_phase_mean) == "sync"
@@ -235,3 +236,40 @@ def test_tune_with_job_noise_charges_its_waits_in_the_oracles_and_the_plans_figu
     quiet = json.loads(out.read_text())
     assert quiet["job_waits_charged"] is None
     assert waited["realisable_oracle"]["energy_saving"] < quiet["realisable_oracle"]["energy_saving"]
+
+
+@pytest.mark.parametrize("name", ["vision", "hf"])
+def test_a_tuned_noise_is_its_bare_jobs_waits_with_the_share_the_job_saw_after_its_steps(name):
+    # under kdvfs.tune (data/h200/jobs/*_tuned_20261205_reports) most of each job's wait fell
+    # inside the steps, where the tuner counts it as the clocks' busy time
+    bare, tuned = job_noise(name), job_noise(f"{name}-tuned")
+    assert tuned.wait_rel_quantiles == bare.wait_rel_quantiles and bare.seen_wait_share == 1.0
+    assert tuned.seen_wait_share == pytest.approx(
+        seen_wait_share(JOBS_DIR / f"{name}_tuned_20261205_reports.csv.gz")
+    )
+    assert 0.0 < tuned.seen_wait_share < 0.5
+
+
+@pytest.mark.parametrize("aggregate", [False, True])
+def test_a_job_reports_the_seen_share_of_its_wait_and_the_rest_lands_in_its_busy_time(aggregate):
+    def reports(name: str) -> list:
+        device = open_device("sim:h200", seed=1)
+        job = SimulatedJob(
+            device, streaming_workload(device, 0.03), job_noise=job_noise(name), job_noise_seed=0
+        )
+        run = job.step_until_update if aggregate else job.step
+        return [run(Schedule.stock()) for _ in range(400)]
+
+    bare, tuned = reports("hf"), reports("hf-tuned")
+    share = job_noise("hf-tuned").seen_wait_share
+    for b, t in zip(bare, tuned, strict=True):
+        assert t.step_time_s == b.step_time_s and t.steps == b.steps  # the card idles alike
+        assert t.wait_s == pytest.approx(share * b.wait_s, rel=1e-9)
+    busy = [np.std([r.step_time_s - r.wait_s for r in run]) for run in (bare, tuned)]
+    assert busy[1] > 3.0 * busy[0]
+
+
+@pytest.mark.parametrize("share", [0.0, -0.1, 1.5, math.nan])
+def test_a_seen_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(KdvfsError, match="seen_wait_share"):
+        JobNoise.from_dict({**job_noise("hf").to_dict(), "seen_wait_share": share})
