@@ -3,7 +3,8 @@ realisable oracle the tuner reaches within an hour of training, and the null tes
 
 Each row opens a simulated card (sim:PRESET, its own measurement noise, one seed per run), a
 workload (the GPT-3-XL layer, or the whole GPT-3-XL step), and a job noise (none, or one of the
-H200 recordings shipped in runtime/job_noise.json: vision, hf, sync), and trains under the
+H200 recordings shipped in runtime/job_noise.json: vision, hf, sync, and vision-tuned, hf-tuned,
+whose waits fall inside the steps as those jobs' did under kdvfs.tune), and trains under the
 tuner of `kdvfs tune` (TuneSession, strategy botorch, budget 1%, `--prior none`, the job's sites
 as `kdvfs tune` picks them) for --seconds of training, stretches of steps simulated at once up
 to each energy-counter update (TuneSession(aggregate_steps=True)). The tuner is told how long
