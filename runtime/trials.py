@@ -994,11 +994,21 @@ class StepAccount:
     (a host that starves the GPU more as it runs) then cannot overdraw the account by
     running stock.
 
+    The other steps' own time varies with the job (a host that starves the GPU inside its
+    steps: those steps would have varied alike at stock), so what they would have taken at
+    stock is known only to the job's noise over their time: the account holds CONFIDENCE_Z x
+    `noise_per_root_s` x sqrt(their seconds) back from the slack and adds it to the slowdown
+    it reports (`noise_margin_s`), as the stock estimate's own noise is held back in
+    `stock_step_s`.
+
     Args:
         budget: the largest cumulative slowdown against stock, a fraction (0.01: 1%).
+        noise_per_root_s: the job's busy-time noise, the relative s.d. of a 1-s mean (the
+            tuner's NoiseMeter; 0 until measured); a fraction.
     """
 
     budget: float
+    noise_per_root_s: float = 0.0
     stock_step_s: float = math.nan
     steps: int = 0
     spent_s: float = 0.0
@@ -1022,7 +1032,15 @@ class StepAccount:
         """Seconds the run may still overspend; infinite before stock is known (it runs stock)."""
         if math.isnan(self.stock_step_s):
             return math.inf
-        return (1.0 + self.budget) * self._stock_equivalent_s() - self.spent_s
+        return (1.0 + self.budget) * self._stock_equivalent_s() - self.spent_s - self.noise_margin_s()
+
+    def noise_margin_s(self) -> float:
+        """The one-sided 95% margin of the time the steps not run at stock would have taken at
+        stock, given the job's noise: CONFIDENCE_Z x noise_per_root_s x sqrt(their seconds), s."""
+        other_s = self.spent_s - self.at_stock_s
+        if other_s <= 0.0 or not self.noise_per_root_s > 0.0:
+            return 0.0
+        return CONFIDENCE_Z * self.noise_per_root_s * math.sqrt(other_s)
 
     def rebase(self) -> None:
         """Stock is to be measured again (after an alarm): the steps so far keep the allowance
@@ -1035,8 +1053,9 @@ class StepAccount:
         self.stock_step_s = math.nan
 
     def slowdown(self) -> float:
-        """The run's slowdown against the stock steps it was allowed against."""
-        return self.spent_s / self._stock_equivalent_s() - 1.0
+        """The run's slowdown against the stock steps it was allowed against, at 95%
+        confidence (noise_margin_s added to the time spent)."""
+        return (self.spent_s + self.noise_margin_s()) / self._stock_equivalent_s() - 1.0
 
     def _stock_equivalent_s(self) -> float:
         """What the steps so far would have taken at stock, s."""

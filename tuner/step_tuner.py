@@ -974,6 +974,8 @@ class StepTuner:
         self.account.charge(
             report.step_time_s - report.wait_s, report.steps, at_stock=self._answered.is_stock
         )
+        if self.stock is not None:  # the job's noise as measured now (the account's own margin)
+            self.account.noise_per_root_s = self.time_sd_per_root_s
         self._now_s = report.end_s
         if math.isfinite(report.wait_s):
             self.longest_wait_s = max(self.longest_wait_s, report.wait_s)
@@ -1236,9 +1238,10 @@ class StepTuner:
 
     def _update_account_stock(self) -> None:
         """The account counts against stock less its 95% margin (CONFIDENCE_Z x the job's time
-        noise over the seconds measured at stock, at least REFERENCE_MARGIN): the run so far is
-        within the budget at 95% confidence wherever the account says it is. While the plan is
-        stock, the incumbent's step time is that stock too."""
+        noise over the seconds measured at stock, at least REFERENCE_MARGIN), and holds back the
+        margin of the other steps' own noise (StepAccount.noise_margin_s, at the job's time noise
+        now): the run so far is within the budget at 95% confidence wherever the account says it
+        is. While the plan is stock, the incumbent's step time is that stock too."""
         if self.stock is None or self._reference_s <= 0.0 or math.isnan(self.stock_estimate_s):
             return
         margin = CONFIDENCE_Z * self.time_sd_per_root_s / math.sqrt(self._reference_s)

@@ -312,6 +312,20 @@ def test_steps_run_at_stock_are_allowed_their_own_time_so_a_drifting_stock_never
     assert account.slack_s() == pytest.approx(0.01 * 40.0 + 100 * (1.01 * 0.030 - 0.0303), abs=1e-9)
 
 
+def test_the_account_holds_back_the_95pct_margin_of_the_steps_not_run_at_stock_at_the_jobs_noise():
+    # a host that starves the GPU inside its steps: a candidate's 100 s would have varied by the
+    # job's noise at stock too, so what they would have taken there is known to 1.645 x 5% x 10 s
+    quiet, noisy = (StepAccount(budget=0.01, noise_per_root_s=n, stock_step_s=0.030) for n in (0.0, 0.05))
+    for account in (quiet, noisy):
+        account.charge(0.030, steps=2000, at_stock=True)  # 60 s at stock: no margin on them
+    assert noisy.slack_s() == pytest.approx(quiet.slack_s()) and noisy.noise_margin_s() == 0.0
+    for account in (quiet, noisy):
+        account.charge(0.0303, steps=3300)  # 100 s of a candidate's steps
+    assert noisy.noise_margin_s() == pytest.approx(1.645 * 0.05 * math.sqrt(0.0303 * 3300), rel=1e-3)
+    assert noisy.slack_s() == pytest.approx(quiet.slack_s() - noisy.noise_margin_s())
+    assert noisy.slowdown() == pytest.approx(quiet.slowdown() + noisy.noise_margin_s() / (0.030 * 5300))
+
+
 def test_a_block_whose_window_has_no_energy_is_left_out_of_the_trials_energy_not_made_nan():
     trial = Trial(Schedule.stock(), Schedule.stock(), 2, 0.5, 0.0)
     _trial_reports(1.10, seed=3, noise=0.01, trial=trial)
