@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from kdvfs.runtime.job_noise import job_noise
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.scenarios import get_scenario
 from kdvfs.runtime.schedule import Schedule
@@ -324,13 +323,15 @@ def test_after_an_adoption_that_made_the_step_faster_only_schedules_within_the_b
 
 
 def test_a_verification_over_the_budget_on_time_alone_goes_on_to_a_faster_pair_of_the_same_group(monkeypatch):
-    # the simulated H200's whole step under the hf job's noise, seed 1: the one-knob search's
-    # best, 1380/3201 MHz, is 0.8% slower than stock in truth, at the budget's edge once the
-    # margins are counted; its verification proves the saving and puts the time over the budget
-    # (with verifications going on, GO_ON_EXTENSIONS, a longer test proves its time instead:
-    # turned off here)
+    # the simulated H200's whole step (a quiet job), seed 1: the one-knob search's best is
+    # 0.75% slower than stock in truth, at the budget's edge once the margins are counted; its
+    # verification proves the saving and reads the time at +0.91% +- 0.08% after 12 blocks,
+    # over the budget; the next is of a faster pair (+0.13% in truth), adopted (with
+    # verifications going on, GO_ON_EXTENSIONS, a longer test proves its time instead: turned
+    # off here; the hf job's seed 1 showed it before the account held back the noise of the
+    # steps not run at stock)
     monkeypatch.setattr(step_tuner, "GO_ON_EXTENSIONS", 0)
-    session = job_session("h200", "gpt3-xl", seed=1, budget=BUDGET, job_noise=job_noise("hf"))
+    session = job_session("h200", "gpt3-xl", seed=1, budget=BUDGET)
     verifications = []
     session.tuner.subscribe(
         lambda e: verifications.append(e) if isinstance(e, TrialFinished) and e.kind == "verify" else None
