@@ -610,6 +610,8 @@ class Trial:
             records it (the step tuner does); None before. One fixed look's reading, unlike
             the reading at the look a sequential trial stopped on, is a standard normal draw
             about the truth in units of its stated error where that error is honest.
+        last_look: the Judgement its decider stated at its latest look (recorded alike): for a
+            trial that ended decided, the judgement it stopped on.
     """
 
     incumbent: Schedule
@@ -626,6 +628,7 @@ class Trial:
     undecided_stop: bool = False  # abandoned for the budget's slack, not for its measured time
     decided: bool = False
     first_look: Judgement | None = None
+    last_look: Judgement | None = None
 
     @property
     def arm(self) -> str:

@@ -1879,6 +1879,7 @@ class StepTuner:
         the strategy (DECIDE_Z energy errors within RESOLVE_ENERGY, time errors within half the
         budget). The judgement of `trial`'s first look is kept on it (Trial.first_look)."""
         j = self.judge(outcome, window_s, z=DECIDE_Z)
+        trial.last_look = j
         if trial.first_look is None:
             trial.first_look = j
         worse = j.saving + DECIDE_Z * j.saving_se < 0.0 or j.slowdown - DECIDE_Z * j.time_se > self.budget
@@ -2092,8 +2093,9 @@ class StepTuner:
         """A verification (windows window_s long) is decided once the candidate is adopted (z
         errors: the verification's sequential boundary), or at ADOPT_Z errors it saves nothing
         or is over the budget, the job's noise read with its own pairs of windows. The judgement
-        of `trial`'s first look is kept on it."""
+        of `trial`'s first look and of its latest are kept on it (Trial.first_look, last_look)."""
         j = self.judge(outcome, window_s, z=z, time_z=VERIFY_TIME_Z, own_pairs=True)
+        trial.last_look = j
         if trial.first_look is None:
             trial.first_look = j
         worse = j.saving + ADOPT_Z * j.saving_se <= 0.0 or j.slowdown - ADOPT_Z * j.time_se > self.budget
@@ -2107,14 +2109,11 @@ class StepTuner:
                 self._maybe_abandon(trial)
         if trial.done:
             outcome = trial.outcome()
-            # a test that stopped at a look (adopted, or clearly not) stands as it stopped: judged
-            # again after this trial's windows refine the job's noise and stock, a decided
-            # adoption's error moved and it was dropped, neither adopted nor reopened
-            stopped_on = (
-                self.judge(outcome, trial.window_s, z=ver.z, time_z=VERIFY_TIME_Z, own_pairs=True)
-                if trial.decided
-                else None
-            )
+            # a test that stopped at a look (adopted, or clearly not) stands as it stopped (the
+            # judgement its decider made there): judged again after this trial's windows refine
+            # the job's noise and stock, a decided adoption's error moved and it was dropped,
+            # neither adopted nor reopened
+            stopped_on = trial.last_look if trial.decided else None
             self._trial_ended(trial, outcome)
             self._judge(ver, outcome, adopted=None if stopped_on is None else stopped_on.adopted)
             if self._goes_on(ver, outcome):  # one longer test: its blocks kept
