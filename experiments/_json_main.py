@@ -1,7 +1,7 @@
 """The `main` of an experiment that parses its Args, measures, and prints JSON: one line
 `PROG: error: ...` and exit 2 for a KdvfsError (bad input named by the experiment), exit 0
-with the JSON otherwise. Shared by window_bias, thermal_carryover, stock_warming and
-release_gain."""
+with the JSON otherwise. Shared by window_bias, thermal_carryover, stock_warming,
+release_gain and in_step_truth; `parse_floats` reads their comma-separated numbers."""
 
 from __future__ import annotations
 
@@ -26,3 +26,12 @@ def json_main(
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print(json.dumps(doc_out, indent=2))
+
+
+def parse_floats(text: str, name: str, what: str) -> list[float]:
+    """The comma-separated numbers of option --NAME (at least one; each caller checks their
+    range); text that is not is a KdvfsError `--NAME must be WHAT, got TEXT`."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise KdvfsError(f"--{name} must be {what}, got {text!r}") from None

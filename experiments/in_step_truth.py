@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 
 from kdvfs.experiments import window_bias
-from kdvfs.experiments._json_main import json_main
+from kdvfs.experiments._json_main import json_main, parse_floats
 from kdvfs.experiments.noisy_jobs import in_step, noise_of, schedule_json
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import KdvfsError
@@ -78,10 +78,7 @@ def parse_sites(text: str, kernels: int) -> list[int] | str | None:
 
 
 def parse_budgets(text: str) -> list[float]:
-    try:
-        budgets = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise KdvfsError(f"--budgets must be comma-separated fractions, got {text!r}") from None
+    budgets = parse_floats(text, "budgets", "comma-separated fractions")
     if not all(0.0 <= b < 1.0 for b in budgets):
         raise KdvfsError(f"--budgets must be fractions in [0, 1), got {text!r}")
     return budgets

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kdvfs.experiments._json_main import json_main
+from kdvfs.experiments._json_main import json_main, parse_floats
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
 from kdvfs.runtime.types import ClockPair, KdvfsError
@@ -41,13 +41,10 @@ class Args:
     budget: float = 0.01  # allowed slowdown, a fraction (the in-step truth's; no plan is held to it here)
 
 
-def parse_floats(text: str, name: str) -> list[float]:
-    """Comma-separated non-negative numbers."""
-    try:
-        values = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise KdvfsError(f"--{name} must be comma-separated numbers, got {text!r}") from None
-    if not values or any(not (v >= 0.0) or v == float("inf") for v in values):
+def parse_non_negative(text: str, name: str) -> list[float]:
+    """Comma-separated finite numbers of 0 or more (option --NAME)."""
+    values = parse_floats(text, name, "comma-separated numbers")
+    if any(not (v >= 0.0) or v == float("inf") for v in values):
         raise KdvfsError(f"--{name} must be finite numbers of 0 or more, got {text!r}")
     return values
 
@@ -55,7 +52,7 @@ def parse_floats(text: str, name: str) -> list[float]:
 def gain(args: Args) -> dict:
     if not args.device.startswith("sim:"):
         raise KdvfsError(f"--device must be a simulated card (sim:PRESET), got {args.device!r}")
-    values = parse_floats(args.pair, "pair")
+    values = parse_non_negative(args.pair, "pair")
     if len(values) != 2:
         raise KdvfsError(f"--pair must be two clocks, core MHz and memory MHz, got {args.pair!r}")
     core_mhz, mem_mhz = values
@@ -68,7 +65,7 @@ def gain(args: Args) -> dict:
     held = Schedule(((0, pair),))
     released = Schedule(((0, pair), (last_site, None)))
     rows = []
-    for share in parse_floats(args.wait_shares, "wait-shares"):
+    for share in parse_non_negative(args.wait_shares, "wait-shares"):
         truth = InStep(card, steps, args.budget, wait_rel=share)
         held_saving = truth.figures(*truth.schedule(held))[0]
         released_saving, released_slowdown = truth.figures(*truth.schedule(released))[:2]

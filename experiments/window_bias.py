@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from kdvfs.experiments._json_main import json_main
+from kdvfs.experiments._json_main import json_main, parse_floats
 from kdvfs.experiments.noisy_jobs import schedule_of_json
 from kdvfs.runtime.registry import open_device, open_workload
 from kdvfs.runtime.schedule import Schedule
@@ -64,11 +64,8 @@ def parse_schedule(text: str, name: str) -> Schedule:
 
 
 def parse_windows(text: str) -> list[float]:
-    try:
-        windows = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise KdvfsError(f"--windows-s must be window lengths in s, comma-separated, got {text!r}") from None
-    if not windows or min(windows) <= 0.0:
+    windows = parse_floats(text, "windows-s", "window lengths in s, comma-separated")
+    if min(windows) <= 0.0:
         raise KdvfsError(f"--windows-s must be positive, got {text!r}")
     return windows
 
