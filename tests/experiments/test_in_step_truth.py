@@ -9,6 +9,7 @@ import pytest
 
 from kdvfs.experiments import in_step_truth
 from kdvfs.experiments.noisy_jobs import in_step, saving_of, schedule_of_json
+from tests.experiments.one_line import one_line_error
 
 SYNC = "h200:gpt3-xl-layer:sync"
 ONE_KNOB = "[[0,[1440,3201]],[37,[1440,3201]]]"
@@ -67,8 +68,5 @@ def test_the_oracle_at_one_site_is_the_one_knob_optimum_and_at_the_jobs_sites_no
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_with_exit_two(argv, named, capsys):
-    with pytest.raises(SystemExit) as stop:
-        in_step_truth.main(["--row", "h200:gpt3-xl-layer:none", *argv])
-    err = capsys.readouterr().err.strip()
-    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    err = one_line_error(in_step_truth.main, ["--row", "h200:gpt3-xl-layer:none", *argv], capsys)
     assert err.startswith("in_step_truth: error: ") and named in err

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from kdvfs.experiments import release_gain
+from tests.experiments.one_line import one_line_error
 
 
 def test_releasing_the_clocks_loses_where_the_job_never_waits_and_gains_where_it_waits_half_a_step(capsys):
@@ -30,8 +31,5 @@ def test_releasing_the_clocks_loses_where_the_job_never_waits_and_gains_where_it
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_with_exit_two(argv, named, capsys):
-    with pytest.raises(SystemExit) as stop:
-        release_gain.main(argv)
-    err = capsys.readouterr().err.strip()
-    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    err = one_line_error(release_gain.main, argv, capsys)
     assert err.startswith("release_gain: error: ") and named in err

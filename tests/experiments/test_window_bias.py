@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kdvfs.experiments import window_bias
+from tests.experiments.one_line import one_line_error
 
 
 def test_a_wait_group_candidate_reads_less_saving_in_short_windows_than_in_long_ones():
@@ -33,8 +34,4 @@ def test_a_wait_group_candidate_reads_less_saving_in_short_windows_than_in_long_
     ],
 )
 def test_a_bad_schedule_or_window_is_a_one_line_error(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        window_bias.main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message in one_line_error(window_bias.main, argv, capsys)
