@@ -95,6 +95,12 @@ REFERENCE_MARGIN_SHARE = 0.5
 REFERENCE_MAX_S = 300.0
 #: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
 MIN_GROUP_LATENCIES = 4.0
+#: A pass too short to be a group (an optimizer step) takes the kernels before or after it until
+#: the group lasts this share of the step (the share of the step a group needs for its saving to
+#: show in trials: docs/design-step-tuner.md, "Groups without a prior"); a fraction.
+SHORT_PASS_SHARE = 0.2
+#: ... and at least this many switch latencies; count.
+MIN_PASS_LATENCIES = 3.0
 
 
 # --- groups ----------------------------------------------------------------------------------
@@ -104,14 +110,69 @@ def pass_boundaries(workload: Workload) -> list[int]:
     return [0] + [i for i in range(1, len(kernels)) if kernels[i].pass_name != kernels[i - 1].pass_name]
 
 
-def switchable_groups(starts: list[int], segment_times_s: list[float], latency_s: float) -> list[int]:
-    """The group starts kept from segment starts: the shortest group shorter than
-    MIN_GROUP_LATENCIES switch latencies merges into its shorter neighbour until none is (a
-    group that short runs mostly at the clocks before it). One group never switches."""
-    starts, times = list(starts), list(segment_times_s)
+def switchable_groups(
+    starts: list[int], segment_times_s: list[float], latency_s: float, kinds: Sequence[str] | None = None
+) -> list[int]:
+    """The group starts kept from segment starts. A pass (`kinds`: each segment's pass, forward,
+    backward or optimizer; None: all one pass) shorter than MIN_GROUP_LATENCIES switch latencies
+    takes whole segments from the near end of its longer neighbour until it lasts
+    SHORT_PASS_SHARE of the step and MIN_PASS_LATENCIES latencies, and is a group (where the
+    neighbour would be left shorter than MIN_GROUP_LATENCIES latencies, the two merge instead).
+    Between such groups, the shortest group shorter than MIN_GROUP_LATENCIES latencies merges
+    into its shorter neighbour until none is (a group that short runs mostly at the clocks
+    before it). One group never switches."""
+    min_s = MIN_GROUP_LATENCIES * latency_s
+    short_pass_s = max(SHORT_PASS_SHARE * float(sum(segment_times_s)), MIN_PASS_LATENCIES * latency_s)
+    kind_of = list(kinds) if kinds is not None else [""] * len(starts)
+    runs: list[list[int]] = []  # segment indices, each run of one pass
+    for i in range(len(starts)):
+        if runs and kind_of[i] == kind_of[runs[-1][-1]]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+
+    def time_s(run: list[int]) -> float:
+        return float(sum(segment_times_s[i] for i in run))
+
+    grown: set[int] = set()  # the runs' first segments that grew to a short pass's length
+    while len(runs) > 1:
+        short = [r for r in range(len(runs)) if time_s(runs[r]) < min_s and runs[r][0] not in grown]
+        if not short:
+            break
+        r = min(short, key=lambda r: time_s(runs[r]))
+        q = max((q for q in (r - 1, r + 1) if 0 <= q < len(runs)), key=lambda q: time_s(runs[q]))
+        near = runs[q] if q > r else runs[q][::-1]  # the neighbour's segments, nearest first
+        taken, need_s = 0, short_pass_s - time_s(runs[r])
+        while taken < len(near) and need_s > 0.0:
+            need_s -= segment_times_s[near[taken]]
+            taken += 1
+        if need_s <= 0.0 and time_s(near[taken:]) >= min_s:
+            runs[r] = runs[r] + near[:taken] if q > r else near[:taken][::-1] + runs[r]
+            runs[q] = near[taken:] if q > r else near[taken:][::-1]
+            grown.add(runs[r][0])
+        else:
+            a, b = min(r, q), max(r, q)
+            runs[a] += runs[b]
+            del runs[b]
+    kept, rest = [], []  # rest: the segments between grown passes, merged as one kind
+    for run in [*runs, None]:
+        if run is not None and run[0] not in grown:
+            rest += run
+            continue
+        kept += [rest[i] for i in _merged_starts([segment_times_s[i] for i in rest], min_s)] if rest else []
+        rest = []
+        if run is not None:  # a grown pass stays one group
+            kept.append(run[0])
+    return [starts[i] for i in kept]
+
+
+def _merged_starts(segment_times_s: list[float], min_s: float) -> list[int]:
+    """The segments (indices) that start groups once the shortest group shorter than `min_s`
+    has merged into its shorter neighbour until none is."""
+    starts, times = list(range(len(segment_times_s))), list(segment_times_s)
     while len(starts) > 1:
         i = int(np.argmin(times))
-        if times[i] >= MIN_GROUP_LATENCIES * latency_s:
+        if times[i] >= min_s:
             break
         if i == 0:
             j = 1

@@ -1104,15 +1104,16 @@ class StepTuner:
         self._count_stock(ref.measured.windows)
         segment_times = stock.segment_times_s
         first_run = self.prior is None and not self.retunes
-        starts = (
-            switchable_groups(self.segments, list(segment_times), self.switch_latency_s)
-            if first_run
-            else self.segments
-        )
+        starts = self.segments
         if first_run:
-            self.wait_site = self._wait_site_of(starts, list(segment_times))
-            if self.wait_site is not None:
+            times_s, latency_s = list(segment_times), self.switch_latency_s
+            starts = switchable_groups(self.segments, times_s, latency_s)
+            self.wait_site = self._wait_site_of(starts, times_s)
+            if self.wait_site is not None:  # the step's last pass is the wait group's
                 starts = [*starts, self.wait_site]
+            else:  # a pass too short for a group of its own takes the kernels beside it
+                kinds = [self.workload.kernels[i].pass_name for i in self.segments]
+                starts = switchable_groups(self.segments, times_s, latency_s, kinds)
         elif self.wait_site is not None and starts[-1] != self.wait_site:
             self.wait_site = None  # a plan without it (a replan): no wait group
         self.incumbent = Schedule(tuple((s, None) for s in starts))
