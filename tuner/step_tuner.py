@@ -888,6 +888,8 @@ class StepTuner:
         """The schedule adopted so far (the plan): stock until something is adopted."""
         self.wait_site: int | None = None
         """The kernel index of the wait group's start (None: the job has none; `wait_group`)."""
+        self.fallbacks_to_stock = 0
+        """Times the budget's guard put a plan back to stock (`_hold_budget`)."""
         self.wait_releases = False
         """Whether the wait group's segment outlasts a switch: its candidate is then stock
         (the clocks released there), not the grid's lowest pair (`_wait_site_of`)."""
@@ -1855,10 +1857,25 @@ class StepTuner:
         (`_measure_stock_while_waiting`)."""
         worst_s = self._worst_case_s(candidate) if b_s is None else self._worst_slowdown(candidate) * b_s
         if self.account.slack_s() < worst_s:
+            self._hold_budget(0.0)
             self._measure_stock_while_waiting(fed)
             return True
         self._waiting_window = None
         return False
+
+    def _hold_budget(self, floor_s: float) -> None:
+        """The budget's guard: where the account's slack falls below floor_s (s), the incumbent
+        falls back to stock (its groups kept) and is judged as stock from then on: a plan whose
+        own steps run the account down (adopted on a reading the job's noise bent) runs no
+        further. Settled keeps GUARD_STEPS steps of the budget; a trial waiting for the slack
+        acts once the account is over the budget (its 95% bound above it)."""
+        if self.incumbent.is_stock or self.account.slack_s() >= floor_s:
+            return
+        self.incumbent = Schedule(tuple((s, None) for s, _ in self.incumbent.groups))
+        self.incumbent_step_s = self.stock_estimate_s
+        self.incumbent_energy_j = self.stock_energy_j
+        self.incumbent_group_times_s = list(self.group_times_s)
+        self.fallbacks_to_stock += 1
 
     def _measure_stock_while_waiting(self, fed: bool) -> None:
         """Steps run at a stock incumbent while waiting for the slack measure stock (windows of
@@ -2349,10 +2366,7 @@ class StepTuner:
 
     # --- settled -------------------------------------------------------------------------------
     def _settled(self, settled: Settled, report: StepReport) -> Schedule:
-        if self.account.slack_s() < GUARD_STEPS * self.incumbent_step_s * self.budget:
-            self.incumbent = Schedule(
-                tuple((s, None) for s, _ in self.incumbent.groups)
-            )  # over: back to stock
+        self._hold_budget(GUARD_STEPS * self.incumbent_step_s * self.budget)
         if self._moved:
             return self._condition_alarm(report)
         if settled.reopen and self._now_s >= settled.reopen_at_s:
