@@ -111,9 +111,9 @@ def pass_boundaries(workload: Workload) -> list[int]:
 
 
 def switchable_groups(
-    starts: list[int], segment_times_s: list[float], latency_s: float, kinds: Sequence[str] | None = None
+    starts: list[int], segment_times_s: list[float], latency_s: float, passes: Sequence[str] | None = None
 ) -> list[int]:
-    """The group starts kept from segment starts. A pass (`kinds`: each segment's pass, forward,
+    """The group starts kept from segment starts. A pass (`passes`: each segment's pass, forward,
     backward or optimizer; None: all one pass) shorter than MIN_GROUP_LATENCIES switch latencies
     takes whole segments from the near end of its longer neighbour until it lasts
     SHORT_PASS_SHARE of the step and MIN_PASS_LATENCIES latencies, and is a group (where the
@@ -123,10 +123,10 @@ def switchable_groups(
     before it). One group never switches."""
     min_s = MIN_GROUP_LATENCIES * latency_s
     short_pass_s = max(SHORT_PASS_SHARE * float(sum(segment_times_s)), MIN_PASS_LATENCIES * latency_s)
-    kind_of = list(kinds) if kinds is not None else [""] * len(starts)
+    pass_of = list(passes) if passes is not None else [""] * len(starts)
     runs: list[list[int]] = []  # segment indices, each run of one pass
     for i in range(len(starts)):
-        if runs and kind_of[i] == kind_of[runs[-1][-1]]:
+        if runs and pass_of[i] == pass_of[runs[-1][-1]]:
             runs[-1].append(i)
         else:
             runs.append([i])
@@ -154,7 +154,7 @@ def switchable_groups(
             a, b = min(r, q), max(r, q)
             runs[a] += runs[b]
             del runs[b]
-    kept, rest = [], []  # rest: the segments between grown passes, merged as one kind
+    kept, rest = [], []  # rest: the segments between grown passes, merged as one pass
     for run in [*runs, None]:
         if run is not None and run[0] not in grown:
             rest += run

@@ -1114,8 +1114,8 @@ class StepTuner:
             if self.wait_site is not None:  # the step's last pass is the wait group's
                 starts = [*starts, self.wait_site]
             else:  # a pass too short for a group of its own takes the kernels beside it
-                kinds = [self.workload.kernels[i].pass_name for i in self.segments]
-                starts = switchable_groups(self.segments, times_s, latency_s, kinds)
+                passes = [self.workload.kernels[i].pass_name for i in self.segments]
+                starts = switchable_groups(self.segments, times_s, latency_s, passes)
         elif self.wait_site is not None and starts[-1] != self.wait_site:
             self.wait_site = None  # a plan without it (a replan): no wait group
         self.incumbent = Schedule(tuple((s, None) for s in starts))

@@ -154,10 +154,10 @@ def test_a_pass_too_short_to_switch_takes_whole_segments_from_its_longer_neighbo
     assert (MIN_GROUP_LATENCIES, MIN_PASS_LATENCIES, SHORT_PASS_SHARE) == (4.0, 3.0, 0.2)
     starts = [0, 10, 20, 30, 40, 50, 60]
     times_s = [0.07, 0.07, 0.04, 0.04, 0.04, 0.04, 0.06]  # forward 140 ms, backward 160, optimizer 60
-    kinds = ["forward"] * 2 + ["backward"] * 4 + ["optimizer"]
+    passes = ["forward"] * 2 + ["backward"] * 4 + ["optimizer"]
     # the optimizer takes the last backward segment (100 ms >= 90); the other backward segments
     # stay one group (120 ms), as does the forward pass (two 70-ms segments)
-    assert switchable_groups(starts, times_s, 0.030, kinds) == [0, 20, 50]
+    assert switchable_groups(starts, times_s, 0.030, passes) == [0, 20, 50]
     # the same segments as one kind: the shortest group merges into its shorter neighbour
     assert switchable_groups(starts, times_s, 0.030) == [0, 40]
 
@@ -165,16 +165,16 @@ def test_a_pass_too_short_to_switch_takes_whole_segments_from_its_longer_neighbo
 def test_a_short_pass_grows_to_a_fifth_of_a_long_step():
     starts = [0, 10, 20, 30, 40, 50, 60, 70, 80]
     times_s = [0.2, 0.2] + [0.04] * 6 + [0.065]  # forward 400 ms, backward 240, optimizer 65: 705 ms
-    kinds = ["forward"] * 2 + ["backward"] * 6 + ["optimizer"]
+    passes = ["forward"] * 2 + ["backward"] * 6 + ["optimizer"]
     # the optimizer takes two backward segments (145 ms, over a fifth of the step, 141 ms)
-    assert switchable_groups(starts, times_s, 0.030, kinds) == [0, 10, 20, 60]
+    assert switchable_groups(starts, times_s, 0.030, passes) == [0, 10, 20, 60]
 
 
 def test_a_pass_whose_neighbour_cannot_spare_segments_merges_with_it():
     # forward 100 ms, backward 2 x 50 ms, optimizer 60 ms: the backward run would fall under
     # 120 ms by giving the optimizer a segment, so the optimizer joins it whole
-    kinds = ["forward", "backward", "backward", "optimizer"]
-    assert switchable_groups([0, 10, 20, 30], [0.1, 0.05, 0.05, 0.06], 0.030, kinds) == [0, 10]
+    passes = ["forward", "backward", "backward", "optimizer"]
+    assert switchable_groups([0, 10, 20, 30], [0.1, 0.05, 0.05, 0.06], 0.030, passes) == [0, 10]
 
 
 # --- drift: the watch once Settled, Retuning, held plans --------------------------------------
