@@ -42,6 +42,10 @@ class Schedule:
         """Every group at stock clocks (no pair requested)."""
         return all(pair is None for _, pair in self.groups)
 
+    def at_stock(self) -> Schedule:
+        """The same groups, each at stock clocks."""
+        return Schedule(tuple((start, None) for start, _ in self.groups))
+
     def one_pair(self) -> ClockPair | None:
         """The pair when the whole step runs at one locked pair, else None."""
         return self.groups[0][1] if len(self.groups) == 1 else None

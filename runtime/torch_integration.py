@@ -553,7 +553,7 @@ class ClockController:
         except Exception as exc:
             log.error("kdvfs: the tuner failed (%s: %s); stock clocks from now on", type(exc).__name__, exc)
             self.tuner, self.tuner_error = None, exc
-            answer = Schedule(tuple((s, None) for s, _ in self.schedule.groups))
+            answer = self.schedule.at_stock()
         answer_s = time.perf_counter() - started
         self.answer_s.append(answer_s)
         self.answer_total_s += answer_s

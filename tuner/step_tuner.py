@@ -1871,7 +1871,7 @@ class StepTuner:
         acts once the account is over the budget (its 95% bound above it)."""
         if self.incumbent.is_stock or self.account.slack_s() >= floor_s:
             return
-        self.incumbent = Schedule(tuple((s, None) for s, _ in self.incumbent.groups))
+        self.incumbent = self.incumbent.at_stock()
         self.incumbent_step_s = self.stock_estimate_s
         self.incumbent_energy_j = self.stock_energy_j
         self.incumbent_group_times_s = list(self.group_times_s)
@@ -2441,7 +2441,7 @@ class StepTuner:
         self._emit(alarm)
         everything = tuple(range(len(self.incumbent.groups)))
         plan = self.incumbent
-        self.incumbent = Schedule(tuple((s, None) for s, _ in plan.groups))
+        self.incumbent = plan.at_stock()
         self.conditions.relearn_temperature()
         self.account.rebase()
         self._verified.clear()  # new conditions: a new question for every group

@@ -158,7 +158,7 @@ def test_a_pass_too_short_to_switch_takes_whole_segments_from_its_longer_neighbo
     # the optimizer takes the last backward segment (100 ms >= 90); the other backward segments
     # stay one group (120 ms), as does the forward pass (two 70-ms segments)
     assert switchable_groups(starts, times_s, 0.030, passes) == [0, 20, 50]
-    # the same segments as one kind: the shortest group merges into its shorter neighbour
+    # the same segments as one pass: the shortest group merges into its shorter neighbour
     assert switchable_groups(starts, times_s, 0.030) == [0, 40]
 
 
