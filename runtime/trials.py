@@ -91,6 +91,14 @@ CONFIDENCE_Z = 1.645
 #: The reference goes on until the 95% margin of its stock step time is at most this share of
 #: the budget (or REFERENCE_MAX_S); a fraction.
 REFERENCE_MARGIN_SHARE = 0.5
+#: ... and on to this share, for REFERENCE_FINE_MAX_S at most: the account keeps the margin off
+#: stock for the whole run, and at half the budget a quiet job's 20-s reference kept the
+#: simulated H200's one-knob optimum (+0.75%) out of reach (docs/design-step-tuner.md,
+#: "Statistics that scale with the job"); a fraction.
+REFERENCE_FINE_MARGIN_SHARE = 0.1
+#: The longest reference that goes on for the finer margin (a job noisier than about 2.4% per
+#: root second needs longer for half the budget's margin); s.
+REFERENCE_FINE_MAX_S = 60.0
 #: The longest reference, however noisy the job; s.
 REFERENCE_MAX_S = 300.0
 #: A group must last this many switch latencies (its lag at the old clocks is then <= 1/this); count.
@@ -1160,7 +1168,9 @@ class StockFigures:
 class StockReference:
     """Windows of whole steps at stock until at least min_s of steps and three windows, and
     on (up to max_s) while the 95% margin of the stock step time (CONFIDENCE_Z x the windows'
-    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer.
+    time noise / sqrt(seconds)) exceeds max_margin: a noisy job measures stock longer. Up to
+    fine_max_s, on while it exceeds fine_margin: a quieter job measures stock to a finer
+    margin.
 
     Args:
         schedule: the stock schedule (every segment its own group, no pair).
@@ -1169,6 +1179,9 @@ class StockReference:
         max_margin: the largest 95% margin of the stock step time the reference ends with, a
             fraction (inf: end at min_s).
         max_s: training at stock measured at most, s.
+        fine_margin: the margin the reference goes on to within fine_max_s, a fraction (inf:
+            none).
+        fine_max_s: the longest reference that goes on for fine_margin, s.
     """
 
     schedule: Schedule
@@ -1176,6 +1189,8 @@ class StockReference:
     min_s: float = REFERENCE_S
     max_margin: float = math.inf
     max_s: float = REFERENCE_MAX_S
+    fine_margin: float = math.inf
+    fine_max_s: float = REFERENCE_FINE_MAX_S
     windows: list[Window | PooledWindow] = field(default_factory=list)
     current: Window | PooledWindow | None = None
     seconds: float = 0.0
@@ -1195,7 +1210,10 @@ class StockReference:
             return False
         if self.seconds >= max(self.max_s, self.min_s) or math.isinf(self.max_margin):
             return True
-        return closed and self.margin() <= self.max_margin
+        if not closed:
+            return False
+        margin = self.margin()
+        return margin <= self.max_margin and (margin <= self.fine_margin or self.seconds >= self.fine_max_s)
 
     def margin(self) -> float:
         """The 95% margin of the mean stock step time so far, a fraction of it: the job's

@@ -48,6 +48,8 @@ from kdvfs.runtime.steps import StepReport
 from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs measure through it too)
     ADOPT_Z,
     CONFIDENCE_Z,
+    REFERENCE_FINE_MARGIN_SHARE,
+    REFERENCE_FINE_MAX_S,
     REFERENCE_MARGIN,
     REFERENCE_MARGIN_SHARE,
     REFERENCE_MAX_S,
@@ -370,6 +372,9 @@ class Reference:
         max_margin: the reference goes on while the 95% margin of its stock step time exceeds
             this (a noisy job measures stock longer), a fraction.
         max_s: ... but no longer than this, s.
+        fine_margin: ... and on to this margin for fine_max_s at most, a fraction (inf: not
+            on).
+        fine_max_s: the longest the reference goes on for fine_margin, s.
         measured: the windows so far (runtime/trials.py: StockReference).
         sm_clocks_mhz: the SM clock its reports read (the latest RETUNE_CLOCK_READINGS), MHz.
     """
@@ -382,11 +387,21 @@ class Reference:
     first: dict[int, ClockPair | None] = field(default_factory=dict)
     max_margin: float = math.inf
     max_s: float = REFERENCE_MAX_S
+    fine_margin: float = math.inf
+    fine_max_s: float = REFERENCE_FINE_MAX_S
     measured: StockReference = field(init=False)
     sm_clocks_mhz: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.measured = StockReference(self.schedule, self.window_s, self.min_s, self.max_margin, self.max_s)
+        self.measured = StockReference(
+            self.schedule,
+            self.window_s,
+            self.min_s,
+            self.max_margin,
+            self.max_s,
+            self.fine_margin,
+            self.fine_max_s,
+        )
 
 
 @dataclass
@@ -910,6 +925,7 @@ class StepTuner:
         self._trials_per_group: list[int] = []  # trials each explored group took
         self.adoptions: list[Adoption] = []
         self.trials = 0  # trials started, verifications included
+        self.retunes = 0
         self.phase: Phase = self._new_reference(self.incumbent)
         self.phases: list[str] = ["Reference"]
         self.group_times_s: list[float] = []  # each group's stock time per step, s
@@ -917,7 +933,6 @@ class StepTuner:
         self.conditions = ConditionWatch()
         self.watch: DriftMonitor | None = None
         self.alarms: list[Alarm] = []
-        self.retunes = 0
         self.stock_clock_mhz = math.nan
         """Stock's SM clock at the latest reference (the median of its reports'), MHz."""
         self._listeners: list[Callable[[TunerEvent], None]] = []
@@ -1062,6 +1077,11 @@ class StepTuner:
         self._emit(PhaseEntered(self.account.steps, self._now_s, name))
 
     def _new_reference(self, schedule: Schedule, **kwargs) -> Reference:
+        """A reference of `schedule` (stock), within its longest length: until its 95% margin is
+        REFERENCE_MARGIN_SHARE of the budget, and a run's first on to REFERENCE_FINE_MARGIN_SHARE
+        for REFERENCE_FINE_MAX_S at most (scaled as the timing's reference_s is: pooled ranks
+        count every rank's seconds); one after a drift alarm does not go on (the recovery
+        waits on it, and the plan before is verified after it)."""
         t = self.timing
         max_s = t.reference_max_s
         if max_s is None:  # at most REFERENCE_RUN_SHARE of the run, so that trials have their turn
@@ -1075,6 +1095,8 @@ class StepTuner:
             t.reference_s,
             max_margin=self.budget * REFERENCE_MARGIN_SHARE,
             max_s=max_s,
+            fine_margin=math.inf if self.retunes else self.budget * REFERENCE_FINE_MARGIN_SHARE,
+            fine_max_s=min(max_s, REFERENCE_FINE_MAX_S / REFERENCE_S * t.reference_s),
             **kwargs,
         )
 

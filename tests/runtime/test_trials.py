@@ -204,6 +204,30 @@ def test_the_reference_of_a_noisy_job_runs_until_its_stock_margin_is_small_enoug
     assert lengths[0] < 6.0 < lengths[1]
 
 
+def test_the_reference_goes_on_to_the_finer_margin_for_its_longest_fine_length_at_most():
+    rng = np.random.default_rng(8)
+    ends = {}
+    for name, step_sd in (("quiet", 0.02), ("noisy", 0.05)):  # 0.2% and 0.5% per root s
+        steps = [STEP_S * (1 + step_sd * rng.standard_normal()) for _ in range(40_000)]
+        ref = StockReference(
+            Schedule.stock(),
+            window_s=0.5,
+            min_s=5.0,
+            max_margin=0.005,
+            max_s=200.0,
+            fine_margin=0.001,
+            fine_max_s=30.0,
+        )
+        for report in _reports(steps):
+            if ref.add(report):
+                break
+        ends[name] = (ref.seconds, ref.margin())
+    quiet_s, quiet_margin = ends["quiet"]
+    noisy_s, noisy_margin = ends["noisy"]
+    assert 5.5 < quiet_s < 30.0 and quiet_margin <= 0.001  # went on, to the finer margin
+    assert 30.0 <= noisy_s < 31.0 and 0.001 < noisy_margin <= 0.005  # would take ~70 s: stopped at 30 s
+
+
 def test_a_trial_measures_time_on_the_gpus_busy_time_so_the_jobs_waits_do_not_blur_it():
     rng = np.random.default_rng(7)
     trial = Trial(Schedule.stock(), Schedule.stock(), 4, 0.5, 0.0)

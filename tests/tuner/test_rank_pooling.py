@@ -280,7 +280,9 @@ def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_p
 
     service = ServiceProcess(tmp_path, f"sqlite:///{tmp_path / 'service.db'}").start()
     try:
-        out = run_service_ranks(service.url, 2, 800, kill_at=200, service=service)
+        out = run_service_ranks(
+            service.url, 2, 1200, kill_at=600, service=service
+        )  # after the first reference
     finally:
         service.stop()
     for r in range(2):

@@ -474,7 +474,7 @@ def test_a_job_tunes_through_the_service_and_every_trial_is_stored(service):
         policies.append(job_strategy(service.url, device, workload, "served-job"))
         return policies[0]
 
-    tuner, _ = simulated_job_tuner(served)
+    tuner, _ = simulated_job_tuner(served, seconds=150.0)  # past the reference (20-60 s) and a trial
     policy = policies[0]
     policy.end()
     assert policy.answers["service"] >= 1 and policy.answers["local"] == 0 and not policy.outbox
