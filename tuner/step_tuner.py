@@ -662,7 +662,8 @@ class Retuning:
 
     Transitions:
         -> Reference: RETUNE_MIN_S of stock have run and the temperature is flat (or
-           RETUNE_SETTLE_MAX_S passed); the plan before (or the replan) is verified first;
+           RETUNE_SETTLE_MAX_S passed; a lost pool, which says nothing of the card, waits
+           RETUNE_MIN_S only); the plan before (or the replan) is verified first;
            without a replan, where stock now runs at a lower SM clock than at the reference
            before (a lower power limit, a hot card), with its core clocks lowered as much
            (`moved_with_stock`).
@@ -675,6 +676,8 @@ class Retuning:
         schedule_before: the schedule adopted before the alarm (the plan so far).
         sm_clocks_mhz: the SM clock the reports read at stock since the alarm (the latest
             RETUNE_CLOCK_READINGS), MHz.
+        settle: whether the reference waits for a flat temperature (False: the alarm is a
+            lost pool, which says nothing of the card).
     """
 
     since_s: float
@@ -682,6 +685,7 @@ class Retuning:
     groups: tuple[int, ...]
     schedule_before: Schedule
     sm_clocks_mhz: list[float] = field(default_factory=list)
+    settle: bool = True
 
 
 Phase = Reference | Exploring | Screening | Trading | Verifying | Settled | Retuning
@@ -1047,7 +1051,7 @@ class StepTuner:
         if not self._timing_given:
             self.timing = StepTiming()
         self._left_pool = True
-        self._alarm(report, ("pool",), None)
+        self._alarm(report, ("pool",), None, settle=False)
 
     @property
     def stock_step_s(self) -> float:
@@ -2456,8 +2460,11 @@ class StepTuner:
             return self.incumbent
         return self._alarm(report, moved, None)
 
-    def _alarm(self, report: StepReport, reasons: tuple[str, ...], groups: list[int] | None) -> Schedule:
-        """Stock now; the reference again once the temperature is flat."""
+    def _alarm(
+        self, report: StepReport, reasons: tuple[str, ...], groups: list[int] | None, *, settle: bool = True
+    ) -> Schedule:
+        """Stock now; the reference again once the temperature is flat (`settle`; else after
+        RETUNE_MIN_S)."""
         alarm = Alarm(self.account.steps, report.end_s, reasons)
         self.alarms.append(alarm)
         self._emit(alarm)
@@ -2471,13 +2478,17 @@ class StepTuner:
         self._unadopted.clear()
         self._decided.clear()  # ... and what was measured under the old ones is not told again
         self._saving_z.clear()
-        self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
+        self._enter(
+            Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan, settle=settle)
+        )
         return self.incumbent
 
     def _retuning(self, ret: Retuning, report: StepReport) -> Schedule:
         ret.sm_clocks_mhz = _latest_clocks(ret.sm_clocks_mhz, report)
         waited_s = report.end_s - ret.since_s
-        flat = self.conditions.centre_c is not None or not math.isfinite(report.temperature_c)
+        flat = (
+            not ret.settle or self.conditions.centre_c is not None or not math.isfinite(report.temperature_c)
+        )
         if waited_s < RETUNE_MIN_S or (not flat and waited_s < RETUNE_SETTLE_MAX_S):
             return self.incumbent
         self.retunes += 1

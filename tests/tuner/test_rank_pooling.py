@@ -290,7 +290,10 @@ def test_ranks_whose_service_dies_mid_run_go_on_alone_from_a_new_reference(tmp_p
         assert tuner.pool is None and tuner.pool_lost
         assert [a.reasons for a in tuner.alarms] == [("pool",)]
         assert tuner.timing == StepTiming()  # one rank's lengths from then on
-        assert tuner.phases[-2:] == ["Retuning", "Reference"] or "Exploring" in tuner.phases[-3:]
+        # a lost pool says nothing of the card: the new reference starts after RETUNE_MIN_S,
+        # without waiting for the temperature of a card still warming to flatten
+        assert tuner.retunes == 1
+        assert tuner.phases[tuner.phases.index("Retuning") :][:2] == ["Retuning", "Reference"]
         assert tuner.account.slack_s() > 0.0  # the budget kept through it
 
 
