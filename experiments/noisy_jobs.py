@@ -30,8 +30,10 @@ each change of schedule), the job's noise as the tuner measured it.
 run's measured saving must stay at zero; and, per row, whether the errors the tuner states are
 honest (`judged_errors`): every candidate is stock, so each trial's judged saving at its first
 look over the error stated there should be a standard normal draw (s.d. 1, as rarely beyond 3
-as the normal: `errors_at_first_look`). The same at the look each trial stopped on
-(`errors_at_stop`) is spread wider by the stop itself and is no such yardstick.
+as the normal: `errors_at_first_look`), and so should its time against the incumbent's, read
+on the side that adopts (faster than it runs: `time_errors_at_first_look`). The same at the
+look each trial stopped on (`errors_at_stop`) is spread wider by the stop itself and is no
+such yardstick.
 
 Every figure is simulated, prior none, yardstick the realisable oracle.
 
@@ -172,6 +174,15 @@ def run_one(spec: str, seed: int, seconds: float, null: bool, budget: float, ora
             for o in session.run.outcomes
             if o["first_look"] is not None and o["first_look"]["saving_se"] > 0.0
         ],
+        # ... and its time at the first look over the time error stated there, read on the
+        # side that adopts: a candidate read faster than it runs (each a standard normal draw)
+        "first_look_time_z": [
+            -o["first_look"]["time_diff"] / o["first_look"]["time_se"]
+            for o in session.run.outcomes
+            if o["first_look"] is not None
+            and o["first_look"]["time_se"] > 0.0
+            and math.isfinite(o["first_look"]["time_diff"])
+        ],
         "judged_z": [
             o["judged"]["saving"] / o["judged"]["saving_se"]
             for o in session.run.outcomes
@@ -215,10 +226,11 @@ def against_oracle(run: dict, oracle_saving: float) -> dict:
 
 
 def judged_errors(z: list[float]) -> dict:
-    """Whether the errors the tuner states are honest, from a dry run's judged savings over their
-    stated errors (z; every candidate stock, so each z should be a standard normal draw): their
-    count, mean and s.d., and how many lie beyond 2.5 and 3 errors on the saving's side (3 is
-    where one look adopts) against what the normal leaves there (0.62% and 0.135%)."""
+    """Whether the errors the tuner states are honest, from a dry run's judged savings (or times,
+    read faster than stock) over their stated errors (z; every candidate stock, so each z should
+    be a standard normal draw): their count, mean and s.d., and how many lie beyond 2.5 and 3
+    errors on the side that adopts (3 is where one look adopts on saving) against what the
+    normal leaves there (0.62% and 0.135%)."""
     from scipy import stats
 
     v = np.asarray(z, dtype=float)
@@ -300,6 +312,7 @@ def row_figures(
         out["largest_abs_run_saving"] = max(abs(r["run_energy_saving"]) for r in runs)
         out["held"] = out["adoptions"] == 0 and out["largest_abs_run_saving"] <= 0.003
         out["errors_at_first_look"] = judged_errors([z for r in runs for z in r["first_look_z"]])
+        out["time_errors_at_first_look"] = judged_errors([z for r in runs for z in r["first_look_time_z"]])
         out["errors_at_stop"] = judged_errors([z for r in runs for z in r["judged_z"]])
         return out
     reached = [r["reached"] for r in runs]

@@ -1299,6 +1299,8 @@ class Judgement:
         energy_ratio: B's step energy / stock's (NaN when no block completed).
         adopted: the saving exceeds ADOPT_Z standard errors and the slowdown, ADOPT_Z time
             errors added, is within the budget (never for an abandoned trial or under two blocks).
+        time_diff: B's step time against the incumbent's beside it, the blocks' own ratio less
+            one, a fraction (what time_se is the error of; NaN when no block completed).
     """
 
     saving: float
@@ -1307,6 +1309,7 @@ class Judgement:
     time_se: float
     energy_ratio: float
     adopted: bool
+    time_diff: float = math.nan
 
 
 def judge(
@@ -1354,4 +1357,5 @@ def judge(
         and slowdown + (z if time_z is None else time_z) * time_se <= budget
     )
     energy_ratio = incumbent_energy_j * (1.0 - saving) / stock.energy_per_step_j
-    return Judgement(saving, se, slowdown, time_se, energy_ratio, bool(adopted))
+    time_diff = outcome.time_diff if outcome.blocks > 0 else math.nan
+    return Judgement(saving, se, slowdown, time_se, energy_ratio, bool(adopted), time_diff)

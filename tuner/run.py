@@ -574,7 +574,8 @@ class TuningRun:
 
 
 def _judged(judgement: Judgement | None) -> dict[str, float] | None:
-    """A Judgement's saving and slowdown with their stated errors (None: none)."""
+    """A Judgement's saving and slowdown with their stated errors, and the time ratio the time
+    error is of (None: none)."""
     if judgement is None:
         return None
     return {
@@ -582,6 +583,7 @@ def _judged(judgement: Judgement | None) -> dict[str, float] | None:
         "saving_se": judgement.saving_se,
         "slowdown": judgement.slowdown,
         "time_se": judgement.time_se,
+        "time_diff": judgement.time_diff,
     }
 
 

@@ -387,12 +387,14 @@ def test_a_finished_trial_keeps_its_first_looks_judgement_beside_the_one_it_stop
         assert 1 <= e.first_look_blocks <= e.outcome.blocks
         if e.first_look_blocks == e.outcome.blocks:  # stopped at its first look: the same reading
             assert e.first_look.saving == pytest.approx(e.judgement.saving)
+            assert e.first_look.time_diff == pytest.approx(e.outcome.time_diff)
     assert any(e.first_look_blocks < e.outcome.blocks for e in looked), "no trial went past its first look"
     assert all(e.first_look_blocks == 0 for e in finished if e.first_look is None)
     kept = [o["first_look"] for o in session.run.outcomes if o["first_look"] is not None]
-    assert [(k["blocks"], k["saving_se"]) for k in kept] == [
-        (e.first_look_blocks, e.first_look.saving_se) for e in looked
+    assert [(k["blocks"], k["saving_se"], k["time_diff"]) for k in kept] == [
+        (e.first_look_blocks, e.first_look.saving_se, e.first_look.time_diff) for e in looked
     ]
+    assert all(math.isfinite(k["time_diff"]) for k in kept)  # what its time error is of
 
 
 def test_where_the_steps_last_segment_outlasts_a_switch_and_the_job_waits_long_the_clocks_are_released_there():
