@@ -384,3 +384,39 @@ def test_a_pooled_rank_whose_ask_times_out_decides_alone_and_leaves_the_pool(mon
         pool.gather(report)
     assert policy.answers == {"service": 0, "local": 1} and not policy.pooled
     assert not any(path.endswith("/pool") for path in _SlowAsks.posted)  # no report pooled
+
+
+class _LostAt:
+    """A pool of two ranks (this card's report twice) that is lost from lost_at_s on."""
+
+    ranks = 2
+
+    def __init__(self, lost_at_s: float) -> None:
+        self.lost_at_s = lost_at_s
+
+    def gather(self, report):
+        from kdvfs.runtime.ranks import PoolLost
+
+        if report.end_s >= self.lost_at_s:
+            raise PoolLost("rank 1 left")
+        return [report, report]
+
+
+def test_a_pool_lost_while_the_card_still_warms_is_measured_again_after_five_seconds_of_stock():
+    # a card from cold warms for minutes: an alarm that waited for a flat temperature would
+    # hold stock up to RETUNE_SETTLE_MAX_S, but a lost pool says nothing of the card
+    from kdvfs.tuner.step_tuner import RETUNE_MIN_S, RETUNE_SETTLE_MAX_S
+
+    card = open_device(SPEC, seed=3)
+    workload = open_workload("gpt3-xl-layer", card)
+    run = TuningRun(
+        Card.of(card), workload, budget=BUDGET, seed=7, prior=Prior(None, "none"), pool=_LostAt(10.0)
+    )
+    job, schedule = SimulatedJob(card, workload), Schedule.stock()
+    while run.seconds < 60.0:
+        schedule = run.on_step_end(job.step(schedule))
+    phases = [name for _, name in run.phase_log]
+    assert phases[:3] == ["Reference", "Retuning", "Reference"], run.phase_log
+    (alarm_s, _), (again_s, _) = run.phase_log[1:3]
+    assert RETUNE_MIN_S <= again_s - alarm_s < RETUNE_MIN_S + 1.0 < RETUNE_SETTLE_MAX_S
+    assert [a.reasons for a in run.tuner.alarms] == [("pool",)]
