@@ -1309,7 +1309,7 @@ class Judgement:
     time_se: float
     energy_ratio: float
     adopted: bool
-    time_diff: float = math.nan
+    time_diff: float
 
 
 def judge(

@@ -676,8 +676,6 @@ class Retuning:
         schedule_before: the schedule adopted before the alarm (the plan so far).
         sm_clocks_mhz: the SM clock the reports read at stock since the alarm (the latest
             RETUNE_CLOCK_READINGS), MHz.
-        settle: whether the reference waits for a flat temperature (False: the alarm is a
-            lost pool, which says nothing of the card).
     """
 
     since_s: float
@@ -685,7 +683,12 @@ class Retuning:
     groups: tuple[int, ...]
     schedule_before: Schedule
     sm_clocks_mhz: list[float] = field(default_factory=list)
-    settle: bool = True
+
+    @property
+    def settles(self) -> bool:
+        """Whether the reference waits for a flat temperature (not after a lost pool alone,
+        which says nothing of the card)."""
+        return self.reasons != ("pool",)
 
 
 Phase = Reference | Exploring | Screening | Trading | Verifying | Settled | Retuning
@@ -1051,7 +1054,7 @@ class StepTuner:
         if not self._timing_given:
             self.timing = StepTiming()
         self._left_pool = True
-        self._alarm(report, ("pool",), None, settle=False)
+        self._alarm(report, ("pool",), None)
 
     @property
     def stock_step_s(self) -> float:
@@ -2460,11 +2463,9 @@ class StepTuner:
             return self.incumbent
         return self._alarm(report, moved, None)
 
-    def _alarm(
-        self, report: StepReport, reasons: tuple[str, ...], groups: list[int] | None, *, settle: bool = True
-    ) -> Schedule:
-        """Stock now; the reference again once the temperature is flat (`settle`; else after
-        RETUNE_MIN_S)."""
+    def _alarm(self, report: StepReport, reasons: tuple[str, ...], groups: list[int] | None) -> Schedule:
+        """Stock now; the reference again once the temperature is flat (Retuning.settles; else
+        after RETUNE_MIN_S)."""
         alarm = Alarm(self.account.steps, report.end_s, reasons)
         self.alarms.append(alarm)
         self._emit(alarm)
@@ -2478,16 +2479,14 @@ class StepTuner:
         self._unadopted.clear()
         self._decided.clear()  # ... and what was measured under the old ones is not told again
         self._saving_z.clear()
-        self._enter(
-            Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan, settle=settle)
-        )
+        self._enter(Retuning(report.end_s, reasons, tuple(groups) if groups else everything, plan))
         return self.incumbent
 
     def _retuning(self, ret: Retuning, report: StepReport) -> Schedule:
         ret.sm_clocks_mhz = _latest_clocks(ret.sm_clocks_mhz, report)
         waited_s = report.end_s - ret.since_s
         flat = (
-            not ret.settle or self.conditions.centre_c is not None or not math.isfinite(report.temperature_c)
+            not ret.settles or self.conditions.centre_c is not None or not math.isfinite(report.temperature_c)
         )
         if waited_s < RETUNE_MIN_S or (not flat and waited_s < RETUNE_SETTLE_MAX_S):
             return self.incumbent
