@@ -38,15 +38,16 @@ def tuned(
     expected_run_s: float = SECONDS,
     preset: str = "h200",
     follow: Callable[[TuneSession, object], None] | None = None,
+    budget: float = BUDGET,
 ) -> TuneSession:
-    """The simulated card's GPT-3-XL layer tuned from no prior for `seconds` of training, the
-    tuner told the run lasts `expected_run_s`, `follow(session, event)` called at each of its
-    events."""
+    """The simulated card's GPT-3-XL layer tuned from no prior for `seconds` of training at
+    `budget`, the tuner told the run lasts `expected_run_s`, `follow(session, event)` called at
+    each of its events."""
     session = job_session(
         preset,
         "gpt3-xl-layer",
         seed,
-        budget=BUDGET,
+        budget=budget,
         dry_run=dry_run,
         job_noise=None if noise is None else job_noise(noise),
     )
@@ -57,7 +58,9 @@ def tuned(
     return session
 
 
-def verifications(noise: str | None, seed: int, seconds: float) -> tuple[TuneSession, list[TrialFinished]]:
+def verifications(
+    noise: str | None, seed: int, seconds: float, budget: float = BUDGET
+) -> tuple[TuneSession, list[TrialFinished]]:
     """The H200 layer tuned as `tuned` tunes it (the run told it lasts an hour), and its
     verifications' events in order."""
     verified: list[TrialFinished] = []
@@ -66,7 +69,7 @@ def verifications(noise: str | None, seed: int, seconds: float) -> tuple[TuneSes
         if isinstance(event, TrialFinished) and event.kind == "verify":
             verified.append(event)
 
-    session = tuned(noise, seed, seconds=seconds, expected_run_s=3600.0, follow=follow)
+    session = tuned(noise, seed, seconds=seconds, expected_run_s=3600.0, follow=follow, budget=budget)
     return session, verified
 
 
@@ -315,15 +318,7 @@ def test_a_wait_pair_over_the_budget_on_time_is_verified_again_with_the_steps_pa
     # seeds 0-21 and the fallback is not reached; seed 1 at 1% before.)
     monkeypatch.setattr(step_tuner, "GO_ON_EXTENSIONS", 0)
     budget = 0.012
-    session = job_session("h200", "gpt3-xl-layer", 0, budget=budget, job_noise=job_noise("sync"))
-    session.tuner.expected_run_s = 3600.0
-    verified: list[TrialFinished] = []
-    session.tuner.subscribe(
-        lambda event: (
-            verified.append(event) if isinstance(event, TrialFinished) and event.kind == "verify" else None
-        )
-    )
-    session.run_until(1700.0)
+    session, verified = verifications("sync", 0, seconds=1700.0, budget=budget)
     wait = session.tuner.wait_group
     over = next(i for i, v in enumerate(verified) if v.group == wait and not v.adopted)
     first, then = verified[over], verified[over + 1]
