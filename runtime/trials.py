@@ -1059,6 +1059,39 @@ def sequential_z(first_block: int, last_block: int, z: float = ADOPT_Z) -> float
 
 # --- budget -----------------------------------------------------------------------------------
 @dataclass
+class ScheduleLevel:
+    """One schedule's busy step time (the job's waits left out), pooled over every window it
+    ran in, each window counted once (a verification that goes on keeps its windows): read
+    against the stock estimate, a level unpaired like the account's, which no chain of paired
+    time ratios bends (docs/design-step-tuner.md, "The incumbent's own level").
+
+    Attributes:
+        busy_sum_s: the windows' busy time, every rank's, s.
+        steps: their steps, every rank's; count.
+        seconds: their settled seconds, one rank's, s.
+    """
+
+    busy_sum_s: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    _counted: dict[int, Window | PooledWindow] = field(default_factory=dict, repr=False)
+
+    def add(self, windows: Sequence[Window | PooledWindow], ranks: int = 1) -> None:
+        """Count the windows not counted before (`ranks` pooled ranks in a pooled window)."""
+        for w in windows:
+            if w.steps and id(w) not in self._counted:
+                self._counted[id(w)] = w  # held: an id is not reused while its window lives
+                self.busy_sum_s += w.busy_sum_s
+                self.steps += w.steps
+                self.seconds += w.settled_s / ranks
+
+    @property
+    def busy_s(self) -> float:
+        """The mean busy step time, s (NaN: no step counted)."""
+        return self.busy_sum_s / self.steps if self.steps else math.nan
+
+
+@dataclass
 class StepAccount:
     """Time allowed against the steps' measured time: a step run at stock clocks is allowed
     (1 + budget) x its own time (it is stock); any other step (1 + budget) x the stock

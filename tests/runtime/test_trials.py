@@ -14,6 +14,7 @@ from kdvfs.runtime.trials import (
     RECENT_PAIRS,
     NoiseMeter,
     Outcome,
+    ScheduleLevel,
     StallFilter,
     StepAccount,
     StockFigures,
@@ -334,6 +335,44 @@ def test_steps_run_at_stock_are_allowed_their_own_time_so_a_drifting_stock_never
     account.stock_step_s = 0.040
     account.charge(0.0404, steps=10)
     assert account.slack_s() == pytest.approx(0.01 * 40.0 + 100 * (1.01 * 0.030 - 0.0303), abs=1e-9)
+
+
+def test_a_schedules_level_is_its_busy_step_time_with_each_window_counted_once():
+    plan = Schedule(((0, (1000, 5000)),))
+    windows = []
+    for busy_s, wait_s in ((0.0101, 0.004), (0.0103, 0.020)):
+        window = open_window(plan, 0.5, 0.0, 0.0)
+        end_s, last_update_s, i = 0.0, 0.0, 0
+        while True:
+            end_s += busy_s + wait_s
+            readings = []
+            while last_update_s + UPDATE_S <= end_s:
+                last_update_s += UPDATE_S
+                readings.append((last_update_s, POWER_W * last_update_s))
+            report = StepReport(
+                i,
+                end_s,
+                busy_s + wait_s,
+                (busy_s + wait_s,),
+                tuple(readings),
+                40.0,
+                frozenset(),
+                700.0,
+                wait_s=wait_s,
+            )
+            i += 1
+            if window.add(report):
+                break
+        windows.append(window)
+    level = ScheduleLevel()
+    level.add(windows)
+    level.add(windows[:1])  # a verification that goes on hands its kept windows in again
+    steps = [w.steps for w in windows]
+    assert level.steps == sum(steps)
+    # the job's waits are not the clocks': the level is the busy time, weighted by steps
+    assert level.busy_s == pytest.approx((0.0101 * steps[0] + 0.0103 * steps[1]) / sum(steps), rel=1e-9)
+    assert level.seconds == pytest.approx(sum(w.settled_s for w in windows))
+    assert math.isnan(ScheduleLevel().busy_s)
 
 
 def test_the_account_holds_back_the_95pct_margin_of_the_steps_not_run_at_stock_at_the_jobs_noise():
