@@ -17,7 +17,8 @@ Gymnasium environment (envs/step_env.py) both measure through it.
   over the run, and how a window's energy follows the job's waits.
 - `StallFilter`: a step far longer than its schedule's typical step (an evaluation pass or a
   checkpoint inside the job's step) counts its excess as the job's wait, not the clocks'.
-- `StepAccount`: the cumulative budget against stock measured in training.
+- `StepAccount`: the cumulative budget against stock measured in training; `ScheduleLevel`:
+  one schedule's busy step time over every window it ran in (unpaired, as the account is).
 - `StockReference` -> `StockFigures`: stock measured in training (longer while its 95%
   margin is wide); `judge` -> `Judgement`: a
   trial's outcome against stock and the budget, the one judgement the tuner adopts by and
