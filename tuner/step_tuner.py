@@ -19,7 +19,8 @@ next steps. It never runs kernels itself.
   kinds of groups traded (`TRADE_GROUP`), many groups at once (`SCREEN_GROUP`, a design fitted
   across trials), then
   each group; sequential trials capped by the measured noise and the run's expected length;
-  the budget held against stock at 95% confidence (every window at stock refines it);
+  the budget held against stock at 95% confidence (every window at stock refines it), the
+  incumbent's time read from its adoptions' ratios and its own windows (`_read_level`);
   undecided groups reopened from `Settled` with longer windows; `resolvable` and
   `expected_time_to_plan_s` say what the job allows.
 - Once `Settled`, the drift watch (tuner/drift.py); an alarm enters `Retuning` (stock until the
@@ -60,6 +61,7 @@ from kdvfs.runtime.trials import (  # the measuring core lives in runtime (envs 
     NoiseMeter,
     Outcome,
     PooledWindow,
+    ScheduleLevel,
     StallFilter,
     StepAccount,
     StockFigures,
@@ -920,6 +922,13 @@ class StepTuner:
         self.stock_wait_s = math.nan  # the job's mean wait per step in the windows stock_energy_j reads, s
         self.incumbent_energy_j = math.nan  # per step, stock's times the adopted savings
         self.incumbent_step_s = math.nan
+        """The incumbent's busy step time, s: the chain of adopted trials' paired time ratios from
+        stock and the incumbent's own level (`_levels`), each weighted by its variance."""
+        self._chain_step_s = math.nan  # the incumbent's step time by the chain of ratios alone, s
+        self._chain_var = 0.0  # its relative variance: the adopted trials' time errors squared, added
+        self._step_var = 0.0  # incumbent_step_s's relative variance (0 at stock: the account's margin)
+        self._levels: dict[Schedule, ScheduleLevel] = {}  # each schedule tried since the reference
+        self._warm_stock = ScheduleLevel()  # the windows at stock after the reference (a warm card)
         self.window_sd = math.nan  # relative s.d. of a TRIAL_WINDOW_S window's energy per step
         self.stock: StockFigures | None = None  # stock as the reference measured it
         self.noise = NoiseMeter()
@@ -1126,13 +1135,15 @@ class StepTuner:
         a first reference without a prior)."""
         self.stock = stock
         self.stock_energy_j = self.incumbent_energy_j = stock.energy_per_step_j
-        self.incumbent_step_s = stock.busy_s
+        self.incumbent_step_s = self._chain_step_s = stock.busy_s
+        self._chain_var = self._step_var = 0.0
+        self._levels, self._warm_stock = {}, ScheduleLevel()
         self.window_sd = stock.window_sd
         self.noise.add_pairs(ref.measured.pairs())
         self._reference_s, self._stock_time_s, self._stock_steps = 0.0, 0.0, 0
         self._stock_energy_sum_j, self._stock_energy_steps = 0.0, 0.0
         self._stock_wait_sum_s = 0.0  # the waits x steps of those windows, s
-        self._count_stock(ref.measured.windows)
+        self._count_stock(ref.measured.windows, reference=True)
         segment_times = stock.segment_times_s
         first_run = self.prior is None and not self.retunes
         starts = self.segments
@@ -1241,9 +1252,12 @@ class StepTuner:
             return math.nan
         return self.stock.window_sd * math.sqrt(self.stock.window_s)
 
-    def _count_stock(self, windows: list[Window | PooledWindow]) -> None:
+    def _count_stock(self, windows: list[Window | PooledWindow], reference: bool = False) -> None:
         """Windows run at stock (the reference's, a trial's A windows and the drift watch's
-        while the plan is stock) refine the stock step time the account counts against."""
+        while the plan is stock) refine the stock step time the account counts against; those
+        after the reference (`reference` False) are also stock on a warm card (`_read_level`)."""
+        if not reference:
+            self._warm_stock.add(windows, self._ranks)
         for w in windows:
             if w.steps:
                 self._reference_s += w.settled_s / self._ranks
@@ -1261,6 +1275,41 @@ class StepTuner:
             if self.incumbent.is_stock:
                 self.incumbent_energy_j = self.stock_energy_j
         self._update_account_stock()
+
+    def _level_of(self, schedule: Schedule) -> ScheduleLevel:
+        return self._levels.setdefault(schedule, ScheduleLevel())
+
+    def _read_level(self) -> None:
+        """The incumbent's step time from the chain of adopted trials' paired time ratios and
+        from its own level (every window it ran in since the reference) over stock's after the
+        reference (a warm card's; the reference's where none ran after it), times the stock
+        estimate the chain starts from, each weighted by the inverse of its variance (the job's
+        time noise over the windows' seconds): a chain's errors add up with each adoption and
+        a verification reads a plan at both arms' temperature, while the level's error shrinks
+        as the plan runs. The groups' times move with it."""
+        level = self._levels.get(self.incumbent)
+        if self.incumbent.is_stock or level is None or level.seconds <= 0.0:
+            return
+        # unpaired, the level carries stock's error too (the chain's ratios are paired). A card
+        # measured cold in the reference runs stock faster than once warm, as the level's own
+        # steps run: over the reference, the level would read the plan that much slower.
+        if self._warm_stock.seconds > 0.0:
+            stock_s, stock_seconds = self._warm_stock.busy_s, self._warm_stock.seconds
+        else:
+            stock_s, stock_seconds = self.stock_estimate_s, self._reference_s
+        level_s = self.stock_estimate_s * level.busy_s / stock_s
+        level_var = self.time_sd_per_root_s**2 * (1.0 / level.seconds + 1.0 / max(stock_seconds, 1e-9))
+        if not (math.isfinite(level_s) and level_var > 0.0 and math.isfinite(self._chain_step_s)):
+            return
+        if self._chain_var <= 0.0:
+            return  # a chain without error (none adopted yet) is stock itself
+        w_chain, w_level = 1.0 / self._chain_var, 1.0 / level_var
+        step_s = (w_chain * self._chain_step_s + w_level * level_s) / (w_chain + w_level)
+        self._step_var = 1.0 / (w_chain + w_level)
+        if self.incumbent_group_times_s and self.incumbent_step_s > 0.0:
+            scale = step_s / self.incumbent_step_s
+            self.incumbent_group_times_s = [t * scale for t in self.incumbent_group_times_s]
+        self.incumbent_step_s = step_s
 
     @property
     def stock_estimate_s(self) -> float:
@@ -1901,7 +1950,8 @@ class StepTuner:
         if self.incumbent.is_stock or self.account.slack_s() >= floor_s:
             return
         self.incumbent = self.incumbent.at_stock()
-        self.incumbent_step_s = self.stock_estimate_s
+        self.incumbent_step_s = self._chain_step_s = self.stock_estimate_s
+        self._chain_var = self._step_var = 0.0
         self.incumbent_energy_j = self.stock_energy_j
         self.incumbent_group_times_s = list(self.group_times_s)
         self.fallbacks_to_stock += 1
@@ -1936,10 +1986,15 @@ class StepTuner:
     def _trial_ended(self, trial: Trial, outcome: Outcome) -> None:
         """What every ended trial teaches: the job's noise (its pairs of windows), its length."""
         self.noise.add_pairs(outcome.pairs)
+        b_closed = [w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "B"]
+        if not trial.candidate.is_stock:
+            self._level_of(trial.candidate).add(b_closed, self._ranks)
         if trial.incumbent.is_stock:
             self._count_stock(trial.a_windows())
         else:
+            self._level_of(trial.incumbent).add(trial.a_windows(), self._ranks)
             self._update_account_stock()
+            self._read_level()
         self._trial_seconds.append(
             float(sum(np.mean(w.rank_settled_s) for w in trial.closed)) + trial.settle_s * len(trial.closed)
         )
@@ -2290,7 +2345,11 @@ class StepTuner:
         if ver.adopted:
             self.incumbent = ver.trial.candidate
             self.incumbent_energy_j *= 1.0 - saving
-            self.incumbent_step_s *= 1.0 + outcome.time_diff
+            self._chain_step_s = self.incumbent_step_s * (1.0 + outcome.time_diff)
+            self._chain_var = self._step_var + judgement.time_se**2
+            self.incumbent_step_s, self._step_var = self._chain_step_s, self._chain_var
+            self._levels = {ver.trial.candidate: self._level_of(ver.trial.candidate)}
+            self._read_level()
             self._adopt_group_times(outcome.b_group_times_s)
             adoption = Adoption(
                 self.account.steps,
@@ -2409,6 +2468,9 @@ class StepTuner:
         window, settled.window = settled.window, None
         if self.incumbent.is_stock:
             self._count_stock([window])
+        else:
+            self._level_of(self.incumbent).add([window], self._ranks)
+            self._read_level()
         values = {group_stream(i): float(t) for i, t in enumerate(window.group_times_s)}
         values["energy"] = window.energy_per_step_j
         if settled.expected is None:
