@@ -285,6 +285,7 @@ class Window:
     tail_time_s: float = 0.0  # their time, s
     span_wait_s: float = 0.0  # the job's waits in the span's steps, pro rata like them, s
     tail_wait_s: float = 0.0  # the job's waits in the tail's steps, s
+    in_level: bool = False  # counted in its schedule's ScheduleLevel already
 
     def add(self, report: StepReport) -> bool:
         """Count a report's steps; True when the window is closed (long enough, at an observed
@@ -499,6 +500,7 @@ class PooledWindow:
     ranks' step times end together, one sample: Trial.outcome counts them once)."""
 
     windows: list[Window]
+    in_level: bool = False  # counted in its schedule's ScheduleLevel already
 
     @property
     def schedule(self) -> Schedule:
@@ -1075,13 +1077,13 @@ class ScheduleLevel:
     busy_sum_s: float = 0.0
     steps: int = 0
     seconds: float = 0.0
-    _counted: dict[int, Window | PooledWindow] = field(default_factory=dict, repr=False)
 
     def add(self, windows: Sequence[Window | PooledWindow], ranks: int = 1) -> None:
-        """Count the windows not counted before (`ranks` pooled ranks in a pooled window)."""
+        """Count the windows not counted in a level before (`Window.in_level`; `ranks` pooled
+        ranks in a pooled window). A window runs one schedule: one level counts it."""
         for w in windows:
-            if w.steps and id(w) not in self._counted:
-                self._counted[id(w)] = w  # held: an id is not reused while its window lives
+            if w.steps and not w.in_level:
+                w.in_level = True
                 self.busy_sum_s += w.busy_sum_s
                 self.steps += w.steps
                 self.seconds += w.settled_s / ranks
