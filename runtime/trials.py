@@ -735,10 +735,13 @@ class Trial:
         """The incumbent's closed windows, in order."""
         return [w for i, w in enumerate(self.closed) if "ABBA"[i % 4] == "A"]
 
+    def b_closed_windows(self) -> list[Window | PooledWindow]:
+        """The candidate's closed windows, in order."""
+        return [w for i, w in enumerate(self.closed) if "ABBA"[i % 4] == "B"]
+
     def b_windows(self) -> list[Window | PooledWindow]:
         """The candidate's windows, closed and the one open."""
-        done = [w for i, w in enumerate(self.closed) if "ABBA"[i % 4] == "B"]
-        return done + ([self.current] if self.current and self.arm == "B" else [])
+        return self.b_closed_windows() + ([self.current] if self.current and self.arm == "B" else [])
 
     def _energies_at_trial_wait(self, blocks: int) -> list[list[tuple[float, float, float, float]]]:
         """Each block's (A1, B1, B2, A2) energies per step, each rank's, moved to the trial's

@@ -1986,9 +1986,8 @@ class StepTuner:
     def _trial_ended(self, trial: Trial, outcome: Outcome) -> None:
         """What every ended trial teaches: the job's noise (its pairs of windows), its length."""
         self.noise.add_pairs(outcome.pairs)
-        b_closed = [w for i, w in enumerate(trial.closed) if "ABBA"[i % 4] == "B"]
         if not trial.candidate.is_stock:
-            self._level_of(trial.candidate).add(b_closed, self._ranks)
+            self._level_of(trial.candidate).add(trial.b_closed_windows(), self._ranks)
         if trial.incumbent.is_stock:
             self._count_stock(trial.a_windows())
         else:

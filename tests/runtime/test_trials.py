@@ -34,8 +34,9 @@ POWER_W = 300.0
 UPDATE_S = 0.1
 
 
-def _reports(step_times_s: list[float]):
-    """Steps back to back at constant power, the counter advancing every UPDATE_S."""
+def _reports(step_times_s: list[float], wait_s: float = 0.0):
+    """Steps back to back at constant power, the counter advancing every UPDATE_S; each step
+    ends with the job's wait of wait_s (s) inside its time."""
     end_s, last_update_s = 0.0, 0.0
     for i, step_s in enumerate(step_times_s):
         end_s += step_s
@@ -43,7 +44,9 @@ def _reports(step_times_s: list[float]):
         while last_update_s + UPDATE_S <= end_s:
             last_update_s += UPDATE_S
             readings.append((last_update_s, POWER_W * last_update_s))
-        yield StepReport(i, end_s, step_s, (step_s,), tuple(readings), 40.0, frozenset(), 700.0)
+        yield StepReport(
+            i, end_s, step_s, (step_s,), tuple(readings), 40.0, frozenset(), 700.0, wait_s=wait_s
+        )
 
 
 def _reference(step_times_s: list[float]) -> StockReference:
@@ -342,27 +345,11 @@ def test_a_schedules_level_is_its_busy_step_time_with_each_window_counted_once()
     windows = []
     for busy_s, wait_s in ((0.0101, 0.004), (0.0103, 0.020)):
         window = open_window(plan, 0.5, 0.0, 0.0)
-        end_s, last_update_s, i = 0.0, 0.0, 0
-        while True:
-            end_s += busy_s + wait_s
-            readings = []
-            while last_update_s + UPDATE_S <= end_s:
-                last_update_s += UPDATE_S
-                readings.append((last_update_s, POWER_W * last_update_s))
-            report = StepReport(
-                i,
-                end_s,
-                busy_s + wait_s,
-                (busy_s + wait_s,),
-                tuple(readings),
-                40.0,
-                frozenset(),
-                700.0,
-                wait_s=wait_s,
-            )
-            i += 1
+        for report in _reports([busy_s + wait_s] * 1000, wait_s=wait_s):
             if window.add(report):
                 break
+        else:
+            raise AssertionError("the window did not close")
         windows.append(window)
     level = ScheduleLevel()
     level.add(windows)
