@@ -2235,14 +2235,6 @@ class StepTuner:
             # tried again later: left open, or adopted while its exploration left pairs open
             if ver.group is not None and (ver.explored_undecided or (not ver.adopted and outcome.undecided)):
                 ver.search.reopen.append(ver.group)
-            if ver.traded is not None:  # the trades go on (rebuilt where this one was adopted)
-                fallback = self._trade_fallback(ver)
-                if fallback is not None:
-                    return self._verify(
-                        TRADE_GROUP, fallback, ver.search, fallbacks=ver.fallbacks + 1, traded=ver.traded
-                    )
-                self._enter(ver.traded)
-                return self._trading(ver.traded, None)
             fallback = self._fallback(ver)
             if fallback is not None:
                 return self._verify(
@@ -2251,7 +2243,11 @@ class StepTuner:
                     ver.search,
                     undecided=ver.explored_undecided,
                     fallbacks=ver.fallbacks + 1,
+                    traded=ver.traded,
                 )
+            if ver.traded is not None:  # the trades go on (rebuilt where this one was adopted)
+                self._enter(ver.traded)
+                return self._trading(ver.traded, None)
             if ver.group is None:
                 return self._start_group(ver.search, 0)
             screened = ver.screened
@@ -2372,15 +2368,20 @@ class StepTuner:
 
     def _fallback(self, ver: Verifying) -> Schedule | None:
         """After a verification over the budget on time alone, the candidate verified next
-        (None: none): the group at its next-best pair (`_fallback_pair`), or, for the wait
-        group, its pair kept and the step's pair raised to the next-best faster one
-        (`_faster_step_pair`): its trial showed a saving that the step's pair leaves no time
-        for."""
+        (None: none): the group at its next-best pair (`_fallback_pair`); a trade with the
+        groups it lowered one memory clock up (`_trade_fallback`); or, for the wait group, its
+        pair kept and the step's pair raised to the next-best faster one (`_faster_step_pair`):
+        its trial showed a saving that the step's pair leaves no time for. None also once
+        MAX_FALLBACKS were verified in a row."""
+        if not ver.over_time or ver.fallbacks >= MAX_FALLBACKS:
+            return None
+        if ver.group == TRADE_GROUP:
+            return self._trade_fallback(ver)
         pair = self._fallback_pair(ver)
         if pair is not None:
             return self._with_pair(ver.group, pair)
         wait = self.wait_group
-        if wait is None or ver.group != wait or not ver.over_time or ver.fallbacks >= MAX_FALLBACKS:
+        if wait is None or ver.group != wait:
             return None
         wait_pair = self._pair_of(wait, ver.trial.candidate)
         step_pair = self._faster_step_pair(self._pair_of(STEP_GROUP, ver.trial.candidate))
@@ -2420,16 +2421,10 @@ class StepTuner:
         the pairs its decided trials under this incumbent measured faster than the verified one
         (than its exploring trial and its verification both: a tighter time bound), with a
         saving, the least energy; where none was, the verified core clock at the next memory
-        clock up, if no trial decided it (not for the wait group). None when there is neither,
-        the verification was not a group's (the whole schedule, a screening's) or MAX_FALLBACKS
-        were verified in a row."""
+        clock up, if no trial decided it (not for the wait group). None when there is neither, or
+        the verification was not a group's (the whole schedule, a screening's, a trade's)."""
         group = ver.group
-        if (
-            not ver.over_time
-            or group is None
-            or group in (SCREEN_GROUP, TRADE_GROUP)
-            or ver.fallbacks >= MAX_FALLBACKS
-        ):
+        if group is None or group in (SCREEN_GROUP, TRADE_GROUP):
             return None
         verified = self._pair_of(group, ver.trial.candidate)
         decided = [
@@ -2463,9 +2458,7 @@ class StepTuner:
     def _trade_fallback(self, ver: Verifying) -> Schedule | None:
         """After a trade's verification over the budget on time alone, the trade with each
         group it lowered at its memory clock one step up (`_memory_step_up`; None: no group
-        has one, or MAX_FALLBACKS were verified in a row)."""
-        if not ver.over_time or ver.fallbacks >= MAX_FALLBACKS:
-            return None
+        has one)."""
         candidate, moved = ver.trial.candidate, {}
         for g in self._held(candidate):
             pair, before = self._pair_of(g, candidate), self._pair_of(g)
